@@ -226,10 +226,11 @@ def patch(model: nn.Module, method: str, factor: float = 1.0, **options) -> Patc
     spec = registry.get(method)
     factor = registry.check_factor(spec, factor)
     options = registry.check_options(spec, dict(options))
-    rotary = rotary_module(model)
-    if isinstance(rotary, PatchedRotary):
-        raise ExtendError(f"model is already patched with {rotary.patch.method!r} — call .undo() on that patch "
+    active = current(model)
+    if active is not None:
+        raise ExtendError(f"model is already patched with {active.method!r} — call .undo() on that patch "
                           f"(or leave its `with extend.patched(...)` block) before patching again")
+    rotary = rotary_module(model)
     original = options.pop("original_max_position_embeddings", None)
     if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
         raise ExtendError(f"original_max_position_embeddings must be a positive integer, got {original!r}")

@@ -1,0 +1,328 @@
+"""EleutherAI lm-evaluation-harness (0.4.x) integration: any lm-eval task on a RoPE-patched model.
+
+    python -m extend.lm_eval run --model ropebench \\
+        --model_args pretrained=smollm2-135m,method=yarn,factor=2 --tasks ropebench_passkey_16k --limit 4
+    python -m extend.lm_eval tasks          # prints the folder of ropebench's own lm-eval tasks
+
+- `RopebenchLM` (registered as lm-eval model ``ropebench``): an `HFLM` that loads through `extend.load`
+  and patches the model with `extend.patch(model, method, factor, **options)`. `max_length` defaults to
+  factor x the trained context (stock HFLM would cut inputs from the left at max_position_embeddings).
+  Loglikelihood requests run the model with `logits_to_keep` = the scored positions only, so a 32k window
+  costs (continuation tokens x vocab) logits, not (32k x vocab).
+- lm-eval 0.4.13 has no plugin discovery for models, hence the CLI shim `main()`: it registers the model,
+  checks ropebench model_args up front (one `error: ...` line, exit 2) and runs lm-eval's own CLI.
+
+Importing `extend` never imports this module (lm-eval is slow to import).
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # `python -m extend.lm_eval`: run the importable module, so the model registers once
+    import sys
+
+    from extend.lm_eval import main
+
+    sys.exit(main())
+
+import ast
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import lm_eval.models  # noqa: F401  (lm-eval's lazy model table first: our registration must not hide 'hf')
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import Collator
+
+import extend
+from extend.errors import ExtendError
+from extend.registry import COMMON_OPTIONS, check_factor, check_options, get as get_method
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "ropebench"
+DEFAULT_PRETRAINED = "smollm2-135m"
+TASKS_FOLDER = "lm_eval_tasks"
+# model_args this class consumes itself (everything else: HFLM's own arguments or method options).
+OWN_ARGS = ("pretrained", "method", "factor", "max_length", "device", "dtype", "attn_implementation",
+            "trust_remote_code", "tokenizer", "scored_logits_only")
+
+
+def _hflm_args() -> set[str]:
+    return {k for k, p in inspect.signature(HFLM.__init__).parameters.items()
+            if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def parse_value(value):
+    """A model_args value as a Python object: numbers/bools/None/lists from strings (lm-eval's parsers may
+    hand over strings); `a;b;c` is a list (commas split model_args strings)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    if ";" in text:
+        return [parse_value(v) for v in text.split(";") if v.strip()]
+    return text
+
+
+def split_model_args(method: str, args: dict) -> tuple[dict, dict]:
+    """(method options, HFLM keyword arguments) from the remaining model_args; unknown keys -> ExtendError."""
+    spec = get_method(method)
+    option_names = set(spec.options) | set(COMMON_OPTIONS)
+    hflm = _hflm_args()
+    options, passthrough, unknown = {}, {}, []
+    for key, value in args.items():
+        if key in option_names:
+            options[key] = parse_value(value)
+        elif key in hflm:
+            passthrough[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        odd = [k for k in unknown if not k.isidentifier()]
+        hint = (" — a list value was split at its commas: write it as a;b;c (or pass model_args as a dict/JSON)"
+                if odd else "")
+        valid = ", ".join(sorted(option_names)) or "none"
+        raise ExtendError(f"unknown model_args {', '.join(map(repr, sorted(unknown)))} for method {method!r}"
+                          f"{hint} — method options: {valid}; loading: {', '.join(OWN_ARGS)}; or any HFLM "
+                          f"argument (batch_size, add_bos_token, ...)")
+    return options, passthrough
+
+
+def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
+    """Validate ropebench model_args without loading a model: (method, factor, options, HFLM kwargs)."""
+    rest = {k: v for k, v in args.items() if k not in OWN_ARGS}
+    method = parse_value(args.get("method", "plain"))
+    if not isinstance(method, str) or not method:
+        raise ExtendError(f"method must be a method name, got {method!r} — choose one of "
+                          f"{', '.join(extend.methods())}")
+    spec = get_method(method)
+    factor = check_factor(spec, parse_value(args.get("factor", 1.0)))
+    options, passthrough = split_model_args(method, rest)
+    check_options(spec, dict(options))
+    max_length = parse_value(args.get("max_length"))
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                   or max_length <= 0):
+        raise ExtendError(f"max_length must be a positive integer, got {max_length!r} — e.g. max_length=16384")
+    return method, factor, options, passthrough
+
+
+@register_model(MODEL_NAME)
+class RopebenchLM(HFLM):
+    """lm-eval model ``ropebench``: HFLM on a model loaded by `extend.load` and patched by `extend.patch`.
+
+    model_args: ``pretrained`` (hub id | directory | .gguf | alias, default smollm2-135m; or an already
+    loaded model together with ``tokenizer=``), ``method`` (default plain), ``factor`` (default 1), any
+    method option (e.g. ``beta_fast=32``, ``short_factor=[...]``), ``max_length`` (default factor x trained
+    context), ``device``/``dtype``/``attn_implementation``/``trust_remote_code`` (as `extend.load`),
+    ``scored_logits_only`` (default True), and any HFLM argument (batch_size, add_bos_token, ...).
+    The active patch is ``self.patch`` (``.undo()`` / ``close()`` restore the model)."""
+
+    def __init__(self, pretrained=DEFAULT_PRETRAINED, method="plain", factor=1.0, max_length=None, device=None,
+                 dtype=None, attn_implementation=None, trust_remote_code=False, tokenizer=None,
+                 scored_logits_only=True, **kwargs):
+        args = dict(kwargs, method=method, factor=factor, max_length=max_length)
+        method, factor, options, passthrough = check_model_args(args)
+        max_length = parse_value(max_length)
+        if isinstance(pretrained, str) or isinstance(pretrained, os.PathLike):
+            spec = str(pretrained)
+            device = None if device in (None, "", "auto") else str(device)
+            if device and device.startswith("cuda") and not torch.cuda.is_available():
+                log.warning("device %r requested but no CUDA GPU is available: using cpu", device)  # as HFLM
+                device = "cpu"
+            model, tok = extend.load(spec, device=device, dtype=None if dtype in (None, "auto") else dtype,
+                                     attn_implementation=attn_implementation,
+                                     trust_remote_code=bool(parse_value(trust_remote_code)))
+            if tokenizer is not None:
+                raise ExtendError("tokenizer= is only for an already loaded model — extend.load picks the "
+                                  "tokenizer that belongs to pretrained")
+        else:  # an already loaded model (e.g. one shared by several evaluations in one process)
+            if tokenizer is None or isinstance(tokenizer, str):
+                raise ExtendError("pass tokenizer=<tokenizer object> together with an already loaded model")
+            model, tok, spec = pretrained, tokenizer, getattr(pretrained, "name_or_path", type(pretrained).__name__)
+        self.trained_context = extend.trained_context(model)
+        if max_length is None:
+            max_length = max(1, int(round(factor * self.trained_context)))
+        self.patch = extend.patch(model, method, factor, **options)
+        try:
+            super().__init__(pretrained=model, tokenizer=tok, max_length=int(max_length), **passthrough)
+        except Exception:
+            self.patch.undo()
+            raise
+        self.pretrained = spec  # a string again: lm-eval's logs and results name the model by it
+        self.method, self.factor, self.method_options = method, factor, options
+        self.scored_logits_only = bool(parse_value(scored_logits_only))
+        self._keep_supported = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def close(self) -> None:
+        """Undo the RoPE patch (the model is restored exactly)."""
+        self.patch.undo()
+
+    def get_model_info(self) -> dict:
+        info = {"model_num_parameters": sum(p.numel() for p in self._model.parameters()),
+                "model_dtype": str(next(self._model.parameters()).dtype), "model_revision": self.revision,
+                "model_sha": ""}
+        if not (self.pretrained in extend.ALIASES or Path(self.pretrained).expanduser().exists()
+                or self.pretrained.endswith(".gguf")):
+            info = super().get_model_info()  # a hub id: lm-eval looks its sha up (skipped when offline)
+        info.update({"ropebench_method": self.method, "ropebench_factor": self.factor,
+                     "ropebench_options": json.dumps(self.method_options, sort_keys=True),
+                     "ropebench_max_length": self.max_length, "ropebench_trained_context": self.trained_context})
+        return info
+
+    # --- loglikelihood: logits only for the scored positions ------------------------------------------
+
+    def _scored_log_probs(self, rows: list[list[int]], spans: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """Log-softmax over the vocabulary at positions [a, b) of each row (a right-padded batch, or one row
+        at a time when the method's frequencies depend on the sequence length)."""
+        model = self.model
+        if extend.length_dependent(model) and len(rows) > 1:  # padding would change the frequencies
+            return [self._scored_log_probs([r], [s])[0] for r, s in zip(rows, spans)]
+        width = max(map(len, rows))
+        batch = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        for i, r in enumerate(rows):
+            batch[i, :len(r)] = torch.tensor(r, dtype=torch.long, device=self.device)
+        keep = sorted({p for a, b in spans for p in range(a, b)})
+        with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                                             enabled=self.mixed_precision_dtype is not None):
+            if self._keep_supported:
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                logits = model(input_ids=batch, logits_to_keep=index, use_cache=False).logits
+            else:  # a family without logits_to_keep: full logits, then the slice (stock HFLM's cost)
+                logits = model(input_ids=batch, use_cache=False).logits[:, keep]
+        where = {p: j for j, p in enumerate(keep)}
+        out = []
+        for i, (a, b) in enumerate(spans):
+            sel = logits[i, where[a]:where[a] + (b - a)]  # consecutive positions stay consecutive in `keep`
+            out.append(F.log_softmax(sel, dim=-1, dtype=self.softmax_dtype))
+        return out
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
+        """Stock HFLM's loop (same ordering, left truncation to max_length, one-token-continuation cache,
+        greedy flags, cache hook), but the model computes logits only where continuations are scored."""
+        if self.backend != "causal" or not self.scored_logits_only:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        from tqdm import tqdm
+
+        def _collate(req):
+            toks = req[1] + req[2]
+            return -len(toks), tuple(toks)
+
+        def _lookup_one_token_cont(req):
+            return req[-2] + req[-1][:-1]
+
+        re_ord = Collator(requests, sort_fn=_collate, group_by="contexts" if self.logits_cache else None,
+                          group_fn=_lookup_one_token_cont)
+        n = len(re_ord)
+        batch_size = self.batch_size if self.batch_size != "auto" else (override_bs if override_bs is not None
+                                                                         else 0)
+        batch_fn = self._batch_scheduler if self.batch_size == "auto" and n > 0 and not override_bs else None
+        if batch_fn is not None:
+            self.batch_sizes = {}
+        res = []
+        pbar = tqdm(total=len(requests), disable=(disable_tqdm or (self.rank != 0)),
+                    desc="Running loglikelihood requests")
+        for chunk in re_ord.get_batched(n=batch_size, batch_fn=batch_fn):
+            rows, spans = [], []
+            for _, context_enc, continuation_enc in chunk:
+                assert len(context_enc) > 0 and len(continuation_enc) > 0
+                assert len(continuation_enc) <= self.max_length
+                total = len(context_enc) + len(continuation_enc)
+                if total > self.max_length + 1:
+                    log.warning("Combined length of context (%d) and continuation (%d) exceeds max_length (%d). "
+                                "Truncating %d tokens from the left.", len(context_enc), len(continuation_enc),
+                                self.max_length, total - self.max_length + 1)
+                inp = (context_enc + continuation_enc)[-(self.max_length + 1):][:-1]
+                rows.append(inp)
+                spans.append((len(inp) - len(continuation_enc), len(inp)))
+            for (request_str, ctx_tokens, cont_toks), logits in zip(chunk, self._scored_log_probs(rows, spans)):
+                logits = logits.unsqueeze(0)  # [1, contlen, vocab]
+                greedy_tokens = logits.argmax(dim=-1)
+                for request_str, cont_toks, logits in re_ord.get_cache(  # noqa: B020  (as stock HFLM)
+                        req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=logits):
+                    cont = torch.tensor(cont_toks, dtype=torch.long, device=logits.device).unsqueeze(0)
+                    max_equal = (greedy_tokens[:, -cont.shape[1]:] == cont).all()
+                    logp = torch.gather(logits[:, -cont.shape[1]:], 2, cont.unsqueeze(-1)).squeeze(-1)
+                    answer = (float(logp.sum()), bool(max_equal))
+                    res.append(answer)
+                    if request_str is not None:
+                        self.cache_hook.add_partial("loglikelihood", request_str, answer)
+                    pbar.update(1)
+        pbar.close()
+        return re_ord.get_original(res)
+
+
+# --- task folder -----------------------------------------------------------------------------------------
+
+def tasks_path() -> Path:
+    """The folder with ropebench's lm-eval tasks (for --include_path / TaskManager(include_path=...))."""
+    spec = importlib.util.find_spec("tasks")
+    if spec is None or not spec.submodule_search_locations:
+        raise ExtendError("the ropebench 'tasks' package is not importable — install ropebench (pip install -e .)")
+    path = Path(next(iter(spec.submodule_search_locations))) / TASKS_FOLDER
+    if not path.is_dir():
+        raise ExtendError(f"{path} is missing — generate it with `python -m tasks.lm_eval_export`")
+    return path
+
+
+# --- CLI shim --------------------------------------------------------------------------------------------
+
+USAGE = """usage: python -m extend.lm_eval {run,ls,validate} [lm-eval arguments ...]
+       python -m extend.lm_eval tasks        print the folder of ropebench's lm-eval tasks
+
+Runs lm-eval's own CLI with the `ropebench` model registered; every lm-eval flag works. Without
+--include_path, ropebench's task folder is included. Example:
+  python -m extend.lm_eval run --model ropebench --model_args pretrained=smollm2-135m,method=yarn,factor=2 \\
+      --tasks ropebench_passkey_16k --limit 4 --device cpu
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if argv[0] in ("tasks", "--print-tasks-path"):
+        try:
+            print(tasks_path())
+        except ExtendError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
+
+    setup_logging()
+    parser = HarnessCLI()
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]
+    try:
+        args = parser.parse_args()  # lm-eval's own parsing (inserts 'run' when no subcommand is given)
+        if getattr(args, "command", None) == "run":
+            if getattr(args, "model", None) == MODEL_NAME:
+                check_model_args(dict(args.model_args or {}))
+            if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
+                args.include_path = str(tasks_path())
+        parser.execute(args)
+    except ExtendError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = saved
+    return 0

@@ -1,0 +1,53 @@
+"""ropebench results: durable records, one tidy DataFrame, tables, plots and reports.
+
+Results never know which task made a row: everything works on the row schema in ``SCHEMA``.
+The store is imported eagerly (the sweep needs only it); pandas/seaborn parts load on first use so a
+sweep process does not pay for matplotlib.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from .store import SCHEMA, RecordWriter, ResultsError, ResultsWarning, finished_cells
+
+_LAZY = {
+    "load": "frame", "from_lm_eval": "lm_eval_import",
+    "table": "tables", "summarize": "tables", "compare": "tables", "to_markdown": "tables", "to_csv": "tables",
+    "to_latex": "tables", "write_table": "tables",
+    "Plot": "plots", "plot_perplexity": "plots", "plot_passkey": "plots", "plot_classification": "plots",
+    "report": "reporting",
+}
+
+__all__ = [
+    "SCHEMA",
+    "Plot",
+    "RecordWriter",
+    "ResultsError",
+    "ResultsWarning",
+    "compare",
+    "finished_cells",
+    "from_lm_eval",
+    "load",
+    "plot_classification",
+    "plot_passkey",
+    "plot_perplexity",
+    "report",
+    "summarize",
+    "table",
+    "to_csv",
+    "to_latex",
+    "to_markdown",
+    "write_table",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # cache: later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module 'results' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

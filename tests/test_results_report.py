@@ -1,0 +1,170 @@
+"""Report, CLI (exit codes, one-line errors) and the lm-eval import."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pandas as pd
+import pytest
+
+import results
+from results.__main__ import main
+from results.store import RecordWriter
+from results.synthetic import synthetic_records
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def run(tmp_path):
+    d = tmp_path / "sweep"
+    w = RecordWriter(d, rank=0)
+    w.write_manifest(config={"grid": "synthetic"}, seed=0, device="cpu")
+    w.write(synthetic_records("sweep", error_cells=1))
+    w.finish()
+    return d
+
+
+def lm_eval_json(path: Path) -> Path:
+    """A results file in lm-eval 0.4.13's layout (EvaluationTracker.save_results_aggregated)."""
+    blob = {
+        "results": {
+            "arc_easy": {"alias": "arc_easy", "acc,none": 0.75, "acc_stderr,none": 0.0433,
+                         "acc_norm,none": 0.7, "acc_norm_stderr,none": 0.046},
+            "gsm8k": {"alias": "gsm8k", "exact_match,strict-match": 0.1, "exact_match_stderr,strict-match": 0.03,
+                      "exact_match,flexible-extract": 0.12, "exact_match_stderr,flexible-extract": "N/A"},
+            "ropebench_passkey_4k": {"alias": "passkey 4k", "exact_match,none": 0.9,
+                                     "exact_match_stderr,none": 0.05},
+        },
+        "group_subtasks": {"arc_easy": [], "gsm8k": [], "ropebench_passkey_4k": []},
+        "configs": {"arc_easy": {"task": "arc_easy", "metadata": {"version": 1.0}},
+                    "gsm8k": {"task": "gsm8k", "metadata": {"version": 3.0}},
+                    "ropebench_passkey_4k": {"task": "ropebench_passkey_4k",
+                                             "metadata": {"version": 0, "length": 4096}}},
+        "versions": {"arc_easy": 1.0, "gsm8k": 3.0, "ropebench_passkey_4k": 0},
+        "n-shot": {"arc_easy": 0, "gsm8k": 5, "ropebench_passkey_4k": 0},
+        "higher_is_better": {"arc_easy": {"acc": True, "acc_norm": True}, "gsm8k": {"exact_match": True},
+                             "ropebench_passkey_4k": {"exact_match": True}},
+        "n-samples": {"arc_easy": {"original": 2376, "effective": 100}, "gsm8k": {"original": 1319, "effective": 50},
+                      "ropebench_passkey_4k": {"original": 20, "effective": 20}},
+        "config": {"model": "ropebench", "model_args":
+                   "pretrained=smollm2-135m,method=yarn,factor=2,beta_fast=32,max_length=16384,dtype=float32",
+                   "model_num_parameters": 134515008, "model_dtype": "torch.float32", "batch_size": "1",
+                   "batch_sizes": [], "device": "cpu", "use_cache": None, "limit": 100.0, "bootstrap_iters": 0,
+                   "gen_kwargs": None, "random_seed": 0, "numpy_seed": 1234, "torch_seed": 1234,
+                   "fewshot_seed": 1234},
+        "git_hash": "abc1234", "date": 1763780000.5, "transformers_version": "5.23.0",
+        "lm_eval_version": "0.4.13", "model_source": "ropebench", "model_name": "smollm2-135m",
+        "model_name_sanitized": "smollm2-135m", "total_evaluation_time_seconds": "12.3", "task_hashes": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(blob, indent=2))
+    return path
+
+
+def test_report_writes_tables_plots_and_failures(run, tmp_path):
+    path = results.report(run)
+    assert path == run / "report.md"
+    md = path.read_text()
+    for heading in ("## Perplexity", "## Passkey retrieval", "## Long-document classification", "## Failed cells (1)"):
+        assert heading in md
+    assert "| plain | 1 | 12.00 | 12.50 | 13.00 | 13.50 | 560.0 |" in md  # the table inline
+    assert "| chance (majority) |  | 0.400 |" in md
+    assert "OutOfMemoryError" in md and "65536" in md
+    links = [line.split("](")[1].rstrip(")") for line in md.splitlines() if line.startswith("![")]
+    assert sorted(Path(l).name.split("_")[0] for l in links) == ["classification", "passkey", "perplexity"]
+    for link in links:
+        assert (run / link).stat().st_size > 10_000
+    stems = {p.stem for p in (run / "tables").iterdir()}
+    assert {"perplexity_ppl", "perplexity_ppl_vs_plain", "passkey_accuracy", "classification_accuracy",
+            "classification_macro_f1"} <= stems
+    for stem in stems:
+        for ext in ("md", "csv", "tex"):
+            assert (run / "tables" / f"{stem}.{ext}").stat().st_size > 0
+    csv = pd.read_csv(run / "tables" / "passkey_accuracy.csv", index_col=[0, 1])
+    assert csv.loc[("plain", 1.0), "8192"] == pytest.approx(5 / 6)  # numeric csv, CI strings only in md/tex
+    assert "± 0.267" in (run / "tables" / "passkey_accuracy.md").read_text()
+    assert "Manifest `sweep/manifest.json`" in md
+
+
+def test_report_out_dir_and_lm_eval_section(run, tmp_path):
+    j = lm_eval_json(tmp_path / "lm" / "smollm2-135m" / "results_2026-01-01T00-00-00.json")
+    out = tmp_path / "rep"
+    assert main(["report", str(run), str(j), "--out", str(out), "--trained-context", "4096"]) == 0
+    md = (out / "report.md").read_text()
+    assert "## arc_easy" in md and "## gsm8k" in md
+    assert not (run / "report.md").exists()
+
+
+def test_from_lm_eval_rows(tmp_path):
+    j = lm_eval_json(tmp_path / "results_x.json")
+    df = results.from_lm_eval(j)
+    assert list(df.columns[: len(results.SCHEMA)]) == list(results.SCHEMA)
+    got = {(r.task, r.metric): r for r in df.itertuples()}
+    assert set(got) == {("arc_easy", "acc"), ("arc_easy", "acc_norm"), ("gsm8k", "exact_match,strict-match"),
+                        ("gsm8k", "exact_match,flexible-extract"), ("ropebench_passkey_4k", "exact_match")}
+    acc = got[("arc_easy", "acc")]
+    assert (acc.value, acc.n, acc.stderr, acc.seed) == (0.75, 100, 0.0433, 0)
+    assert (acc.model, acc.method, acc.factor, acc.options) == ("smollm2-135m", "yarn", 2.0, '{"beta_fast":32}')
+    assert json.loads(acc.task_options)["max_length"] == 16384 and acc.status == "ok"
+    assert pd.isna(got[("gsm8k", "exact_match,flexible-extract")].stderr)  # "N/A" stderr
+    assert got[("gsm8k", "exact_match,strict-match")].n == 50
+    assert got[("ropebench_passkey_4k", "exact_match")].length == 4096  # from configs.metadata.length
+    assert pd.isna(acc.length)
+    # no method in model_args: an unmodified model
+    blob = json.loads(j.read_text())
+    blob["config"]["model_args"] = {"pretrained": "HuggingFaceTB/SmolLM2-135M"}
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "results_y.json").write_text(json.dumps(blob))
+    plain = results.from_lm_eval(tmp_path / "plain")  # a directory of results files works too
+    assert set(plain["method"]) == {"plain"} and set(plain["factor"]) == {1.0}
+    # lm-eval rows sit in the same tables as the sweep's rows
+    both = pd.concat([df, plain], ignore_index=True)
+    t = results.table(both, "arc_easy", "acc", cols=None)
+    assert t.loc["plain", "acc"] == 0.75 and t.loc["yarn", "acc"] == 0.75
+    with pytest.raises(results.ResultsError, match="not found"):
+        results.from_lm_eval(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text('{"x": 1}')
+    with pytest.raises(results.ResultsError, match="no 'results' section"):
+        results.from_lm_eval(tmp_path / "bad.json")
+
+
+def test_load_mixes_run_dirs_and_lm_eval(run, tmp_path):
+    j = lm_eval_json(tmp_path / "r.json")
+    df = results.load([run, j])
+    assert {"perplexity", "arc_easy"} <= set(df["task"])
+    assert "stderr" in df.columns
+
+
+def test_cli_table(run, capsys):
+    assert main(["table", str(run), "--task", "perplexity", "--metric", "ppl"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "| method | factor | 1024 | 2048 | 4096 | 8192 | 16384 |"
+    assert main(["table", str(run), "--task", "perplexity", "--metric", "ppl", "--baseline", "plain",
+                 "--format", "csv"]) == 0
+    assert "0.026" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["report", "{tmp}/missing"], "run directory not found"),
+    (["report", "{tmp}/empty"], "no records in"),
+    (["table", "{run}", "--task", "nope", "--metric", "ppl"], "unknown task 'nope' — available tasks"),
+    (["table", "{run}", "--task", "perplexity", "--metric", "acc"], "unknown metric 'acc'"),
+])
+def test_cli_errors_exit_2_with_one_line(argv, needle, run, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(tmp=tmp_path, run=run) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0] and " — " in err[0]
+
+
+def test_cli_subprocess_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "results", "report", str(tmp_path / "missing")], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: run directory not found") and "Traceback" not in proc.stderr
