@@ -33,17 +33,17 @@ import os
 import sys
 from pathlib import Path
 
+import lm_eval.models  # noqa: F401  (lm-eval's lazy model table first: our registration must not hide 'hf')
 import torch
 import torch.nn.functional as F
-
-import lm_eval.models  # noqa: F401  (lm-eval's lazy model table first: our registration must not hide 'hf')
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 
 import extend
 from extend.errors import ExtendError
-from extend.registry import COMMON_OPTIONS, check_factor, check_options, get as get_method
+from extend.registry import COMMON_OPTIONS, check_factor, check_options
+from extend.registry import get as get_method
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class RopebenchLM(HFLM):
         args = dict(kwargs, method=method, factor=factor, max_length=max_length)
         method, factor, options, passthrough = check_model_args(args)
         max_length = parse_value(max_length)
-        if isinstance(pretrained, str) or isinstance(pretrained, os.PathLike):
+        if isinstance(pretrained, (str, os.PathLike)):
             spec = str(pretrained)
             device = None if device in (None, "", "auto") else str(device)
             if device and device.startswith("cuda") and not torch.cuda.is_available():
@@ -158,7 +158,7 @@ class RopebenchLM(HFLM):
             model, tok, spec = pretrained, tokenizer, getattr(pretrained, "name_or_path", type(pretrained).__name__)
         self.trained_context = extend.trained_context(model)
         if max_length is None:
-            max_length = max(1, int(round(factor * self.trained_context)))
+            max_length = max(1, round(factor * self.trained_context))
         self.patch = extend.patch(model, method, factor, **options)
         try:
             super().__init__(pretrained=model, tokenizer=tok, max_length=int(max_length), **passthrough)

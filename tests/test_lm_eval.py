@@ -1,0 +1,233 @@
+"""lm-eval integration: the `ropebench` model, scored-positions-only logits, the task export and the CLI shim.
+All offline; the real-model tests share the session's SmolLM2 and one small generated task folder."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+           TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+SMALL = {"passkey_lengths": [256], "depths": (0.0, 1.0), "trials": 1, "classification_lengths": [256], "num_docs": 4}
+
+
+def shim(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "extend.lm_eval", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+# --- no model -------------------------------------------------------------------------------------------
+
+def test_importing_extend_does_not_import_lm_eval():
+    out = subprocess.run([sys.executable, "-c", "import sys, extend; print('lm_eval' in sys.modules)"], cwd=ROOT,
+                         env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_model_args_parsing():
+    from extend.lm_eval import check_model_args, parse_value
+
+    assert parse_value("2") == 2 and parse_value("2.5") == 2.5 and parse_value("true") is True
+    assert parse_value("[1, 1.5]") == [1, 1.5] and parse_value("1;1.5;2") == [1, 1.5, 2.0]
+    assert parse_value("none") is None and parse_value("abc") == "abc"
+    method, factor, options, rest = check_model_args(
+        {"pretrained": "x", "method": "yarn", "factor": "4", "beta_fast": "16", "batch_size": 2})
+    assert (method, factor, options, rest) == ("yarn", 4.0, {"beta_fast": 16}, {"batch_size": 2})
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"method": "nope"}, "unknown RoPE method"),
+    ({"method": "yarn", "factor": "abc"}, "factor must be a number"),
+    ({"method": "yarn", "factor": 0.5}, "factor must be >= 1"),
+    ({"method": "yarn", "bogus": 1}, "unknown model_args 'bogus'"),
+    ({"method": "longrope", "factor": 2, "short_factor": "[1", "1.2]": ""}, "a list value was split"),
+    ({"method": "plain", "max_length": -3}, "max_length must be a positive integer"),
+])
+def test_bad_model_args(args, message):
+    from extend import ExtendError
+    from extend.lm_eval import RopebenchLM, check_model_args
+
+    with pytest.raises(ExtendError, match=message):
+        check_model_args(args)
+    with pytest.raises(ExtendError, match=message):  # the class checks before loading anything
+        RopebenchLM(pretrained="/nonexistent", **args)
+
+
+def test_cli_bad_model_args_one_line_exit_2():
+    for model_args in ("pretrained=smollm2-135m,method=nope", "pretrained=smollm2-135m,method=yarn,factor=abc"):
+        out = shim("run", "--model", "ropebench", "--model_args", model_args, "--tasks", "ropebench_passkey_1k")
+        lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
+
+
+def test_tasks_path_command(capsys):
+    from extend.lm_eval import main
+
+    assert main(["tasks"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == ROOT / "tasks" / "lm_eval_tasks"
+    assert (path / "ropebench_passkey_16k.yaml").is_file() and (path / "ropebench_sotu_era_4k.yaml").is_file()
+
+
+# --- real model -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_tasks(tmp_path_factory, smollm2):
+    from tasks import lm_eval_export
+
+    return lm_eval_export.export(tmp_path_factory.mktemp("lm_eval_tasks"), smollm2[1], **SMALL)
+
+
+@pytest.fixture(scope="module")
+def task_manager(small_tasks):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(small_tasks))
+
+
+@pytest.mark.real
+def test_export_is_deterministic_and_matches_the_suites(smollm2, small_tasks):
+    from tasks import lm_eval_export, passkey
+
+    tok = smollm2[1]
+    files = lm_eval_export.render(tok, **SMALL)  # check=True: every passkey prompt == passkey.build_prompt
+    assert files == {p.name: p.read_text(encoding="utf-8") for p in small_tasks.iterdir() if p.is_file()}
+    spec = importlib.util.spec_from_file_location("rb_utils_test", small_tasks / "ropebench_utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    for words, depth, key in ((0, 0.0, 12345), (37, 0.5, 777), (200, 1.0, 99999), (151, 0.3, 10000)):
+        assert utils.passkey_text(words, depth, key) == lm_eval_export.passkey_text(words, depth, key)
+    docs = utils.passkey("passkey.jsonl", 256)["test"]
+    assert len(docs) == 2 and all(len(tok(d["text"])["input_ids"]) <= 256 for d in docs)
+    assert all(passkey.NEEDLE.format(key=d["key"]) in d["text"] for d in docs)
+    era = utils.sotu_era("sotu_era.jsonl", 256)["test"]
+    assert len(era) == 4 and sorted(era["gold"]) == [0, 1, 2, 3]
+    assert all(256 - 8 <= len(tok(d["text"])["input_ids"]) <= 256 + 2 for d in era)
+
+
+@pytest.mark.real
+def test_committed_task_folder_is_up_to_date(smollm2):
+    """Regenerating the committed folder gives the same files (checked on its short lengths; the full
+    regeneration is `python -m tasks.lm_eval_export`)."""
+    from tasks import lm_eval_export as ex
+
+    tok = smollm2[1]
+    folder = ROOT / "tasks" / "lm_eval_tasks"
+    rows = [json.loads(x) for x in (folder / "passkey.jsonl").read_text().splitlines()]
+    fresh = ex.passkey_docs(tok, [1024, 2048], ex.PASSKEY_DEPTHS, ex.PASSKEY_TRIALS)
+    assert sorted(fresh, key=lambda r: r["id"]) == sorted((r for r in rows if r["length"] <= 2048),
+                                                          key=lambda r: r["id"])
+    rows = [json.loads(x) for x in (folder / "sotu_era.jsonl").read_text().splitlines()]
+    assert ex.era_docs(tok, [1024], ex.CLASSIFICATION_DOCS) == [r for r in rows if r["length"] == 1024]
+    names = {f"ropebench_passkey_{ex.length_name(n)}.yaml" for n in ex.PASSKEY_LENGTHS}
+    names |= {f"ropebench_sotu_era_{ex.length_name(n)}.yaml" for n in ex.CLASSIFICATION_LENGTHS}
+    assert names | {"ropebench_utils.py", "passkey.jsonl", "sotu_era.jsonl"} == {
+        p.name for p in folder.iterdir() if p.is_file()}
+    assert (folder / "ropebench_passkey_8k.yaml").read_text() == ex.PASSKEY_YAML.format(
+        name="8k", length=8192, version=ex.VERSION)
+
+
+def _requests(tok):
+    text = ("The history of the state of the union address goes back to the constitution, which asks the "
+            "president to give Congress information on the state of the union from time to time. ") * 3
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    reqs = []
+    for n_ctx, n_cont in ((5, 1), (40, 7), (61, 3), (90, 12), (17, 1), (30, 2)):
+        reqs.append(((f"c{n_ctx}", f"x{n_cont}"), ids[:n_ctx], ids[n_ctx:n_ctx + n_cont]))
+    reqs.append((("shared", "a"), ids[:30], [ids[40]]))  # one-token continuations after one context: cached
+    reqs.append((("shared", "b"), ids[:30], [ids[41]]))
+    return reqs
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("batch_size, max_length", [(1, None), (3, None), (2, 48)])
+def test_scored_positions_only_equals_stock_hflm(smollm2, batch_size, max_length):
+    from lm_eval.models.huggingface import HFLM
+
+    from extend.lm_eval import RopebenchLM
+
+    model, tok = smollm2
+    reqs = _requests(tok)
+    stock = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, max_length=max_length or 8192)
+    expected = stock._loglikelihood_tokens(reqs, disable_tqdm=True)
+    lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain", batch_size=batch_size,
+                     max_length=max_length)
+    try:
+        assert lm._keep_supported and lm.max_length == (max_length or 8192)
+        got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    finally:
+        lm.close()
+    diff = max(abs(a[0] - b[0]) for a, b in zip(got, expected))
+    assert diff < 1e-4, diff
+    assert [g for _, g in got] == [g for _, g in expected]
+
+
+@pytest.mark.real
+def test_simple_evaluate_plain_and_yarn(smollm2, task_manager):
+    from lm_eval import simple_evaluate
+
+    from extend.lm_eval import RopebenchLM
+
+    model, tok = smollm2
+    per_sample = {}
+    for method in ("plain", "yarn"):
+        lm = RopebenchLM(pretrained=model, tokenizer=tok, method=method, factor=1)
+        try:
+            assert lm.patch.method == method and lm.max_length == 8192
+            out = simple_evaluate(model=lm, tasks=["ropebench_passkey_256", "ropebench_sotu_era_256"], limit=2,
+                                  task_manager=task_manager, log_samples=True, bootstrap_iters=0)
+        finally:
+            lm.close()
+        res = out["results"]
+        assert 0.0 <= res["ropebench_passkey_256"]["exact_match,first_integer"] <= 1.0
+        assert {"acc,none", "acc_norm,none"} <= set(res["ropebench_sotu_era_256"])
+        assert out["config"]["ropebench_method"] == method
+        per_sample[method] = [[r[0] for r in s["resps"]] for s in out["samples"]["ropebench_sotu_era_256"]]
+        assert len(per_sample[method]) == 2 and all(len(x) == 4 for x in per_sample[method])
+    assert per_sample["yarn"] == per_sample["plain"]  # yarn at factor 1 is the model itself, bit for bit
+    from extend import current
+
+    assert current(model) is None
+
+
+@pytest.mark.real
+def test_cli_shim_end_to_end(tmp_path, small_tasks, smollm2):
+    """`python -m extend.lm_eval run` on a tiny model directory (a random 1-layer Llama with SmolLM2's
+    tokenizer), a local task folder and --limit; then results.from_lm_eval reads the JSON."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = smollm2[1]
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model_dir = tmp_path / "tiny"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out_dir = tmp_path / "out"
+    out = shim("run", "--model", "ropebench", "--model_args", f"pretrained={model_dir},method=yarn,factor=2",
+               "--tasks", "ropebench_passkey_256", "ropebench_sotu_era_256", "--include_path", str(small_tasks),
+               "--limit", "1", "--device", "cpu", "--output_path", str(out_dir))
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = list(out_dir.rglob("results*.json"))
+    assert len(files) == 1
+    blob = json.loads(files[0].read_text())
+    assert blob["config"]["ropebench_max_length"] == 1024 and blob["config"]["ropebench_method"] == "yarn"
+    assert "exact_match,first_integer" in blob["results"]["ropebench_passkey_256"]
+    results = pytest.importorskip("results")
+    if not hasattr(results, "from_lm_eval"):
+        pytest.skip("results.from_lm_eval has not landed")
+    df = results.from_lm_eval(files[0])
+    row = df[(df.task == "ropebench_sotu_era_256") & (df.metric == "acc")].iloc[0]
+    assert row.method == "yarn" and row.factor == 2.0 and int(row.length) == 256
