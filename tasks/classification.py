@@ -1,0 +1,226 @@
+"""Long-document classification with real labels, scored by label log-likelihood.
+
+- zero-shot: the document truncated to fill L tokens, then a question listing the options; each
+  label's continuation log-likelihood decides (`accuracy`: summed log-prob; `accuracy_norm`: mean
+  per token). Documents shorter than the space they must fill are skipped and counted.
+- many-shot: excerpts of labelled demonstration documents ("Speech: ...\\nEra: <label>\\n\\n"),
+  packed until the prompt is exactly L tokens, then the query excerpt and "Era:"; scored the same way.
+
+Splits are grouped (sotu: by president), seeded: demonstrations and queries never share a speaker.
+Queries are drawn round-robin over labels so classes are as balanced as the split allows.
+"""
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from .common import check_choice, check_lengths, check_positive, encoder, record
+from .data import Document, iter_corpus
+from .errors import TaskError
+from .scoring import continuation_logprobs
+
+ERAS = [(1790, 1860, "1790-1860"), (1861, 1913, "1861-1913"), (1914, 1960, "1914-1960"), (1961, 9999, "1961-present")]
+
+
+@dataclass(frozen=True)
+class LabelTask:
+    name: str
+    question: str  # zero-shot question; the options are appended
+    field: str  # many-shot "Field: label" line
+
+    def label(self, doc: Document) -> str | None:
+        if self.name == "era":
+            year = doc.meta.get("year")
+            return next((name for lo, hi, name in ERAS if year is not None and lo <= year <= hi), None)
+        if self.name == "party":  # the two-party era only: Democratic vs Republican from 1861 on
+            party = doc.meta.get("party")
+            ok = doc.meta.get("year", 0) >= 1861 and party in ("Democratic", "Republican")
+            return party if ok else None
+        value = doc.meta.get("label")
+        return None if value is None else str(value)
+
+
+LABEL_TASKS = {
+    "era": LabelTask("era", "In which era was this speech given?", "Era"),
+    "party": LabelTask("party", "Which party did the president who gave this speech belong to?", "Party"),
+    "label": LabelTask("label", "Which category does this document belong to?", "Label"),
+}
+
+
+def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot", num_docs=24,
+        demo_fraction=0.5, excerpt_tokens=256, add_bos=True, seed=0, progress=True) -> list[dict]:
+    lengths = check_lengths(lengths)
+    check_choice("mode", mode, {"zero-shot", "many-shot"})
+    check_positive("num_docs", num_docs)
+    check_positive("excerpt_tokens", excerpt_tokens)
+    if not 0.0 < demo_fraction < 1.0:
+        raise TaskError(f"demo_fraction must be in (0, 1), got {demo_fraction!r}")
+    label = label or ("era" if corpus == "sotu" else "label")
+    if label not in LABEL_TASKS:
+        raise TaskError(f"unknown label {label!r} — use one of {sorted(LABEL_TASKS)} ('label' = the corpus' "
+                        "own label field)")
+    if corpus != "sotu" and label != "label":
+        raise TaskError(f"label {label!r} is defined for corpus 'sotu' only — use label='label' for {corpus!r}")
+    task = LABEL_TASKS[label]
+    labelled = [(d, task.label(d)) for d in iter_corpus(corpus)]
+    labelled = [(d, y) for d, y in labelled if y is not None]
+    if not labelled:
+        raise TaskError(f"corpus {corpus!r} has no documents with a {label!r} label — check the label field")
+    classes = sorted({y for _, y in labelled})
+    if len(classes) < 2:
+        raise TaskError(f"corpus {corpus!r} has a single class {classes} — classification needs two or more")
+    demos, queries = grouped_split(labelled, demo_fraction, seed)
+
+    encode = functools.lru_cache(maxsize=None)(encoder(tokenizer))  # documents are re-read per length
+    bos = [tokenizer.bos_token_id] if add_bos and tokenizer.bos_token_id is not None else []
+    answers = [encode(" " + c) for c in classes]
+    options = {"mode": mode, "label": label, "num_docs": num_docs, "classes": classes, "add_bos": bool(bos),
+               "demo_fraction": demo_fraction, "seed_split": seed}
+    if mode == "many-shot":
+        options["excerpt_tokens"] = excerpt_tokens
+        options["demo_docs"] = len(demos)
+        suffix = encode(f"\n{task.field}:")
+    else:
+        suffix = encode(f"\n\nQuestion: {task.question} Options: {', '.join(classes)}.\nAnswer:")
+    header = encode("Speech:\n" if label != "label" else "Document:\n")
+
+    plans = {}
+    for L in lengths:  # choose queries per length: in zero-shot a query must fill L tokens by itself
+        room = L - len(bos) - len(header) - len(suffix)
+        if room <= (0 if mode == "zero-shot" else excerpt_tokens):
+            raise TaskError(f"length {L} leaves no room for the document — use lengths > "
+                            f"{L - room + (0 if mode == 'zero-shot' else excerpt_tokens)}")
+        need = room if mode == "zero-shot" else 1
+        chosen, skipped = pick_queries(queries, encode, need, num_docs, seed)
+        if not chosen:
+            raise TaskError(f"no query document has {need} tokens at length {L} ({skipped} skipped) — "
+                            "use shorter lengths or mode='many-shot'")
+        plans[L] = (chosen, skipped, room)
+
+    demo_pool = _demo_excerpts(demos, encode, excerpt_tokens, seed) if mode == "many-shot" else None
+    records = []
+    bar = tqdm(total=sum(len(p[0]) for p in plans.values()), desc=f"classification {mode}", disable=not progress)
+    for L, (chosen, skipped, room) in plans.items():
+        t0 = time.perf_counter()
+        gold, pred_sum, pred_mean = [], [], []
+        used_demos = []
+        for doc, y, ids in chosen:
+            if mode == "zero-shot":
+                prompt = bos + header + ids[:room] + suffix
+            else:
+                query = header + ids[:excerpt_tokens] + suffix
+                context, n_demos = pack_demos(demo_pool, header, task.field, encode, L - len(bos) - len(query))
+                prompt = bos + context + query
+                used_demos.append(n_demos)
+            scores = continuation_logprobs(model, prompt, answers)
+            gold.append(y)
+            pred_sum.append(classes[max(range(len(classes)), key=lambda i: scores[i].sum().item())])
+            pred_mean.append(classes[max(range(len(classes)), key=lambda i: scores[i].mean().item())])
+            bar.update()
+        secs = time.perf_counter() - t0
+        opts = dict(options, skipped_short=skipped)
+        if used_demos:
+            opts["demos_per_prompt"] = round(sum(used_demos) / len(used_demos), 1)
+        n = len(gold)
+        majority = Counter(gold).most_common(1)[0][1] / n
+        for metric, value in (("accuracy", _accuracy(gold, pred_sum)), ("macro_f1", macro_f1(gold, pred_sum)),
+                              ("accuracy_norm", _accuracy(gold, pred_mean)),
+                              ("macro_f1_norm", macro_f1(gold, pred_mean)), ("chance", majority)):
+            records.append(record("classification", corpus, L, metric, value, n, secs, opts))
+    bar.close()
+    return records
+
+
+def grouped_split(labelled, demo_fraction: float, seed: int):
+    """(demonstrations, queries): whole groups (sotu: presidents) go to one side, in a seeded order."""
+    groups = sorted({d.meta.get("group", d.id) for d, _ in labelled})
+    random.Random(seed).shuffle(groups)
+    cut = max(1, min(len(groups) - 1, round(len(groups) * demo_fraction)))
+    demo_groups = set(groups[:cut])
+    demos = [(d, y) for d, y in labelled if d.meta.get("group", d.id) in demo_groups]
+    queries = [(d, y) for d, y in labelled if d.meta.get("group", d.id) not in demo_groups]
+    return demos, queries
+
+
+def pick_queries(queries, encode, min_tokens: int, count: int, seed: int):
+    """Up to `count` queries with >= min_tokens tokens, round-robin over labels in a seeded order;
+    returns ([(doc, label, ids)], number of too-short documents skipped)."""
+    by_label = defaultdict(list)
+    for d, y in queries:
+        by_label[y].append(d)
+    rng = random.Random(seed + 1)
+    for y in sorted(by_label):
+        by_label[y].sort(key=lambda d: d.id)
+        rng.shuffle(by_label[y])
+    chosen, skipped = [], 0
+    cursors = {y: 0 for y in by_label}
+    while len(chosen) < count and any(cursors[y] < len(by_label[y]) for y in by_label):
+        for y in sorted(by_label):
+            while cursors[y] < len(by_label[y]) and len(chosen) < count:
+                d = by_label[y][cursors[y]]
+                cursors[y] += 1
+                ids = encode(d.text)
+                if len(ids) >= min_tokens:
+                    chosen.append((d, y, ids))
+                    break
+                skipped += 1
+    return chosen, skipped
+
+
+def _demo_excerpts(demos, encode, excerpt_tokens: int, seed: int) -> list[tuple[list[int], str]]:
+    """Demonstration excerpts interleaved over labels (seeded): each document's first chunk, then its
+    second chunk, ... so long contexts do not run out of demonstrations."""
+    rng = random.Random(seed + 2)
+    by_label = defaultdict(list)
+    for d, y in sorted(demos, key=lambda p: p[0].id):
+        by_label[y].append(encode(d.text))
+    for y in by_label:
+        rng.shuffle(by_label[y])
+    pool, chunk = [], 0
+    while True:
+        added = False
+        rows = {y: [ids[chunk * excerpt_tokens:(chunk + 1) * excerpt_tokens] for ids in docs]
+                for y, docs in by_label.items()}
+        for i in range(max(len(r) for r in rows.values())):
+            for y in sorted(rows):
+                if i < len(rows[y]) and rows[y][i]:
+                    pool.append((rows[y][i], y))
+                    added = True
+        if not added:
+            return pool
+        chunk += 1
+
+
+def pack_demos(pool, header: list[int], field: str, encode, room: int) -> tuple[list[int], int]:
+    """Demonstrations filling exactly `room` tokens; the first one loses its beginning if needed,
+    so every demonstration in the prompt keeps its label line."""
+    blocks = []
+    for excerpt, y in pool:
+        blocks.append(header + excerpt + encode(f"\n{field}: {y}\n\n"))
+        if sum(map(len, blocks)) >= room:
+            break
+    else:
+        if sum(map(len, blocks)) < room:
+            raise TaskError(f"not enough demonstrations to fill {room} tokens — use shorter lengths")
+    context = [t for b in blocks for t in b]
+    return context[len(context) - room:], len(blocks)
+
+
+def _accuracy(gold, pred) -> float:
+    return sum(g == p for g, p in zip(gold, pred)) / len(gold)
+
+
+def macro_f1(gold, pred) -> float:
+    """Mean F1 over the classes present in gold or predictions (sklearn's default label set)."""
+    scores = []
+    for c in sorted(set(gold) | set(pred)):
+        tp = sum(g == c and p == c for g, p in zip(gold, pred))
+        fp = sum(g != c and p == c for g, p in zip(gold, pred))
+        fn = sum(g == c and p != c for g, p in zip(gold, pred))
+        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores)

