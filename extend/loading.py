@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -46,11 +48,45 @@ def _dtype(dtype) -> torch.dtype | None:
     return names[dtype]
 
 
+def gguf_snapshot(path: Path) -> Path:
+    """A `save_pretrained` copy of a GGUF model (fp32 safetensors + tokenizer), made once and reused:
+    transformers parses and de-quantises the whole GGUF on every load (three passes, 20-60 s on a CPU),
+    a snapshot loads in about a second. Keyed by file name, size and mtime; written to a temporary
+    folder and renamed, so a killed conversion leaves nothing half-written. ROPEBENCH_CACHE moves it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = path.stat()
+    cache = Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
+    target = cache / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        # The weights are de-quantised to fp32 on load; only the GGUF marker blocks save_pretrained.
+        model.hf_quantizer = None
+        for obj in (model, model.config):
+            if hasattr(obj, "quantization_config"):
+                delattr(obj, "quantization_config")
+        model.save_pretrained(tmp)
+        del model
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def load(spec: str, device: str | None = None, dtype=None, attn_implementation: str | None = None,
-         trust_remote_code: bool = False, **kwargs):
+         trust_remote_code: bool = False, cache_gguf: bool = True, **kwargs):
     """(model, tokenizer) for `spec`: a hub id or local directory, a `.gguf` file, or an alias
     (`smollm2-135m`: the embedded SmolLM2-135M-Instruct, trained context 8192). Defaults: cuda + bf16 when
-    a GPU is present, else cpu + fp32; sdpa attention. Remote code runs only with trust_remote_code=True."""
+    a GPU is present, else cpu + fp32; sdpa attention. Remote code runs only with trust_remote_code=True.
+    A GGUF file is converted once to a cached snapshot (see `gguf_snapshot`) unless cache_gguf=False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(spec, (str, os.PathLike)) or not str(spec):
@@ -61,14 +97,14 @@ def load(spec: str, device: str | None = None, dtype=None, attn_implementation: 
     dtype = _dtype(dtype) or default_dtype(device)
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ExtendError(f"device {device!r} requested but no CUDA GPU is available — use device='cpu'")
-    if spec in ALIASES:
-        path = embedded_gguf(spec)
-        source, extra = str(path.parent), {"gguf_file": path.name}
-    elif spec.endswith(".gguf"):
-        path = Path(spec).expanduser()
+    if spec in ALIASES or spec.endswith(".gguf"):
+        path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
         if not path.is_file():
             raise ExtendError(f"GGUF file not found: {spec} — check the path")
-        source, extra = str(path.parent), {"gguf_file": path.name}
+        if cache_gguf:
+            source, extra = str(gguf_snapshot(path)), {}
+        else:
+            source, extra = str(path.parent), {"gguf_file": path.name}
     else:
         path = Path(spec).expanduser()
         looks_local = spec.startswith((".", "/", "~")) or path.exists()

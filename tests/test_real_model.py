@@ -45,3 +45,19 @@ def test_every_method_finite_identity_and_undo(smollm2, batch, method):
         if method in ("ntk", "yarn", "pi", "ntk-parts", "xpos"):
             assert (out - ref).abs().max() > 1e-3, f"{method} at factor 2 did not change the logits"
         assert torch.equal(model(ids).logits, ref)
+
+
+def test_gguf_snapshot_is_identical_to_direct_gguf_load(smollm2, batch, tmp_path, monkeypatch):
+    """The cached save_pretrained snapshot must be the same model and tokenizer as the GGUF itself."""
+    model, tok = smollm2
+    ids, ref = batch
+    direct, direct_tok = extend.load("smollm2-135m", cache_gguf=False)
+    text = "Fellow-Citizens of the Senate and House of Representatives: 1862, $4,000,000."
+    assert direct_tok(text).input_ids == tok(text).input_ids
+    assert direct_tok.chat_template == tok.chat_template
+    with torch.no_grad():
+        assert torch.equal(direct(ids).logits, ref)
+    monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path))
+    path = extend.loading.gguf_snapshot(extend.embedded_gguf())
+    assert path.parent.parent == tmp_path and (path / "config.json").is_file()
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]  # no half-written copy left
