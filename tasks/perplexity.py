@@ -6,6 +6,9 @@
   tokens no earlier window scored (Press et al.; used by PI). The last window is aligned to the end
   of the span so that every window has a full L tokens of context.
 
+Metrics: `loss` and `ppl` over each whole window; with `truncate`, `ppl_tail` at each length but the
+first: the perplexity of only the tokens between the previous length and L (aggregated over documents).
+
 BOS: with add_bos=True the tokenizer's BOS id (if it has one) is prepended to every window and
 counted inside L; it is never scored. Without it the first token of a window is context only.
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
@@ -13,6 +16,7 @@ skipped and counted, never padded; join_docs=True concatenates consecutive docum
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -62,6 +66,7 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
     steps = len(docs) * (1 if one_pass else len(lengths))
     bar = tqdm(total=steps, desc=f"perplexity {protocol}", disable=not progress)
     records, totals = [], {L: [0.0, 0, 0.0] for L in lengths}  # sum nll, tokens, seconds
+    tails = {L: [0.0, 0] for L in lengths[1:]}  # truncate: tokens between the previous length and L
     for doc, ids in docs:
         if one_pass:  # causal attention: the prefix of the longest window is every shorter window
             t0 = time.perf_counter()
@@ -78,6 +83,11 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
                     nll = _sliding(model, bos, ids[:span], L, stride or max(1, (L - len(bos)) // 2), chunk_size)
                 per_length[L] = (nll, time.perf_counter() - t0)
                 bar.update()
+        for previous, L in itertools.pairwise(lengths):
+            if protocol == "truncate":  # window position p scores token p + 1, so these are tokens previous..L-1
+                tail = per_length[L][0][previous - 1:]
+                tails[L][0] += tail.double().sum().item()
+                tails[L][1] += tail.numel()
         for L, (nll, secs) in per_length.items():
             loss, n = nll.double().mean().item(), nll.numel()
             totals[L][0] += nll.double().sum().item()
@@ -90,6 +100,12 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
         loss = total / n  # token-weighted over documents
         for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
             records.append(record("perplexity", corpus, L, metric, value, n, secs, options))
+        if L in tails and tails[L][1]:
+            # Only the tokens past the previous length: what the longer context costs or gains, undiluted by
+            # the window's start (plain RoPE breaks here once L passes the trained context).
+            tail_loss = tails[L][0] / tails[L][1]
+            records.append(record("perplexity", corpus, L, "ppl_tail", math.exp(tail_loss), tails[L][1], secs,
+                                  options))
     return records
 
 

@@ -6,8 +6,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -18,12 +18,22 @@ def smollm2():
     return extend.load("smollm2-135m", device="cpu", dtype=torch.float32)
 
 
-def tiny_llama(max_position_embeddings=256, seed=0, **overrides):
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The embedded SmolLM2 tokenizer alone, from the cached snapshot of the GGUF (see extend.load)."""
+    from transformers import AutoTokenizer
+
+    import extend
+
+    return AutoTokenizer.from_pretrained(extend.loading.gguf_snapshot(extend.embedded_gguf()))
+
+
+def tiny_llama(max_position_embeddings=256, seed=0, vocab_size=128, **overrides):
     """A tiny random Llama built from a config (no hub)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=max_position_embeddings, **overrides)
     return LlamaForCausalLM(config).eval()

