@@ -112,6 +112,12 @@ def _klabel(x: int) -> str:
     return f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x)
 
 
+def _means_by_length(sub: pd.DataFrame) -> pd.DataFrame:
+    """One point per (method x factor label, length): the mean over documents / trials behind it."""
+    return (sub.groupby(["label", "method", "factor", "length"], dropna=False)["value"].mean()
+            .reset_index().astype({"length": "int64"}))
+
+
 def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
     order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
     sns.lineplot(data=data, x="length", y=y, hue="label", hue_order=order, style="label", style_order=order,
@@ -124,8 +130,7 @@ def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = 
     sub = _subset(df, task, metric, "plot_perplexity", **where)
     model = _single(sub, "model", "plot_perplexity")
     corpus = _single(sub, "corpus", "plot_perplexity")
-    data = (sub.groupby(["label", "method", "factor", "length"], dropna=False)["value"].mean()
-            .reset_index().astype({"length": "int64"}))
+    data = _means_by_length(sub)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     _line_plot(ax, data, "value")
@@ -190,8 +195,7 @@ def plot_classification(df: pd.DataFrame, path: str | os.PathLike, *, metric: st
     sub = _subset(df, task, metric, "plot_classification", **where)
     model = _single(sub, "model", "plot_classification")
     corpus = _single(sub, "corpus", "plot_classification")
-    data = (sub.groupby(["label", "method", "factor", "length"], dropna=False)["value"].mean()
-            .reset_index().astype({"length": "int64"}))
+    data = _means_by_length(sub)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     _line_plot(ax, data, "value")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -44,56 +43,38 @@ def length_name(length: int) -> str:
 
 
 def default_tokenizer():
-    """The SmolLM2 tokenizer (from the embedded GGUF; no model weights are loaded)."""
+    """The SmolLM2 tokenizer, from extend.load's cached snapshot of the embedded GGUF."""
     from transformers import AutoTokenizer
 
     import extend
 
-    path = extend.embedded_gguf()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(extend.loading.gguf_snapshot(extend.embedded_gguf()))
 
 
 # --- passkey ---------------------------------------------------------------------------------------------
 
 def passkey_text(words: int, depth: float, key: int) -> str:
     """Prompt text of a passkey doc: the filler haystack cut after `words` words, the needle by depth."""
-    sentences = passkey.haystack_sentences(None, None, words=words)
-    cut, left = [], words
-    for s in sentences:
-        if left <= 0:
-            break
-        n = len(s.split())
-        cut.append(s if n <= left else " ".join(s.split()[:left]))
-        left -= n
-    user, answer_prefix = passkey.compose(cut, depth, key)
+    user, answer_prefix = passkey.compose(passkey.cut_haystack(filler(words), words), depth, key)
     return f"{user} {answer_prefix}"
 
 
+def filler(words: int) -> list[str]:
+    return passkey.haystack_sentences(None, None, words=words)
+
+
 def passkey_docs(tokenizer, lengths, depths, trials, seed: int = 0) -> list[dict]:
-    """One doc per (trial, length, depth) with the suite's own pass keys; the haystack is the longest with at
-    most L tokens (binary search on words, as `passkey.build_prompt`)."""
-    mix = passkey.MIX
+    """One doc per (trial, length, depth) with the suite's own pass keys and haystack sizes."""
     docs = []
     for trial in range(trials):
         for length in lengths:
+            sentences = filler(2 * length)
             for di, depth in enumerate(depths):
-                key = random.Random(((seed * mix + length) * mix + di) * mix + trial).randint(10000, 99999)
-
-                def n_tokens(k, depth=depth, key=key):
-                    return len(tokenizer(passkey_text(k, depth, key))["input_ids"])
-
-                lo, hi = 0, 2 * length
-                if n_tokens(0) > length:
-                    raise TaskError(f"passkey length {length} is too short for the prompt itself — use longer "
-                                    "lengths")
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if n_tokens(mid) <= length:
-                        lo = mid
-                    else:
-                        hi = mid - 1
+                key = passkey.key_for(seed, length, di, trial)
+                words = passkey.fit_haystack_words(tokenizer, length, depth, key, sentences)
                 docs.append({"id": f"passkey-{length}-{di}-{trial}", "length": length, "depth": float(depth),
-                             "trial": trial, "key": str(key), "haystack_words": lo, "prompt_tokens": n_tokens(lo)})
+                             "trial": trial, "key": str(key), "haystack_words": words,
+                             "prompt_tokens": len(tokenizer(passkey_text(words, depth, key))["input_ids"])})
     return docs
 
 

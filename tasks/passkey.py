@@ -53,7 +53,7 @@ def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack
         for length in lengths:
             for di, depth in enumerate(depths):
                 t0 = time.perf_counter()
-                key = random.Random(((seed * MIX + length) * MIX + di) * MIX + trial).randint(10000, 99999)
+                key = key_for(seed, length, di, trial)
                 ids = build_prompt(tokenizer, length, depth, key, sentences, chat_template)
                 answer = _generate(model, tokenizer, ids, max_new_tokens)
                 found = re.search(r"\d+", answer)
@@ -99,36 +99,54 @@ def haystack_sentences(texts, rng: random.Random, words: int) -> list[str]:
                     "use a larger corpus or haystack='filler'")
 
 
-def build_prompt(tokenizer, length: int, depth: float, key: int, sentences: list[str],
-                 chat_template: bool = False) -> list[int]:
-    """Token ids of the longest prompt with at most `length` tokens (binary search on haystack words)."""
-    words = [len(s.split()) for s in sentences]
+def key_for(seed: int, length: int, depth_index: int, trial: int) -> int:
+    """The 5-digit pass key of one (length, depth, trial): the same in every process (no hash())."""
+    return random.Random(((seed * MIX + length) * MIX + depth_index) * MIX + trial).randint(10000, 99999)
 
-    def prompt(k):  # the haystack cut after k words, needle at the boundary nearest the depth
-        cut, left = [], k
-        for s, w in zip(sentences, words):
-            if left <= 0:
-                break
-            cut.append(s if w <= left else " ".join(s.split()[:left]))
-            left -= w
-        return encode(tokenizer, compose(cut, depth, key), chat_template)
 
-    lo, hi = 0, sum(words)
-    if len(prompt(0)) > length:
+def cut_haystack(sentences: list[str], words: int) -> list[str]:
+    """The haystack cut after `words` words (the last sentence may be cut mid-way)."""
+    cut, left = [], words
+    for s in sentences:
+        if left <= 0:
+            break
+        n = len(s.split())
+        cut.append(s if n <= left else " ".join(s.split()[:left]))
+        left -= n
+    return cut
+
+
+def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences: list[str],
+                       chat_template: bool = False) -> int:
+    """The most haystack words whose prompt has at most `length` tokens (binary search), checked to land
+    within 1% of `length`."""
+
+    def n_tokens(k):
+        return len(encode(tokenizer, compose(cut_haystack(sentences, k), depth, key), chat_template))
+
+    lo, hi = 0, sum(len(s.split()) for s in sentences)
+    if n_tokens(0) > length:
         raise TaskError(f"length {length} is too short for the passkey prompt itself "
-                        f"({len(prompt(0))} tokens without haystack) — use longer lengths")
-    if len(prompt(hi)) <= length:
+                        f"({n_tokens(0)} tokens without haystack) — use longer lengths")
+    if n_tokens(hi) <= length:
         raise TaskError(f"not enough haystack for {length} tokens — this is a bug, please report it")
-    while lo < hi:  # largest k with len(prompt(k)) <= length
+    while lo < hi:  # largest k with n_tokens(k) <= length
         mid = (lo + hi + 1) // 2
-        if len(prompt(mid)) <= length:
+        if n_tokens(mid) <= length:
             lo = mid
         else:
             hi = mid - 1
-    ids = prompt(lo)
-    if len(ids) < 0.99 * length:
-        raise TaskError(f"could only build a {len(ids)}-token prompt for length {length} — use longer lengths")
-    return ids
+    if n_tokens(lo) < 0.99 * length:
+        raise TaskError(f"could only build a {n_tokens(lo)}-token prompt for length {length} — use longer lengths")
+    return lo
+
+
+def build_prompt(tokenizer, length: int, depth: float, key: int, sentences: list[str],
+                 chat_template: bool = False) -> list[int]:
+    """Token ids of the longest prompt with at most `length` tokens; the needle at the sentence boundary
+    nearest the depth."""
+    words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template)
+    return encode(tokenizer, compose(cut_haystack(sentences, words), depth, key), chat_template)
 
 
 def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:

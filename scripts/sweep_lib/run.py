@@ -200,6 +200,15 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
     done = failed = 0
     bar = tqdm(total=len(cells), desc="sweep" if rank == 0 else f"sweep rank {rank}", unit="cell",
                position=0, disable=not show, dynamic_ncols=True)
+
+    def fail_cells(group, msg: str) -> int:
+        """Every cell of a group that could not start (model load or patch failed): one error row each."""
+        for cell in group:
+            writer.write([error_row(cell, run, msg, 0.0)])
+            _log_failure(out, cell, traceback.format_exc())
+            bar.update()
+        return len(group)
+
     for model_spec, by_model in groupby(cells, key=lambda c: c.model):
         by_model = list(by_model)
         say(f"loading {model_spec} ...", not show)
@@ -209,12 +218,7 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
         except extend.ExtendError:
             raise  # bad input (unknown / unsupported model): one line, exit 2
         except Exception as e:  # noqa: BLE001 - e.g. out of memory while loading: every cell of this model fails
-            msg = f"loading the model failed: {describe_error(e)}"
-            for cell in by_model:
-                writer.write([error_row(cell, run, msg, 0.0)])
-                _log_failure(out, cell, traceback.format_exc())
-                failed += 1
-                bar.update()
+            failed += fail_cells(by_model, f"loading the model failed: {describe_error(e)}")
             _free_memory()
             continue
         groups = groupby(by_model, key=lambda c: (c.method, c.factor, G.canonical(c.options)))
@@ -224,12 +228,7 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
             try:
                 patch = extend.patch(model, method, factor=factor, **options)
             except Exception as e:  # noqa: BLE001 - e.g. "not supported: <family>": these cells fail, sweep goes on
-                msg = f"patching failed: {describe_error(e)}"
-                for cell in by_method:
-                    writer.write([error_row(cell, run, msg, 0.0)])
-                    _log_failure(out, cell, traceback.format_exc())
-                    failed += 1
-                    bar.update()
+                failed += fail_cells(by_method, f"patching failed: {describe_error(e)}")
                 continue
             try:
                 for cell in by_method:
