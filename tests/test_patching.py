@@ -253,3 +253,17 @@ def test_unsupported_family_is_named():
     model = T.Llama4ForCausalLM(config).eval()
     with pytest.raises(extend.ExtendError, match="not supported: llama4_text"):
         extend.patch(model, "yarn", factor=2)
+
+
+def test_default_dtype_follows_the_device_and_native_bf16(monkeypatch):
+    """bf16 on a GPU; on a CPU only with hardware bf16 (the benchmark's measured decision), else float32."""
+    from extend import loading
+
+    assert loading.default_dtype("cuda") == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": False})
+    assert loading.default_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": False, "amx_bf16": True})
+    assert loading.default_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": False})
+    assert loading.default_dtype("cpu") == torch.float32
+    assert loading.default_dtype("mps") == torch.float32

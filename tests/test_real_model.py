@@ -51,7 +51,7 @@ def test_gguf_snapshot_is_identical_to_direct_gguf_load(smollm2, batch, tmp_path
     """The cached save_pretrained snapshot must be the same model and tokenizer as the GGUF itself."""
     _, tok = smollm2
     ids, ref = batch
-    direct, direct_tok = extend.load("smollm2-135m", cache_gguf=False)
+    direct, direct_tok = extend.load("smollm2-135m", dtype="float32", cache_gguf=False)
     text = "Fellow-Citizens of the Senate and House of Representatives: 1862, $4,000,000."
     assert direct_tok(text).input_ids == tok(text).input_ids
     assert direct_tok.chat_template == tok.chat_template

@@ -355,11 +355,11 @@ def _main(argv) -> int:
     C.check_registries(cfg)
 
     import tasks
-    from extend.loading import default_device
+    from extend.loading import default_device, default_dtype
 
     def build(device):
-        if cfg["dtype"] is None:  # as extend.load: bf16 on a GPU, fp32 elsewhere (part of every cell's key)
-            cfg["dtype"] = "bfloat16" if str(device).startswith("cuda") else "float32"
+        if cfg["dtype"] is None:  # as extend.load decides for the device (part of every cell's key)
+            cfg["dtype"] = str(default_dtype(device)).removeprefix("torch.")
         cells = G.build(cfg, lambda task, opt: C.suite_accepts(tasks.SUITES[task], opt))
         if not cells:
             raise C.ConfigError("empty grid: no cells — check methods, factors, tasks and lengths")
