@@ -7,8 +7,8 @@
 - `RopebenchLM` (registered as lm-eval model ``ropebench``): an `HFLM` that loads through `extend.load`
   and patches the model with `extend.patch(model, method, factor, **options)`. `max_length` defaults to
   factor x the trained context (stock HFLM would cut inputs from the left at max_position_embeddings).
-  Loglikelihood requests run the model with `logits_to_keep` = the scored positions only, so a 32k window
-  costs (continuation tokens x vocab) logits, not (32k x vocab).
+  Loglikelihood requests (and so rolling perplexity) run the decoder body once and the LM head only on the
+  scored positions, SCORE_BLOCK at a time: a 32k window never holds (32k x vocab) logits.
 - lm-eval 0.4.13 has no plugin discovery for models, hence the CLI shim `main()`: it registers the model,
   checks ropebench model_args up front (one `error: ...` line, exit 2) and runs lm-eval's own CLI.
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "ropebench"
 DEFAULT_PRETRAINED = "smollm2-135m"
+# Positions per LM-head call when scoring (x vocab x 4 B of float32 log-probs: 128 MB for a 128k vocabulary).
+SCORE_BLOCK = 256
 TASKS_FOLDER = "lm_eval_tasks"
 # model_args this class consumes itself (everything else: HFLM's own arguments or method options).
 OWN_ARGS = ("pretrained", "method", "factor", "max_length", "device", "dtype", "attn_implementation",
@@ -168,7 +170,6 @@ class RopebenchLM(HFLM):
         self.pretrained = spec  # a string again: lm-eval's logs and results name the model by it
         self.method, self.factor, self.method_options = method, factor, options
         self.scored_logits_only = bool(parse_value(scored_logits_only))
-        self._keep_supported = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def close(self) -> None:
         """Undo the RoPE patch (the model is restored exactly)."""
@@ -186,31 +187,43 @@ class RopebenchLM(HFLM):
                      "ropebench_max_length": self.max_length, "ropebench_trained_context": self.trained_context})
         return info
 
-    # --- loglikelihood: logits only for the scored positions ------------------------------------------
+    # --- loglikelihood: logits only for the scored positions, a block at a time -----------------------------
 
-    def _scored_log_probs(self, rows: list[list[int]], spans: list[tuple[int, int]]) -> list[torch.Tensor]:
-        """Log-softmax over the vocabulary at positions [a, b) of each row (a right-padded batch, or one row
-        at a time when the method's frequencies depend on the sequence length)."""
+    def _scored(self, rows: list[list[int]], spans: list[tuple[int, int]]):
+        """Per row of a right-padded batch (one row at a time when the method's frequencies depend on the
+        sequence length): the log-probs of the continuation tokens but the last, whether greedy decoding
+        predicts all of those, and the whole log-softmax row at the last scored position [a, b) (the one a
+        cached one-token continuation needs). The decoder body runs once; the LM head and log-softmax see
+        at most SCORE_BLOCK positions at once, so a 32k-token rolling window never holds 32k x vocab logits."""
+        from tasks.scoring import body, logit_postprocess
+
         model = self.model
         if extend.length_dependent(model) and len(rows) > 1:  # padding would change the frequencies
-            return [self._scored_log_probs([r], [s])[0] for r, s in zip(rows, spans)]
+            return [self._scored([r], [s])[0] for r, s in zip(rows, spans)]
         width = max(map(len, rows))
         batch = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         for i, r in enumerate(rows):
             batch[i, :len(r)] = torch.tensor(r, dtype=torch.long, device=self.device)
-        keep = sorted({p for a, b in spans for p in range(a, b)})
+        head, postprocess = model.get_output_embeddings(), logit_postprocess(model)
+        out = []
         with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                                              enabled=self.mixed_precision_dtype is not None):
-            if self._keep_supported:
-                index = torch.tensor(keep, dtype=torch.long, device=self.device)
-                logits = model(input_ids=batch, logits_to_keep=index, use_cache=False).logits
-            else:  # a family without logits_to_keep: full logits, then the slice (stock HFLM's cost)
-                logits = model(input_ids=batch, use_cache=False).logits[:, keep]
-        where = {p: j for j, p in enumerate(keep)}
-        out = []
-        for i, (a, b) in enumerate(spans):
-            sel = logits[i, where[a]:where[a] + (b - a)]  # consecutive positions stay consecutive in `keep`
-            out.append(F.log_softmax(sel, dim=-1, dtype=self.softmax_dtype))
+            hidden = body(model)(input_ids=batch, use_cache=False).last_hidden_state
+            for i, (a, b) in enumerate(spans):
+                picked, greedy, last = [], True, None
+                for s in range(a, b, SCORE_BLOCK):
+                    e = min(s + SCORE_BLOCK, b)
+                    # the family's logits (post-processed in the model's dtype, as its forward does)
+                    logp = F.log_softmax(postprocess(head(hidden[i, s:e])), dim=-1, dtype=self.softmax_dtype)
+                    inner = min(e, b - 1) - s  # positions whose next token is in the row (all but the last)
+                    if inner > 0:
+                        target = batch[i, s + 1:s + 1 + inner]
+                        picked.append(logp[:inner].gather(1, target[:, None])[:, 0])
+                        greedy = greedy and bool((logp[:inner].argmax(dim=-1) == target).all())
+                    if e == b:
+                        last = logp[-1]
+                prefix = torch.cat(picked) if picked else last.new_empty(0)
+                out.append((prefix, greedy, last))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
@@ -251,15 +264,14 @@ class RopebenchLM(HFLM):
                 inp = (context_enc + continuation_enc)[-(self.max_length + 1):][:-1]
                 rows.append(inp)
                 spans.append((len(inp) - len(continuation_enc), len(inp)))
-            for (request_str, ctx_tokens, cont_toks), logits in zip(chunk, self._scored_log_probs(rows, spans)):
-                logits = logits.unsqueeze(0)  # [1, contlen, vocab]
-                greedy_tokens = logits.argmax(dim=-1)
+            for (request_str, ctx_tokens, cont_toks), (prefix, greedy, last) in zip(chunk, self._scored(rows, spans)):
+                # A cache group shares context + continuation[:-1]: only the last token differs between members,
+                # so the last position's whole row ([1, 1, vocab]) is what get_cache hands around.
                 for request_str, cont_toks, logits in re_ord.get_cache(  # noqa: B020  (as stock HFLM)
-                        req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=logits):
-                    cont = torch.tensor(cont_toks, dtype=torch.long, device=logits.device).unsqueeze(0)
-                    max_equal = (greedy_tokens[:, -cont.shape[1]:] == cont).all()
-                    logp = torch.gather(logits[:, -cont.shape[1]:], 2, cont.unsqueeze(-1)).squeeze(-1)
-                    answer = (float(logp.sum()), bool(max_equal))
+                        req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=last.view(1, 1, -1)):
+                    row, token = logits[0, -1], cont_toks[-1]
+                    logp = torch.cat([prefix, row[token:token + 1]])  # summed at once, in stock's dtype and order
+                    answer = (float(logp.sum()), greedy and int(row.argmax()) == token)
                     res.append(answer)
                     if request_str is not None:
                         self.cache_hook.add_partial("loglikelihood", request_str, answer)

@@ -25,21 +25,37 @@ def body(model):
 
 def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """Float32 logits for some hidden states, with the family's logit post-processing."""
-    logits = model.get_output_embeddings()(hidden).float()
+    return logit_postprocess(model)(model.get_output_embeddings()(hidden).float())
+
+
+def logit_postprocess(model):
+    """The family's logit post-processing (float32 logits -> float32 logits), which its ForCausalLM.forward
+    applies and which we bypass by calling the LM head directly."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    # Families that post-process logits in their ForCausalLM.forward; we bypass that forward.
-    if getattr(config, "logit_scale", None):  # Cohere
-        logits = logits * config.logit_scale
-    if getattr(config, "logits_scaling", None):  # Granite
-        logits = logits / config.logits_scaling
+    scale = getattr(config, "logit_scale", None)  # Cohere
+    divisor = getattr(config, "logits_scaling", None)  # Granite
     cap = getattr(config, "final_logit_softcapping", None)  # Gemma2/3
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        if scale:
+            logits = logits * scale
+        if divisor:
+            logits = logits / divisor
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return apply
 
 
 def device_of(model) -> torch.device:
     return model.get_input_embeddings().weight.device
+
+
+# Bytes of float32 logits per cross-entropy call. The upcast, log-softmax and gather of a few-MB block stay in
+# the CPU cache; over a whole chunk (1024 x 49k x 4 B = 200 MB) each of them streams through memory, which made
+# the loss cost as much as the LM head itself. Row-wise, so the result is bit-identical (benchmarks/NOTES.md).
+LOSS_BLOCK_BYTES = 8 * 2 ** 20
 
 
 @torch.inference_mode()
@@ -47,19 +63,28 @@ def token_nll(model, input_ids, *, start: int = 1, chunk_size: int = 1024) -> to
     """Negative log-likelihood (float32, on CPU) of tokens input_ids[start:], each given its prefix.
 
     One forward of the decoder body over the whole window; the LM head only ever sees
-    `chunk_size` positions at once."""
+    `chunk_size` positions at once, and the float32 loss a cache-sized block of those."""
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1).to(device_of(model))
     if not 1 <= start < ids.shape[1]:
         raise TaskError(f"nothing to score: start={start} for a window of {ids.shape[1]} tokens")
     if chunk_size < 1:
         raise TaskError(f"chunk_size must be positive, got {chunk_size}")
     hidden = body(model)(input_ids=ids, use_cache=False).last_hidden_state
-    targets = ids[0, start:]
-    out = torch.empty(targets.shape[0], dtype=torch.float32)
+    return nll_from_hidden(model, hidden[0, start - 1:-1], ids[0, start:], chunk_size=chunk_size).cpu()
+
+
+def nll_from_hidden(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
+    """Float32 NLL of targets[i] given the final hidden state hidden[i] (on the model's device): the LM head on
+    `chunk_size` rows at a time (model dtype), the float32 loss on a cache-sized block of those."""
+    head, postprocess = model.get_output_embeddings(), logit_postprocess(model)
+    out = torch.empty(targets.shape[0], dtype=torch.float32, device=hidden.device)
     for i in range(0, targets.shape[0], chunk_size):
-        j = min(i + chunk_size, targets.shape[0])
-        logits = head_logits(model, hidden[0, start - 1 + i:start - 1 + j])
-        out[i:j] = F.cross_entropy(logits, targets[i:j], reduction="none").cpu()
+        logits = head(hidden[i:i + chunk_size])
+        block = max(1, LOSS_BLOCK_BYTES // (4 * logits.shape[-1]))
+        for k in range(0, logits.shape[0], block):
+            part = logits[k:k + block]
+            rows = slice(i + k, i + k + part.shape[0])
+            out[rows] = F.cross_entropy(postprocess(part.float()), targets[rows], reduction="none")
         del logits
     return out
 

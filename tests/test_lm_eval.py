@@ -164,13 +164,42 @@ def test_scored_positions_only_equals_stock_hflm(smollm2, batch_size, max_length
     lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain", batch_size=batch_size,
                      max_length=max_length)
     try:
-        assert lm._keep_supported and lm.max_length == (max_length or 8192)
+        assert lm.max_length == (max_length or 8192)
         got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
     finally:
         lm.close()
     diff = max(abs(a[0] - b[0]) for a, b in zip(got, expected))
     assert diff < 1e-4, diff
     assert [g for _, g in got] == [g for _, g in expected]
+
+
+@pytest.mark.real
+def test_rolling_loglikelihood_equals_stock_hflm_in_bounded_blocks(smollm2, monkeypatch):
+    """Rolling perplexity (several windows of max_length) gives stock HFLM's numbers, while the LM head never
+    sees more than SCORE_BLOCK positions at once (stock: the whole window)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from extend import lm_eval as ours
+
+    model, tok = smollm2
+    text = " ".join(f"Section {i}: the union is strong, and the budget for year {1990 + i} is balanced." for i in
+                    range(20))
+    request = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)]
+    expected = HFLM(pretrained=model, tokenizer=tok, max_length=96, batch_size=2).loglikelihood_rolling(
+        request, disable_tqdm=True)
+    monkeypatch.setattr(ours, "SCORE_BLOCK", 40)
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, a, out: rows.append(a[0].shape[-2]))
+    lm = ours.RopebenchLM(pretrained=model, tokenizer=tok, method="plain", max_length=96, batch_size=2)
+    try:
+        got = lm.loglikelihood_rolling(request, disable_tqdm=True)
+    finally:
+        lm.close()
+        hook.remove()
+    assert len(tok(text)["input_ids"]) > 2 * 96  # several windows
+    assert abs(got[0] - expected[0]) < 1e-3, (got, expected)  # a sum over ~450 tokens
+    assert rows and max(rows) <= 40
 
 
 @pytest.mark.real

@@ -32,6 +32,30 @@ def test_chunked_nll_equals_full_logits(tiny):
     assert torch.allclose(token_nll(tiny, ids, start=30, chunk_size=7), full[29:], atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite"])
+def test_blocked_loss_matches_the_family_forward(family, monkeypatch):
+    """The loss blocks (here 3 rows, across chunks of 7) and the family's logit post-processing (Gemma2's
+    softcapping, Cohere's logit_scale, Granite's logits_scaling) give the loss of the family's own forward."""
+    import transformers as T
+
+    from tasks import scoring
+
+    config_cls, model_cls, extra = {
+        "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16, "final_logit_softcapping": 2.0}),
+        "cohere": (T.CohereConfig, T.CohereForCausalLM, {"logit_scale": 0.5, "pad_token_id": 2}),
+        "granite": (T.GraniteConfig, T.GraniteForCausalLM, {"logits_scaling": 4.0}),
+    }[family]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, **extra)).eval()
+    ids = torch.randint(3, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = F.cross_entropy(model(ids).logits[0, :-1].float(), ids[0, 1:], reduction="none")
+    monkeypatch.setattr(scoring, "LOSS_BLOCK_BYTES", 3 * 4 * 96)
+    assert torch.allclose(token_nll(model, ids, chunk_size=7), full, atol=1e-5)
+    assert torch.allclose(token_nll(model, ids, start=20, chunk_size=7), full[19:], atol=1e-5)
+
+
 def test_one_pass_curve_equals_per_length_passes(tiny, tok, monkeypatch):
     kw = {"lengths": [32, 100, 256], "num_docs": 2, "progress": False}
     one = perplexity.run(tiny, tok, **kw)
