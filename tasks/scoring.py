@@ -29,7 +29,7 @@ def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def logit_postprocess(model):
-    """The family's logit post-processing (float32 logits -> float32 logits), which its ForCausalLM.forward
+    """The family's logit post-processing (logits -> logits, in their dtype), which its ForCausalLM.forward
     applies and which we bypass by calling the LM head directly."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     scale = getattr(config, "logit_scale", None)  # Cohere
