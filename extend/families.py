@@ -2,8 +2,9 @@
 
 Every RoPE decoder in transformers 5.x has one rotary module at `model.base_model.rotary_emb`, called once
 per forward; its (cos, sin) go to every layer. We only swap its inverse-frequency buffers and attention
-scaling, then let the family's own forward compute cos/sin — so the family's layout (half rotation,
-interleaved, partial rotary dims, per-layer-type frequencies) is respected without knowing it.
+scaling (and, for a temperature on every logit, the attention modules' `scaling`), then let the family's own
+forward compute cos/sin — so the family's layout (half rotation, interleaved, partial rotary dims,
+per-layer-type frequencies) is respected without knowing it.
 """
 
 from __future__ import annotations

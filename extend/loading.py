@@ -94,6 +94,25 @@ def gguf_snapshot(path: Path) -> Path:
     return target
 
 
+def load_config(spec: str, trust_remote_code: bool = False):
+    """The model config alone (no weights) for any spec `load` takes."""
+    from transformers import AutoConfig
+
+    spec = str(spec)
+    try:
+        if spec in ALIASES or spec.endswith(".gguf"):
+            path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
+            if not path.is_file():
+                raise ExtendError(f"GGUF file not found: {spec} — check the path")
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoConfig.from_pretrained(spec, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if isinstance(e, ExtendError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExtendError(f"could not read the config of {spec!r}: {first} — check the id or path") from e
+
+
 def load(spec: str, device: str | None = None, dtype=None, attn_implementation: str | None = None,
          trust_remote_code: bool = False, cache_gguf: bool = True, **kwargs):
     """(model, tokenizer) for `spec`: a hub id or local directory, a `.gguf` file, or an alias

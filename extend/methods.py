@@ -30,15 +30,26 @@ def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: in
     return inv_freq.to(torch.float32), float(attention_factor)
 
 
-def dynamic_scale(factor: float, seq_len: int, original: int) -> float:
-    """Current scale of the dynamic methods, transformers' convention: 1 up to the trained context, then
-    factor * L'/L - (factor - 1), so the slope grows with factor (at factor 1 it is the paper's L'/L)."""
+SCALE_RULES = ("paper", "transformers")
+
+
+def dynamic_scale(factor: float, seq_len: int, original: int, rule: str) -> float:
+    """Current scale of the dynamic methods at length L' = seq_len, trained context L = original; 1 up to L.
+    "paper": s = max(1, L'/L) (YaRN paper sec. 3.3 and its reference `LlamaDynamicYaRNScaledRotaryEmbedding`;
+    `factor` does not enter). "transformers": s = max(1, factor L'/L - (factor - 1)) (emozilla's dynamic NTK
+    and transformers' `dynamic` rope type; at factor 1 the two agree)."""
+    if rule not in SCALE_RULES:
+        raise ExtendError(f"scale_rule must be 'paper' (s = L'/L) or 'transformers' (s = factor L'/L - (factor-1)), "
+                          f"got {rule!r}")
+    if rule == "paper":
+        return max(1.0, seq_len / original)
     return max(1.0, factor * seq_len / original - (factor - 1))
 
 
 @register("plain")
 def plain(rope: RopeBase, *, factor: float):
-    """The model unchanged (the baseline). `factor` is ignored."""
+    """No extension (the baseline). `factor` is ignored. With start_from="pretrained" (default) this is the
+    pretrained RoPE (a model's shipped scaling removed); with start_from="shipped" the model unchanged."""
     return rope.inv_freq, 1.0
 
 
@@ -59,13 +70,18 @@ def ntk(rope: RopeBase, *, factor: float):
 
 
 @register("dynamic-ntk", dynamic=True, min_factor=1.0)
-def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None):
-    """Dynamic NTK scaling (emozilla 2023; YaRN paper sec. 3.3): NTK-aware scaling with the scale computed
-    from the current length L': unchanged up to the trained context L, then b' = b * (s L'/L - (s-1))^(d/(d-2)).
-    Stateless: computed from the current forward's length only. Delegates to transformers' `dynamic`."""
-    if seq_len is None or seq_len <= rope.original_max_position_embeddings:
+def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None, scale_rule: str = "transformers"):
+    """Dynamic NTK scaling (emozilla 2023, reddit r/LocalLLaMA "Dynamically Scaled RoPE"; YaRN paper sec. 3.3):
+    NTK-aware scaling b' = b * s^(d/(d-2)) with s from the current length L': unchanged up to the trained
+    context L; scale_rule="transformers" (default, emozilla's code and transformers' `dynamic`):
+    s = factor L'/L - (factor - 1); scale_rule="paper" (YaRN sec. 3.3): s = L'/L. Stateless: computed from the
+    current forward's length only (or the length fixed by extend.fixed_length). Delegates to transformers'
+    `dynamic`."""
+    scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
+    if scale == 1.0:
         return rope.inv_freq, 1.0
-    return transformers_rope("dynamic", rope, factor, seq_len=seq_len)
+    # transformers' formula with factor 1 is the paper's rule
+    return transformers_rope("dynamic", rope, factor if scale_rule == "transformers" else 1.0, seq_len=seq_len)
 
 
 @register("ntk-parts", min_factor=1.0, identity_at_one=True)
@@ -90,10 +106,13 @@ def yarn(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: f
 
 @register("dynamic-yarn", dynamic=True, min_factor=1.0)
 def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, beta_fast: float = 32.0,
-                 beta_slow: float = 1.0):
-    """Dynamic YaRN (Peng et al. 2023, sec. 3.3): YaRN with the scale taken from the current length,
-    s(L') = max(1, s L'/L - (s - 1)) (the dynamic-ntk convention); unchanged up to the trained context."""
-    scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings)
+                 beta_slow: float = 1.0, scale_rule: str = "paper"):
+    """Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 sec. 3.3, reference code
+    `LlamaDynamicYaRNScaledRotaryEmbedding`): YaRN (frequencies and temperature) with the scale taken from the
+    current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not enter;
+    scale_rule="transformers" s = max(1, factor L'/L - (factor - 1)) (the dynamic-ntk convention of
+    transformers). Unchanged up to the trained context L."""
+    scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0
     return transformers_rope("yarn", rope, scale, beta_fast=beta_fast, beta_slow=beta_slow)
@@ -133,14 +152,15 @@ def xpos(rope: RopeBase, *, factor: float, gamma: float = 0.4, scale_base: float
     zeta_i = (2i/d + gamma) / (1 + gamma); q at position m is scaled by zeta^(+m/scale_base) and k at n by
     zeta^(-n/scale_base), so q.k decays as zeta^((m-n)/scale_base). `factor` interpolates positions as in
     `pi` (for both the rotation and the decay). Exponents use (position - centre), which cancels in q.k but
-    keeps values finite; the centre is fixed (default: the trained context) so cached keys stay valid."""
+    keeps values finite: by default the centre is the middle of the positions being run (of the whole call
+    under extend.fixed_length; kept for cached continuations), and a span too wide for float32/bf16 raises
+    ExtendError naming the widest one (see extend/xpos.py); `centre` fixes it instead."""
     if not gamma > 0 or not scale_base > 0:
         raise ExtendError(f"xpos needs gamma > 0 and scale_base > 0, got gamma={gamma}, scale_base={scale_base}")
     zeta = (torch.arange(0, rope.dim, 2, dtype=torch.float32, device=rope.inv_freq.device) / rope.dim + gamma) / (
         1 + gamma)
-    if centre is None:
-        centre = float(rope.original_max_position_embeddings)
-    return Rope(rope.inv_freq / factor, 1.0, zeta, float(scale_base) * factor, float(centre))
+    return Rope(rope.inv_freq / factor, 1.0, zeta, float(scale_base) * factor,
+                None if centre is None else float(centre))
 
 
 def _describe_list(values) -> str:

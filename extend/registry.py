@@ -8,9 +8,12 @@ lengths.
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import inspect
 import math
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -20,7 +23,10 @@ import torch
 from .errors import ExtendError
 
 ENTRY_POINT_GROUP = "ropebench.methods"
-COMMON_OPTIONS = ("original_max_position_embeddings",)
+# Options every method takes (handled by extend.patching; defaults in COMMON_DEFAULTS).
+COMMON_DEFAULTS = {"original_max_position_embeddings": None, "start_from": "pretrained", "layer_types": None,
+                   "temperature": None}
+COMMON_OPTIONS = tuple(COMMON_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class Rope:
     attention_factor: float = 1.0
     xpos_zeta: torch.Tensor | None = None  # per rotary pair, shape (dim // 2,)
     xpos_scale_base: float = math.inf  # exponent = (position - centre) / xpos_scale_base
-    xpos_centre: float = 0.0
+    xpos_centre: float | None = None  # None: centred on the positions being run (see extend/xpos.py)
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class Method:
     identity_at_one: bool = False  # factor 1 is mathematically the unpatched model
     options: dict = field(default_factory=dict)  # option -> default (inspect.Parameter.empty = required)
     doc: str = ""
+    remap: bool = False  # position remapping (extend/remap.py): fn returns a remap.Remap, not frequencies
 
     def __call__(self, rope: RopeBase, factor: float, seq_len: int | None = None, **options) -> Rope:
         kwargs = dict(self.options_with_defaults(), **options)
@@ -72,9 +79,11 @@ _entry_points_loaded = False
 
 
 def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, identity_at_one: bool = False,
-             replace: bool = False):
+             replace: bool = False, remap: bool = False):
     """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
-    returns `(inv_freq, attention_factor)` or a `Rope`. Registering an existing name needs `replace=True`."""
+    returns `(inv_freq, attention_factor)` or a `Rope` — or, with `remap=True`, a `extend.remap.Remap` (the
+    position indices each (query, key) pair sees; see extend/remap.py). Registering an existing name needs
+    `replace=True`."""
 
     def decorate(fn):
         if not isinstance(name, str) or not name:
@@ -89,7 +98,7 @@ def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, ident
         options = {k: p.default for k, p in params.items()
                    if p.kind == p.KEYWORD_ONLY and k not in ("factor", "seq_len")}
         _REGISTRY[name] = Method(name, fn, dynamic, min_factor, identity_at_one, options,
-                                 inspect.cleandoc(fn.__doc__ or ""))
+                                 inspect.cleandoc(fn.__doc__ or ""), remap)
         return fn
 
     return decorate
@@ -127,10 +136,10 @@ def describe(name: str) -> dict:
     """The method's documentation, options (with defaults; None marks a required option) and properties."""
     m = get(name)
     options = {k: (None if v is inspect.Parameter.empty else v) for k, v in m.options.items()}
-    options["original_max_position_embeddings"] = None  # default: the model's trained context
+    options.update(COMMON_DEFAULTS)  # None: resolved per model (trained context, extended layer types, ...)
     return {"name": m.name, "doc": m.doc, "options": options, "required": sorted(
         k for k, v in m.options.items() if v is inspect.Parameter.empty), "dynamic": m.dynamic,
-        "min_factor": m.min_factor}
+        "min_factor": m.min_factor, "remap": m.remap}
 
 
 def check_factor(method: Method, factor) -> float:
@@ -155,4 +164,72 @@ def check_options(method: Method, options: dict) -> dict:
     if missing:
         raise ExtendError(f"method {method.name!r} needs option(s) {', '.join(missing)} — pass them as keyword "
                           f"arguments, e.g. {missing[0]}=[...]")
+    for key, value in options.items():
+        check_option_value(method, key, value)
     return options
+
+
+_KINDS = {float: "a number", int: "an integer", bool: "true or false", str: "a string", list: "a list"}
+
+
+def _option_kinds(method: Method, key: str) -> tuple[set, bool] | None:
+    """(accepted kinds among float/int/bool/str/list, None allowed) from the option's annotation, else its
+    default; None when neither says (the method checks the value itself)."""
+    try:
+        hint = typing.get_type_hints(method.fn).get(key)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to the default's type
+        hint = None
+    default = method.options.get(key, inspect.Parameter.empty)
+    if hint is None:
+        if default is None or default is inspect.Parameter.empty:
+            return None
+        hint = list if isinstance(default, (list, tuple)) else type(default)
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds, optional = set(), default is None
+    for a in args:
+        if a is type(None):
+            optional = True
+            continue
+        origin = typing.get_origin(a) or a
+        if origin in (list, tuple) or (isinstance(origin, type) and issubclass(origin, collections.abc.Sequence)
+                                        and origin is not str):
+            kinds.add(list)
+        elif origin in _KINDS:
+            kinds.add(origin)
+        else:
+            return None  # a type we do not know how to check
+    return (kinds, optional) if kinds else None
+
+
+def check_option_value(method: Method, key: str, value) -> None:
+    """The value of one option against the method's signature (annotation, else default type); one ExtendError
+    naming the option, the value and an example. `original_max_position_embeddings` must be a positive integer."""
+    if key in COMMON_OPTIONS and key != "original_max_position_embeddings":
+        return  # start_from, layer_types, temperature: checked by extend.patching against the model
+    if key in COMMON_OPTIONS:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ExtendError(f"option {key} of method {method.name!r} must be a positive integer (the trained "
+                              f"context in tokens), got {value!r} — e.g. {key}=8192, or leave it out to use the "
+                              f"model's own")
+        return
+    found = _option_kinds(method, key)
+    if found is None:
+        return
+    kinds, optional = found
+    if value is None and optional:
+        return
+    ok = ((bool in kinds and isinstance(value, bool))
+          or (not isinstance(value, bool) and (
+              (float in kinds and isinstance(value, (int, float)) and math.isfinite(value))
+              or (int in kinds and isinstance(value, int))
+              or (str in kinds and isinstance(value, str))
+              or (list in kinds and isinstance(value, (list, tuple))))))
+    if not ok:
+        want = " or ".join(_KINDS[k] for k in (float, int, bool, str, list) if k in kinds)
+        if float in kinds and isinstance(value, float):
+            want = "a finite number"
+        default = method.options.get(key)
+        example = f" — e.g. {key}={default!r}" if default not in (None, inspect.Parameter.empty) else \
+            f" — pass {want}"
+        raise ExtendError(f"option {key} of method {method.name!r} must be {want}{' (or None)' if optional else ''}, "
+                          f"got {value!r} ({type(value).__name__}){example}")

@@ -31,8 +31,41 @@ def check_choice(name: str, value, choices) -> str:
     return value
 
 
+_PROBE = "The grass is green."
+
+
+def special_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
+    """The ids the tokenizer's own encoding puts before any text (`tokenizer(text)` with special tokens), e.g.
+    [bos] for Llama, [] for Qwen2.5 and SmolLM2 (whose `bos_token` their own encoding never adds).
+    add_bos=None follows the tokenizer; True makes sure the prefix starts with its BOS (TaskError when it has
+    none); False drops BOS from the prefix. Suites put this prefix before each window and record
+    `prefix_options(tokenizer, prefix)` so every record says what was used."""
+    if add_bos not in (None, True, False):
+        raise TaskError(f"add_bos must be true, false or null (follow the tokenizer), got {add_bos!r}")
+    with_special = list(tokenizer(_PROBE)["input_ids"])
+    text = list(tokenizer(_PROBE, add_special_tokens=False)["input_ids"])
+    starts = [i for i in range(len(with_special) - len(text) + 1) if with_special[i:i + len(text)] == text]
+    prefix = with_special[:starts[0]] if starts else []
+    bos = tokenizer.bos_token_id
+    if add_bos is True:
+        if bos is None:
+            raise TaskError("add_bos=True but the tokenizer has no BOS token — use add_bos=false or null")
+        if bos not in prefix:
+            prefix = [bos] + prefix
+    elif add_bos is False:
+        prefix = [i for i in prefix if i != bos]
+    return prefix
+
+
+def prefix_options(tokenizer, prefix: list[int], add_bos: bool | None = None) -> dict:
+    """What a suite records about its special prefix: whether it holds BOS, the ids, and the setting asked for."""
+    bos = tokenizer.bos_token_id
+    return {"add_bos": bos is not None and bos in prefix, "prefix_ids": list(prefix),
+            "bos_setting": "tokenizer" if add_bos is None else bool(add_bos)}
+
+
 def encoder(tokenizer):
-    """Text -> token ids without special tokens (suites add BOS/templates themselves)."""
+    """Text -> token ids without special tokens (suites add their `special_prefix`/templates themselves)."""
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return encode

@@ -9,8 +9,10 @@
 Metrics: `loss` and `ppl` over each whole window; with `truncate`, `ppl_tail` at each length but the
 first: the perplexity of only the tokens between the previous length and L (aggregated over documents).
 
-BOS: with add_bos=True the tokenizer's BOS id (if it has one) is prepended to every window and
-counted inside L; it is never scored. Without it the first token of a window is context only.
+BOS: every window starts with the ids the tokenizer's own encoding puts before text (`special_prefix`:
+BOS for Llama-style tokenizers, nothing for Qwen2.5 or SmolLM2); add_bos=True/False overrides. The prefix is
+counted inside L and never scored; without one the first token of a window is context only. Every record's
+options say what was used (add_bos, prefix_ids, bos_setting).
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
 """
@@ -22,19 +24,28 @@ import time
 
 from tqdm.auto import tqdm
 
-from .common import check_choice, check_lengths, check_positive, encoder, length_dependent, record
+from .common import (
+    check_choice,
+    check_lengths,
+    check_positive,
+    encoder,
+    length_dependent,
+    prefix_options,
+    record,
+    special_prefix,
+)
 from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
 from .scoring import token_nll
 
 
 def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride=None, span=None, num_docs=4,
-        add_bos=True, chunk_size=1024, join_docs=False, seed=0, progress=True) -> list[dict]:
+        add_bos=None, chunk_size=1024, join_docs=False, seed=0, progress=True) -> list[dict]:
     lengths = check_lengths(lengths)
     check_choice("protocol", protocol, {"truncate", "sliding"})
     check_positive("num_docs", num_docs)
     check_positive("chunk_size", chunk_size)
-    bos = [tokenizer.bos_token_id] if add_bos and tokenizer.bos_token_id is not None else []
+    bos = special_prefix(tokenizer, add_bos)
     if lengths[0] < len(bos) + 2:
         raise TaskError(f"length {lengths[0]} is too short to score a token — use lengths >= {len(bos) + 2}")
     if protocol == "truncate" and (stride is not None or span is not None):
@@ -57,12 +68,13 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
     if not docs:
         raise TaskError(f"no document in corpus {corpus!r} has {need} tokens ({skipped} shorter skipped) — "
                         "use shorter lengths, another corpus, or join_docs=True to concatenate documents")
-    options = {"protocol": protocol, "add_bos": bool(bos), "num_docs": num_docs, "docs_used": len(docs),
+    options = {"protocol": protocol, **prefix_options(tokenizer, bos, add_bos), "num_docs": num_docs, "docs_used": len(docs),
                "skipped_short": skipped, "join_docs": join_docs, "chunk_size": chunk_size}
     if protocol == "sliding":
         options.update(stride=stride, span=span)
 
     one_pass = protocol == "truncate" and not length_dependent(model)
+    first = max(1, len(bos))  # first scored position: the prefix is context only
     steps = len(docs) * (1 if one_pass else len(lengths))
     bar = tqdm(total=steps, desc=f"perplexity {protocol}", disable=not progress)
     records, totals = [], {L: [0.0, 0, 0.0] for L in lengths}  # sum nll, tokens, seconds
@@ -70,24 +82,28 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
     for doc, ids in docs:
         if one_pass:  # causal attention: the prefix of the longest window is every shorter window
             t0 = time.perf_counter()
-            nll = token_nll(model, bos + ids[:lengths[-1] - len(bos)], start=1, chunk_size=chunk_size)
-            per_length = {L: (nll[:L - 1], (time.perf_counter() - t0)) for L in lengths}
+            nll = token_nll(model, bos + ids[:lengths[-1] - len(bos)], start=first, chunk_size=chunk_size)
+            per_length = {L: (nll[:L - first], (time.perf_counter() - t0)) for L in lengths}
             bar.update()
         else:
             per_length = {}
             for L in lengths:
                 t0 = time.perf_counter()
                 if protocol == "truncate":
-                    nll = token_nll(model, bos + ids[:L - len(bos)], start=1, chunk_size=chunk_size)
+                    nll = token_nll(model, bos + ids[:L - len(bos)], start=first, chunk_size=chunk_size)
                 else:
                     nll = _sliding(model, bos, ids[:span], L, stride or max(1, (L - len(bos)) // 2), chunk_size)
                 per_length[L] = (nll, time.perf_counter() - t0)
                 bar.update()
         for previous, L in itertools.pairwise(lengths):
-            if protocol == "truncate":  # window position p scores token p + 1, so these are tokens previous..L-1
-                tail = per_length[L][0][previous - 1:]
-                tails[L][0] += tail.double().sum().item()
-                tails[L][1] += tail.numel()
+            if protocol == "truncate":  # nll[j] is the token at position first + j: these are previous..L-1
+                tail = per_length[L][0][previous - first:]
+                tail_sum, tail_n = tail.double().sum().item(), tail.numel()
+                tails[L][0] += tail_sum
+                tails[L][1] += tail_n
+                if tail_n:  # per document too: the document bootstrap of results needs the unit's value
+                    records.append(record("perplexity", corpus, L, "ppl_tail", math.exp(tail_sum / tail_n), tail_n,
+                                          per_length[L][1], options, doc=doc.id))
         for L, (nll, secs) in per_length.items():
             loss, n = nll.double().mean().item(), nll.numel()
             totals[L][0] += nll.double().sum().item()

@@ -30,11 +30,14 @@ def ref_ntk(s):  # b' = b * s^(d/(d-2))
     return (THETA * s ** (D / (D - 2))) ** (-2 * I / D), 1.0
 
 
-def ref_dynamic_ntk(s, seq_len):
-    if seq_len <= L:
-        return base_inv_freq(), 1.0
-    b = THETA * (s * seq_len / L - (s - 1)) ** (D / (D - 2))
-    return b ** (-2 * I / D), 1.0
+def dynamic_scale(s, seq_len, rule):
+    """paper (YaRN sec. 3.3): max(1, L'/L); transformers/emozilla: max(1, s L'/L - (s - 1))."""
+    return max(1.0, seq_len / L) if rule == "paper" else max(1.0, s * seq_len / L - (s - 1))
+
+
+def ref_dynamic_ntk(s, seq_len, rule="transformers"):
+    scale = dynamic_scale(s, seq_len, rule)
+    return ref_ntk(scale) if scale > 1 else (base_inv_freq(), 1.0)
 
 
 def yarn_ramp(beta_fast=32.0, beta_slow=1.0):
@@ -56,8 +59,8 @@ def ref_yarn(s, temperature=True):
     return h, (0.1 * math.log(s) + 1 if temperature and s > 1 else 1.0)
 
 
-def ref_dynamic_yarn(s, seq_len):
-    scale = max(1.0, s * seq_len / L - (s - 1))
+def ref_dynamic_yarn(s, seq_len, rule="paper"):
+    scale = dynamic_scale(s, seq_len, rule)
     return ref_yarn(scale) if scale > 1 else (base_inv_freq(), 1.0)
 
 
@@ -134,6 +137,31 @@ def test_dynamic_methods_use_current_length(method, ref, factor, seq_len):
     positions = torch.arange(seq_len)[:: max(1, seq_len // 4096)]
     positions[-1] = seq_len - 1  # the forward's length is max(position) + 1
     assert_matches(method, factor, ref(factor, seq_len), positions=positions)
+    other = "paper" if method == "dynamic-ntk" else "transformers"  # the non-default rule, by name
+    assert_matches(method, factor, ref(factor, seq_len, other), positions=positions, scale_rule=other)
+
+
+def test_dynamic_yarn_default_is_the_papers_rule():
+    """At factor 2 and L' = 2L the paper's s = L'/L is 2 (transformers' rule would give 3)."""
+    base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
+    method = extend.registry.get("dynamic-yarn")
+    paper = method(base, 2.0, seq_len=2 * L)
+    torch.testing.assert_close(paper.inv_freq.double(), ref_yarn(2.0)[0], rtol=1e-6, atol=0)
+    rule = method(base, 2.0, seq_len=2 * L, scale_rule="transformers")
+    torch.testing.assert_close(rule.inv_freq.double(), ref_yarn(3.0)[0], rtol=1e-6, atol=0)
+    with pytest.raises(extend.ExtendError, match="scale_rule must be"):
+        extend.patch(MODEL, "dynamic-ntk", factor=2.0, scale_rule="emozilla")
+
+
+@pytest.mark.parametrize("method", ["pi", "ntk", "ntk-parts", "yarn", "llama3", "dynamic-ntk", "dynamic-yarn"])
+def test_formula_at_factor_one_is_the_unpatched_rope(method):
+    """The method's own formula (not a short-cut) at factor 1 — within the trained context for the dynamic
+    ones — gives the model's frequencies and no temperature; patching then uses the model's tensor."""
+    base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
+    for seq_len in (None, L // 2, L):
+        rope = extend.registry.get(method)(base, 1.0, seq_len=seq_len)
+        torch.testing.assert_close(rope.inv_freq.double(), base_inv_freq(), rtol=1e-6, atol=0)
+        assert rope.attention_factor == 1.0
 
 
 @pytest.mark.parametrize("factor", FACTORS)
@@ -254,7 +282,8 @@ def test_xpos_decay_per_pair_up_to_32k(factor):
         cos, sin = MODEL.base_model.rotary_emb(torch.zeros(1), positions[None])
         q_out, k_out = llama.apply_rotary_pos_emb(q[None, None], q[None, None], cos, sin)
     zeta = (2 * I / D + 0.4) / 1.4
-    exponent = (positions.double()[:, None] - L) / (512.0 * factor)  # default centre: the trained context
+    centre = (0 + 32767) / 2  # default centre: the middle of the positions being run
+    exponent = (positions.double()[:, None] - centre) / (512.0 * factor)
     half = D // 2
 
     def pair_norms(x):

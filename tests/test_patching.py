@@ -1,7 +1,6 @@
 """Patching on tiny random models of many families: identity at factor 1, exact undo, independence,
 xPos numerics and caching, and clear errors for bad input."""
 
-import math
 
 import pytest
 import torch
@@ -30,7 +29,9 @@ FAMILIES = {
     "stablelm": (T.StableLmConfig, T.StableLmForCausalLM, {"bos_token_id": 0, "eos_token_id": 0}),
     "cohere": (T.CohereConfig, T.CohereForCausalLM, {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}),
 }
-OPTIONS = {"longrope": lambda dim: {"short_factor": [1.0] * (dim // 2), "long_factor": [1.5] * (dim // 2)}}
+OPTIONS = {"longrope": lambda dim: {"short_factor": [1.0] * (dim // 2), "long_factor": [1.5] * (dim // 2)},
+           # DCA is plain RoPE only within one chunk (chunk_size - local_window tokens): cover the 48 run here
+           "dca": lambda dim: {"chunk_size": 60, "local_window": 4}}
 
 
 def build(family, seed=0):
@@ -67,7 +68,7 @@ def test_factor_one_identity_and_undo(family):
     for method in extend.methods():
         opts = options_for(method, model)
         if method == "xpos":
-            opts = {"scale_base": math.inf}
+            opts = {"scale_base": 1e30}  # decay 1 to float precision: only the rotation remains
         if method == "longrope":  # identity needs all-ones factors, long ones used only beyond the context
             opts = {"short_factor": [1.0] * (rotary_dim(model) // 2), "long_factor": opts["long_factor"]}
         with extend.patched(model, method, factor=1.0, **opts):
@@ -110,18 +111,31 @@ def test_two_models_are_independent():
         assert not torch.equal(logits(a, n=200), ref)
 
 
-def test_native_scaled_model_starts_from_its_base():
-    """A model shipped with scaling (here Llama-3 style) keeps it under `plain`; methods re-derive from theta."""
-    model = tiny_llama(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                        "original_max_position_embeddings": 32})
+def test_native_scaled_model_follows_the_start_from_policy():
+    """A model shipped with scaling (here Llama-3 style): every method, `plain` included, starts from the
+    pretrained RoPE by default; start_from="shipped" keeps (and stacks on) what ships. Recorded in options."""
+    shipped = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    model = tiny_llama(rope_parameters=shipped)
     ref = logits(model)
-    with extend.patched(model, "plain"):
-        assert torch.equal(logits(model), ref)
     default = tiny_llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     default.load_state_dict(model.state_dict())
+    with extend.patched(model, "plain") as handle:
+        assert torch.equal(logits(model), logits(default))
+        assert handle.options == {"start_from": "pretrained", "trained_context": 32, "base_theta": 10000.0,
+                                  "shipped_rope": "llama3 x8", "temperature": "rotary"}
     with extend.patched(model, "pi", factor=1.0):
         assert torch.equal(logits(model), logits(default))
+    with extend.patched(model, "plain", start_from="shipped") as handle:
+        assert torch.equal(logits(model), ref)
+        assert handle.options["trained_context"] == 256  # max(max_position_embeddings, 32 x 8)
+    with extend.patched(model, "pi", factor=2.0, start_from="shipped"):  # stacked: shipped frequencies / 2
+        stacked = logits(model)
+    with extend.patched(default, "llama3", factor=8.0, original_max_position_embeddings=32):
+        halved = default.base_model.rotary_emb.rotary.inv_freq.clone() / 2
+    with extend.patched(model, "pi", factor=2.0, start_from="shipped"):
+        torch.testing.assert_close(model.base_model.rotary_emb.rotary.inv_freq, halved, rtol=1e-6, atol=0)
+        assert torch.equal(logits(model), stacked)
     assert torch.equal(logits(model), ref)
 
 

@@ -1,0 +1,57 @@
+"""`python -m extend inspect MODEL [--method M --factor S -o KEY=VALUE ...]`: a model's RoPE per layer type and
+what a method would change. Reads the config only (no weights). Bad input: one line, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        print(f"error: {message} — run `python -m extend inspect --help`", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # a bare word: a string option (e.g. start_from=shipped)
+
+
+def main(argv=None) -> int:
+    parser = _Parser(prog="python -m extend", description="ropebench RoPE tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("inspect", help="show a model's RoPE per layer type (and what a method changes)")
+    p.add_argument("model", help="hub id, local directory, .gguf file or smollm2-135m")
+    p.add_argument("--method", help="RoPE method to preview, e.g. yarn")
+    p.add_argument("--factor", type=float, default=1.0, help="scale factor for --method (default 1)")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="method/common option, e.g. start_from=shipped or beta_fast=16 (JSON values)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    args = parser.parse_args(argv)
+
+    import extend
+    from extend.inspector import skeleton
+
+    try:
+        options = {}
+        for item in args.option:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise extend.ExtendError(f"option {item!r} is not KEY=VALUE — e.g. -o start_from=shipped")
+            options[key] = _value(value)
+        if options and not args.method:
+            raise extend.ExtendError("options need --method — e.g. --method yarn --factor 2 -o beta_fast=16")
+        config = extend.loading.load_config(args.model, trust_remote_code=args.trust_remote_code)
+        print(extend.inspect(skeleton(config), args.method, args.factor, **options))
+    except extend.ExtendError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""What RoPE a model has and what a method would change, per layer type — so a user can trust a patch.
+
+    print(extend.inspect(model))                          # or: python -m extend inspect MODEL
+    print(extend.inspect(model, "yarn", factor=2))        #     python -m extend inspect MODEL --method yarn --factor 2
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .errors import ExtendError
+from .families import family, rotary_module
+from .patching import current, length_dependent, patched, rope_bases
+from .shipped import context_for, global_type, shipped_ropes
+
+
+def _wavelengths(inv_freq: torch.Tensor) -> str:
+    wave = 2 * math.pi / inv_freq.double()
+    return f"{float(wave.min()):.4g}..{float(wave.max()):.4g}"
+
+
+def _installed(model) -> dict:
+    rotary = model.base_model.rotary_emb.rotary
+    out = {}
+    for lt in model.base_model.rotary_emb.bases:
+        prefix = f"{lt}_" if lt else ""
+        out[lt] = (getattr(rotary, f"{prefix}inv_freq").detach().double().cpu(),
+                   float(getattr(rotary, f"{prefix}attention_scaling", 1.0)))
+    return out
+
+
+def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **options) -> str:
+    """A report (plain text) of the model's RoPE per layer type: rotary dims, theta, shipped rope type and
+    factor, trained context (pretrained / as shipped), attention window; with `method`, what patching with it
+    at `factor` (and `options`) changes: layer types extended, trained context used, wavelength range,
+    attention temperature and where it goes, and whether frequencies then depend on the length."""
+    if current(model) is not None:
+        raise ExtendError("inspect an unpatched model — undo the active patch first")
+    rotary = rotary_module(model)
+    shipped = shipped_ropes(model.config)
+    bases = rope_bases(model, rotary)
+    lines = [(f"model family {family(model)}; trained context {context_for(shipped, 'pretrained')} pretrained, "
+              f"{context_for(shipped, 'shipped')} as shipped (from the {global_type(shipped) or 'single'} "
+              f"layer type); length-dependent RoPE as loaded: {'yes' if length_dependent(model) else 'no'}")]
+    for lt, info in shipped.items():
+        base = bases[lt]
+        window = "global" if info.window is None else f"window {info.window}"
+        lines.append(f"  {lt or 'all layers'}: rotary dims {base.dim} of head_dim {base.head_dim}, theta "
+                     f"{info.theta:g}, shipped {info.label()}, context {info.pretrained_context} pretrained / "
+                     f"{info.shipped_context} shipped, {window}, wavelengths {_wavelengths(base.inv_freq)}")
+    if method is None:
+        return "\n".join(lines)
+    with patched(model, method, factor, **options) as handle:
+        wrapper = model.base_model.rotary_emb
+        for lt in wrapper.bases:  # dynamic methods: show them at factor x the trained context
+            if wrapper.layer_dynamic(lt):
+                wrapper.install(lt, wrapper.rope_for(lt, math.ceil(handle.options["trained_context"] * factor)))
+        after = _installed(model)
+        extended = wrapper.extended
+        dynamic = handle.length_dependent
+        scalings = {lt: [m.scaling for m, _ in pairs] for lt, pairs in wrapper.attention.items()}
+        loaded = {lt: own[0].detach().double().cpu() for lt, own in wrapper.own.items()}
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(handle.options.items()))
+    lines.append(f"{method} x{factor:g}: {opts}")
+    for lt, (inv_freq, scaling) in after.items():
+        before = loaded[lt]  # as the model was loaded (its shipped frequencies, if any)
+        ratio = inv_freq / before
+        changed = int((~torch.isclose(inv_freq, before, rtol=1e-6, atol=0)).sum())
+        what = "extended" if lt in extended else "kept"
+        temp = f"cos/sin x{scaling:.4g}"
+        if scalings.get(lt):
+            own = [s for _, s in wrapper.attention[lt]]
+            temp += f", attention logits x{scalings[lt][0] / own[0]:.4g}"
+        lines.append(f"  {lt or 'all layers'}: {what}; {changed} of {len(before)} frequency pairs differ from the "
+                     f"loaded model "
+                     f"(ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
+                     f"{_wavelengths(inv_freq)}; {temp}")
+    if dynamic:
+        lines.append(f"  frequencies depend on the sequence length (shown at {factor:g} x the trained context); "
+                     f"one generate/score call keeps one set under extend.fixed_length(model, n)")
+    return "\n".join(lines)
+
+
+def skeleton(config) -> nn.Module:
+    """A model with the config's layout but no weights (meta device), and a real rotary module: enough to
+    inspect a checkpoint's RoPE without loading it."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    rotary = getattr(model.base_model, "rotary_emb", None)
+    if isinstance(rotary, nn.Module):
+        model.base_model.rotary_emb = type(rotary)(config=config)
+    return model
