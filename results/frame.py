@@ -44,6 +44,9 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise ResultsError(f"run directory not found: {path} — check the path (a sweep's output directory "
                            f"holds records*.jsonl)")
+    if path.is_dir() and path.suffix in (".jsonl", ".json"):
+        raise ResultsError(f"{path} is a directory, not a records file — pass the run directory that holds "
+                           f"records*.jsonl (or a records .jsonl file)")
     if path.is_file():
         if path.suffix == ".json":  # an lm-eval results file sits in the same tables
             from .lm_eval_import import lm_eval_rows

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -20,15 +21,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
-# Column order of the tidy table (docs/CONTRACTS.md). `written` and `session` are bookkeeping added by
-# the writer: they decide which copy of a recomputed cell wins.
+# Column order of the tidy table (docs/CONTRACTS.md). `written`, `session` and `cell_rows` are bookkeeping added
+# by the writer: the first two decide which copy of a recomputed cell wins; `cell_rows` (how many rows of that cell
+# the same write call holds) tells a complete cell from one cut short by a kill or a full disk.
 SCHEMA: tuple[str, ...] = (
     "run", "cell", "model", "method", "factor", "options", "task", "corpus", "task_options",
     "length", "depth", "doc", "trial", "metric", "value", "n", "seed", "seconds", "status", "error",
 )
-BOOKKEEPING: tuple[str, ...] = ("written", "session")
+BOOKKEEPING: tuple[str, ...] = ("written", "session", "cell_rows")
 JSON_COLUMNS = ("options", "task_options")
 RECORDS_GLOB = "records*.jsonl"
+RECORDS_NAME = re.compile(r"^records(\.rank\d+)?\.jsonl$")  # what RecordWriter writes; other files are not read
 
 
 class ResultsError(ValueError):
@@ -97,8 +100,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         _write_all(fd, text.encode("utf-8"))
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written temp file stays behind
+        raise
+    os.close(fd)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -186,26 +192,47 @@ class RecordWriter:
                       f"interrupted write", ResultsWarning, stacklevel=3)
 
     def write(self, records: Iterable[dict[str, Any]]) -> int:
-        """Append ``records`` (dicts with the row schema); returns the number of rows written."""
+        """Append ``records`` (dicts with the row schema); returns the number of rows written.
+
+        Every row gets ``cell_rows``: how many rows of its cell this call writes. Readers count them back and
+        drop a cell whose rows are not all on disk (a kill inside the write, a full disk), so such a cell is
+        never taken for finished. On a write error (e.g. ENOSPC) the file is cut back to its size before the
+        call, so no partial rows stay behind; the error is re-raised."""
         written = time.time_ns()
-        lines = []
+        rows = []
         for rec in records:
             if not isinstance(rec, dict):
                 raise ResultsError(f"a record must be a dict, got {type(rec).__name__} — pass a list of dicts")
-            row = dict(rec)
+            rows.append(dict(rec))
+        if not rows:
+            return 0
+        per_cell: dict[Any, int] = {}
+        for row in rows:
+            per_cell[row.get("cell")] = per_cell.get(row.get("cell"), 0) + 1
+        lines = []
+        for row in rows:
             for col in JSON_COLUMNS:
                 if col in row:
                     row[col] = canonical_json(row[col])
             row["written"] = written
             row["session"] = self.session
+            if row.get("cell") is not None:
+                row["cell_rows"] = per_cell[row.get("cell")]
             lines.append(json.dumps(row, sort_keys=True, default=_json_default) + "\n")
-        if not lines:
-            return 0
         new_file = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            _write_all(fd, "".join(lines).encode("utf-8"))
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                _write_all(fd, "".join(lines).encode("utf-8"))
+                os.fsync(fd)
+            except OSError:
+                try:  # one writer per file (the sweep holds the run directory's lock): safe to cut back
+                    os.ftruncate(fd, size)
+                    os.fsync(fd)
+                except OSError:
+                    pass  # readers still drop the incomplete cell by its row count
+                raise
         finally:
             os.close(fd)
         if new_file:
@@ -293,23 +320,72 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def record_files(run_dir: str | os.PathLike, recursive: bool = True) -> list[Path]:
-    """``records*.jsonl`` in ``run_dir`` (all ranks), or below it when it holds several runs."""
+    """``records.jsonl`` / ``records.rank{N}.jsonl`` in ``run_dir`` (all ranks), or below it when it holds several
+    runs. Only the names RecordWriter writes: a user's ``records-notes.jsonl`` or a directory named like a records
+    file is not read (pass such a file explicitly to read it)."""
     run_dir = Path(run_dir)
-    files = sorted(run_dir.glob(RECORDS_GLOB))
+
+    def ours(p: Path) -> bool:
+        return p.is_file() and bool(RECORDS_NAME.match(p.name))
+
+    files = sorted(p for p in run_dir.glob(RECORDS_GLOB) if ours(p))
     if not files and recursive:
-        files = sorted(run_dir.rglob(RECORDS_GLOB))
+        files = sorted(p for p in run_dir.rglob(RECORDS_GLOB) if ours(p))
     return files
+
+
+def _stamp(row: dict[str, Any]) -> int:
+    """The row's ``written`` time as an integer; anything else (a hand-edited "yesterday") sorts first."""
+    value = row.get("written")
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return 0
+
+
+def complete_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop the rows of every cell whose write is not complete on disk: rows of one write call (same cell,
+    session and ``written``) must number ``cell_rows``. Rows without ``cell_rows`` (older files, or rows of
+    no cell) are kept. Each dropped cell is named in a :class:`ResultsWarning`."""
+    counts: dict[tuple, int] = {}
+    for r in rows:
+        if r.get("cell") is not None and "cell_rows" in r:
+            key = (str(r["cell"]), str(r.get("session")), str(r.get("written")))
+            counts[key] = counts.get(key, 0) + 1
+    bad = set()
+    for r in rows:
+        if r.get("cell") is None or "cell_rows" not in r:
+            continue
+        key = (str(r["cell"]), str(r.get("session")), str(r.get("written")))
+        expected = r.get("cell_rows")
+        if key not in bad and (not isinstance(expected, int) or isinstance(expected, bool)
+                               or counts[key] != expected):
+            bad.add(key)
+            warnings.warn(f"cell {key[0]}: {counts[key]} of {expected} rows on disk (an interrupted write or a "
+                          f"full disk); these rows are dropped and a resumed sweep recomputes the cell",
+                          ResultsWarning, stacklevel=3)
+    if not bad:
+        return rows
+    return [r for r in rows if r.get("cell") is None or "cell_rows" not in r
+            or (str(r["cell"]), str(r.get("session")), str(r.get("written"))) not in bad]
 
 
 def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Latest wins: for each ``cell`` keep only the rows of the writer session that wrote it last
-    (a resume recomputed it). Rows without a cell are kept."""
+    (a resume recomputed it), among complete writes (see :func:`complete_rows`). Rows without a cell are
+    kept."""
+    rows = complete_rows(rows)
     last: dict[str, tuple[int, str]] = {}
     for r in rows:
         cell = r.get("cell")
         if cell is None:
             continue
-        key = (int(r.get("written") or 0), str(r.get("session") or ""))
+        key = (_stamp(r), str(r.get("session") or ""))
         if cell not in last or key > last[cell]:
             last[cell] = key
     return [r for r in rows if r.get("cell") is None
@@ -317,8 +393,8 @@ def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def finished_cells(run_dir: str | os.PathLike) -> set[str]:
-    """Cells whose latest rows include a status "ok" row (error rows do not count): the sweep skips
-    these on resume. A missing or empty run directory has no finished cells."""
+    """Cells whose latest complete rows include a status "ok" row (error rows and cells with rows missing
+    do not count): the sweep skips these on resume. A missing or empty run directory has no finished cells."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return set()

@@ -46,6 +46,23 @@ def corpus_names() -> list[str]:
     return ["sotu", *HUB_CORPORA]
 
 
+def check_corpus(name: str) -> None:
+    """Everything about a corpus that can be known without a model, cheaply: the name, local files that exist and
+    are not all empty, a hub dataset that can be opened (once: offline or unreachable fails here, not per cell).
+    Raises TaskError with what is wrong and what to do."""
+    if not isinstance(name, str) or not name:
+        raise TaskError(f"corpus must be a non-empty string, got {name!r} — use one of {corpus_names()} "
+                        "or a path to *.txt / *.jsonl / *.csv files")
+    if name == "sotu":
+        return
+    files = _local_files(name)
+    if files:
+        _check_not_empty(name, files)
+        return
+    hub = _hub_spec(name, split=None, text_field=None, label_field=None)
+    _open_hub(hub, hub.split)
+
+
 def load_corpus(name: str, *, split: str | None = None, text_field: str | None = None,
                 label_field: str | None = None) -> list[Document]:
     """Documents of a corpus: a name from `corpus_names()`, a local file/dir/glob, or a hub id "owner/name"."""
@@ -65,15 +82,36 @@ def iter_corpus(name: str, *, split: str | None = None, text_field: str | None =
         return
     files = _local_files(name)
     if files:
+        _check_not_empty(name, files)
         yield from _local(files, text_field or "text", label_field or "label")
         return
+    hub = _hub_spec(name, split=split, text_field=text_field, label_field=label_field)
+    yield from _hub(hub, split=split, text_field=text_field, label_field=label_field)
+
+
+def _hub_spec(name: str, *, split, text_field, label_field) -> HubCorpus:
     hub = HUB_CORPORA.get(name)
     if hub is None and "/" in name and not os.path.exists(name) and not name.startswith((".", "/")):
         hub = HubCorpus(name, split or "test", text_field or "text", label_field or "label")
     if hub is None:
         raise TaskError(f"unknown corpus {name!r} — use one of {corpus_names()}, a hub dataset id "
                         "'owner/name', or an existing *.txt / *.jsonl / *.csv path (file, directory or glob)")
-    yield from _hub(hub, split=split, text_field=text_field, label_field=label_field)
+    return hub
+
+
+def _check_not_empty(spec: str, paths: list[str]) -> None:
+    if all(_blank(p) for p in paths):
+        which = paths[0] if len(paths) == 1 else f"all {len(paths)} files"
+        raise TaskError(f"corpus {spec!r} has no documents ({which} is empty) — put text in it, or point the "
+                        "corpus at another file or directory")
+
+
+def _blank(path: str) -> bool:
+    size = os.path.getsize(path)
+    if size > 1 << 16:
+        return False
+    with open(path, "rb") as f:
+        return not f.read().strip()
 
 
 # --- sotu: 249 public-domain State of the Union texts + metadata.csv, installed as a dependency ------
@@ -102,7 +140,10 @@ def _local_files(spec: str) -> list[str]:
         return []
     paths = sorted(p for p in paths if os.path.isfile(p) and os.path.splitext(p)[1].lower() in LOCAL_SUFFIXES)
     if not paths:
-        raise TaskError(f"no *.txt / *.jsonl / *.csv files at {spec!r} — check the path")
+        empty_dir = os.path.isdir(spec) and not os.listdir(spec)
+        what = "an empty directory" if empty_dir else "no *.txt / *.jsonl / *.csv files"
+        raise TaskError(f"corpus {spec!r}: {what} — point the corpus at *.txt / *.jsonl / *.csv files with text "
+                        "(or use corpus sotu)")
     kinds = {LOCAL_SUFFIXES[os.path.splitext(p)[1].lower()] for p in paths}
     if len(kinds) > 1:
         raise TaskError(f"{spec!r} mixes file types {sorted(kinds)} — point the corpus at one type of file")
@@ -125,14 +166,49 @@ def _local(paths: list[str], text_field: str, label_field: str) -> Iterator[Docu
     yield from _rows(ds, os.path.basename(paths[0]), text_field, label_field, source=paths[0])
 
 
-def _hub(hub: HubCorpus, *, split, text_field, label_field) -> Iterator[Document]:
+_HUB_FAILURES: dict[tuple, str] = {}  # a hub dataset that failed to open fails again at once (no retries per cell)
+
+
+def _open_hub(hub: HubCorpus, split: str):
     import datasets
 
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+                  for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    key = (hub.path, hub.name, split, offline)
+    if key in _HUB_FAILURES:
+        raise TaskError(_HUB_FAILURES[key])
+    if not offline and not _hub_reachable():
+        # Without this check the hub client retries 5 times (~25 s) before it gives up.
+        _HUB_FAILURES[key] = (f"hub dataset {hub.path!r} needs network access and the Hugging Face hub cannot be "
+                              "reached — connect, set HF_HUB_OFFLINE=1 to use a cached copy, or use corpus sotu or a "
+                              "local path")
+        raise TaskError(_HUB_FAILURES[key])
     try:
-        ds = datasets.load_dataset(hub.path, hub.name, split=split or hub.split, streaming=True)
+        return datasets.load_dataset(hub.path, hub.name, split=split, streaming=True)
     except Exception as e:  # offline, unknown id, no such split: say which and how to fix it
-        raise TaskError(f"could not load hub dataset {hub.path!r} (split {split or hub.split!r}): {e} — "
-                        "check the id and your internet connection, or use corpus='sotu' offline") from e
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        hint = ("it is not in the local cache and HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set — download it once "
+                "online, or use corpus sotu or a local path" if offline else
+                "check the id and split, or use corpus sotu or a local path")
+        _HUB_FAILURES[key] = f"could not load hub dataset {hub.path!r} (split {split!r}): {first} — {hint}"
+        raise TaskError(_HUB_FAILURES[key]) from e
+
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _hub(hub: HubCorpus, *, split, text_field, label_field) -> Iterator[Document]:
+    ds = _open_hub(hub, split or hub.split)
     yield from _rows(ds, hub.path, text_field or hub.text_field, label_field or hub.label_field, source=hub.path)
 
 

@@ -35,8 +35,14 @@ def test_quick_benchmark_writes_every_row(tmp_path):
 
     data = json.loads(out.with_suffix(".json").read_text())
     checks = data["checks"]
-    assert checks["curve_identical"], checks["curve_max_dloss"]  # one forward == per-length passes
-    assert checks["labels_same_loss"], checks["labels_max_dloss"]  # chunked loss == full-logits loss
+    # One forward == per-length passes, chunked loss == full-logits loss: to 1e-4 in float32; in bf16 (the default
+    # on CPUs with native bf16) within one bf16 rounding, since bf16 matmuls may round differently at other row
+    # counts (Intel AMX does).
+    import torch
+
+    tol = 1e-4 if data["args"]["dtype"] == "float32" else torch.finfo(torch.bfloat16).eps / 2
+    assert checks["curve_max_dloss"] <= tol, checks["curve_max_dloss"]
+    assert checks["labels_max_dloss"] <= tol, checks["labels_max_dloss"]
     assert checks["passkey_same"]  # the plain generate saw the same prompt and gave the same answer
     ppl_ours, ppl_lmeval, n_ours, n_lmeval = checks["rolling_ppl"]
     assert n_ours == n_lmeval  # both protocols score every token of the document

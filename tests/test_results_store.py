@@ -200,3 +200,68 @@ def test_numpy_values_serialize(tmp_path):
     RecordWriter(tmp_path).write([_rec(value=np.float32(0.5), length=np.int64(2048), options={"x": np.float64(1.5)})])
     df = results.load(tmp_path)
     assert df.loc[0, "value"] == 0.5 and df.loc[0, "length"] == 2048 and df.loc[0, "options"] == '{"x":1.5}'
+
+
+def test_cell_cut_at_a_line_boundary_is_not_finished(tmp_path):
+    """Whole lines, but not all of the cell's rows (a kill between two lines of one write): the cell is not
+    finished, its rows are dropped on load, and rows written again by a resume count."""
+    w = RecordWriter(tmp_path)
+    w.write([_rec(cell="a", trial=t) for t in range(3)])
+    w.write([_rec(cell="b", trial=t) for t in range(3)])
+    p = tmp_path / "records.jsonl"
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text("".join(lines[:-1]))  # b lost its last row, on a line boundary
+    with pytest.warns(ResultsWarning, match="cell b: 2 of 3 rows on disk"):
+        assert finished_cells(tmp_path) == {"a"}
+    with pytest.warns(ResultsWarning, match="cell b: 2 of 3"):
+        df = results.load(tmp_path)
+    assert set(df["cell"]) == {"a"} and "cell_rows" not in df.columns  # bookkeeping is not a data column
+    RecordWriter(tmp_path).write([_rec(cell="b", trial=t) for t in range(3)])  # the resume recomputes b
+    with pytest.warns(ResultsWarning, match="cell b: 2 of 3"):  # the old partial copy is still named
+        df = results.load(tmp_path)
+    assert sorted(df.groupby("cell").size().items()) == [("a", 3), ("b", 3)]
+
+
+def test_full_disk_cuts_the_write_back(tmp_path, monkeypatch):
+    """ENOSPC in the middle of a write (a fault-injecting writer): the file is cut back to where it was, the error
+    reaches the caller, and the next write appends cleanly."""
+    import errno
+
+    from results import store
+
+    w = RecordWriter(tmp_path)
+    w.write([_rec(cell="a")])
+    p = tmp_path / "records.jsonl"
+    before = p.read_bytes()
+    real = store._write_all
+
+    def full_disk(fd, data):
+        real(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "_write_all", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        w.write([_rec(cell="b", trial=t) for t in range(4)])
+    assert p.read_bytes() == before
+    monkeypatch.setattr(store, "_write_all", real)
+    w.write([_rec(cell="b", trial=t) for t in range(4)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing damaged, nothing dropped
+        df = results.load(tmp_path)
+    assert sorted(df.groupby("cell").size().items()) == [("a", 1), ("b", 4)]
+
+
+def test_full_disk_leaves_no_manifest_temp(tmp_path, monkeypatch):
+    import errno
+
+    from results import store
+
+    def full_disk(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    RecordWriter(tmp_path).write_manifest(seed=1)
+    before = (tmp_path / "manifest.json").read_text()
+    monkeypatch.setattr(store, "_write_all", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        RecordWriter(tmp_path).write_manifest(seed=2)
+    assert (tmp_path / "manifest.json").read_text() == before and not list(tmp_path.glob(".*.tmp"))

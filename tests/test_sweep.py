@@ -46,6 +46,8 @@ def cli(*args, timeout=300, **extra_env):
 def records(run_dir) -> list[dict]:
     rows = []
     for f in sorted(Path(run_dir).glob("records*.jsonl")):
+        if f.name.startswith("records-"):  # a user's file in the run directory, not ropebench's
+            continue
         rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
     return rows
 
@@ -91,13 +93,16 @@ def fake_plugin(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
+    return make_tiny_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def make_tiny_dir(out: Path) -> Path:
     """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer next to it."""
     import torch
     import transformers
 
     import extend
 
-    out = tmp_path_factory.mktemp("tiny-llama")
     gguf = extend.embedded_gguf()
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     torch.manual_seed(0)
@@ -209,28 +214,33 @@ def _bad_cases(tmp_path):
     typo = write(tmp_path / "typo.yaml", "model: smollm2-135m\nmethods: [plain]\nlenghts: [1024]\ntasks: [perplexity]\n")
     empty = write(tmp_path / "empty.yaml", "model: smollm2-135m\nmethods: []\ntasks: {perplexity: {lengths: [64]}}\n")
     afile = write(tmp_path / "afile", "x")
-    base = ["--model", "smollm2-135m", "--tasks", "perplexity", "--lengths", "64", "--out", str(tmp_path / "o")]
+    def base(*more):  # each flag once: a flag given twice is itself an error
+        flags = {"--model": "smollm2-135m", "--tasks": "perplexity", "--lengths": "64", "--out": str(tmp_path / "o")}
+        for flag, value in zip(more[::2], more[1::2]):
+            flags[flag] = value
+        return [x for kv in flags.items() for x in kv]
+
     return {
         "missing config": (["--config", str(tmp_path / "nope.yaml")], "config file not found"),
         "invalid yaml": (["--config", str(bad_yaml)], "invalid YAML"),
         "yaml not a mapping": (["--config", str(listy)], "must hold a mapping"),
         "unknown key": (["--config", str(typo)], "did you mean lengths"),
         "empty grid": (["--config", str(empty), "--out", str(tmp_path / "o")], "empty grid"),
-        "zero length": ([*base, "--lengths", "0"], "not positive"),
-        "negative length": ([*base, "--lengths", "-5"], "not positive"),
-        "non-integer length": ([*base, "--lengths", "2.5"], "not an integer"),
-        "text length": ([*base, "--lengths", "abc"], "not an integer"),
-        "bad factor": ([*base, "--factors", "-2"], "not a positive number"),
-        "unwritable out": ([*base, "--out", str(afile / "sub")], "cannot write to --out"),
-        "unknown flag": ([*base, "--lenghts", "5"], "unrecognized arguments"),
-        "bad seed": ([*base, "--seed", "x"], "invalid integer"),
-        "unknown method": ([*base, "--methods", "yarm"], "did you mean yarn"),
-        "unknown task": ([*base, "--tasks", "passky"], "did you mean passkey"),
-        "unknown corpus": ([*base, "--corpus", "sotuu"], "did you mean sotu"),
-        "unknown model": ([*base, "--model", "smollm2-136m"], "did you mean smollm2-135m"),
-        "missing model dir": ([*base, "--model", str(tmp_path / "no-model")], "not a model directory"),
-        "unknown method option": ([*base, "--methods", "yarn", "-o", "yarn.beta_fats=3"], "did you mean beta_fast"),
-        "unknown task option": ([*base, "-t", "perplexity.num_doc=2"], "did you mean num_docs"),
+        "zero length": (base("--lengths", "0"), "not positive"),
+        "negative length": (base("--lengths", "-5"), "not positive"),
+        "non-integer length": (base("--lengths", "2.5"), "not an integer"),
+        "text length": (base("--lengths", "abc"), "not an integer"),
+        "bad factor": (base("--factors", "-2"), "not a positive number"),
+        "unwritable out": (base("--out", str(afile / "sub")), "cannot write to --out"),
+        "unknown flag": (base("--lenghts", "5"), "unrecognized arguments"),
+        "bad seed": (base("--seed", "x"), "invalid integer"),
+        "unknown method": (base("--methods", "yarm"), "did you mean yarn"),
+        "unknown task": (base("--tasks", "passky"), "did you mean passkey"),
+        "unknown corpus": (base("--corpus", "sotuu"), "did you mean sotu"),
+        "unknown model": (base("--model", "smollm2-136m"), "did you mean smollm2-135m"),
+        "missing model dir": (base("--model", str(tmp_path / "no-model")), "not a model directory"),
+        "unknown method option": (base("--methods", "yarn", "-o", "yarn.beta_fats=3"), "did you mean beta_fast"),
+        "unknown task option": (base("-t", "perplexity.num_doc=2"), "did you mean num_docs"),
     }
 
 
@@ -285,6 +295,36 @@ def test_failure_isolation_records_errors_and_continues(tmp_path, tiny_dir, fake
     # --fresh starts over
     rc = sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "--fresh"))
     assert rc == 0 and {r["method"] for r in records(out)} == {"plain"} and not (out / "logs").exists()
+
+
+def test_fresh_deletes_only_what_ropebench_wrote(tmp_path, tiny_dir, fake_suite, capsys):
+    out = tmp_path / "run"
+    assert sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "pi", "--factors", "2")) == 0
+    ours = {p.relative_to(out) for p in out.rglob("*") if p.is_file()}
+    assert Path("records.jsonl") in ours and Path("report.md") in ours and any(p.parts[0] == "tables" for p in ours)
+    mine = {"logs/lab-notebook.txt": "notes", "tables/budget.csv": "a,b", "plots/fig1.png": "png",
+            "records-mine.jsonl": "{}", "notes.md": "x"}
+    for name, text in mine.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    (out / "logs" / "0123456789abcdef.log").write_text("a failed cell's traceback")
+    stray = out / ".manifest.json.4242.deadbeef.tmp"  # an atomic write cut short by a kill
+    stray.write_text("{")
+    assert sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "--fresh")) == 0
+    for name, text in mine.items():
+        assert (out / name).read_text() == text, name  # the user's files survive --fresh
+    assert not (out / "logs" / "0123456789abcdef.log").exists() and not stray.exists()
+    assert {r["method"] for r in records(out)} == {"plain"}
+    capsys.readouterr()
+
+
+def test_stray_manifest_temp_is_cleaned_on_resume(tmp_path, tiny_dir, fake_suite):
+    out = tmp_path / "run"
+    assert sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain")) == 0
+    stray = out / ".manifest.json.4242.deadbeef.tmp"
+    stray.write_text("{")
+    assert sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain")) == 0
+    assert not stray.exists() and json.loads((out / "manifest.json").read_text())["resumed"]
 
 
 def test_resume_after_kill_9(tmp_path, tiny_dir, fake_plugin):

@@ -13,8 +13,8 @@ import importlib
 import importlib.util
 import math
 import os
+import re
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -60,6 +60,24 @@ def closest(name, choices, what: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- reading
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # PyYAML reports unhashable keys itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | os.PathLike) -> dict:
     path = Path(path)
     try:
@@ -70,11 +88,13 @@ def read_yaml(path: str | os.PathLike) -> dict:
         raise ConfigError(f"cannot read config file {path}: {getattr(e, 'strerror', None) or e} — check the file"
                           ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem.startswith("duplicate key"):
+            raise ConfigError(f"{path}{where}: {problem} — keep one (YAML would silently use the last)") from None
         raise ConfigError(f"invalid YAML in {path}{where}: {problem} — fix the syntax") from None
     if data is None:
         data = {}
@@ -84,8 +104,15 @@ def read_yaml(path: str | os.PathLike) -> dict:
     return data
 
 
+NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
 def parse_value(text: str):
-    """A CLI value as YAML (2 -> int, 2.5 -> float, [1, 2] -> list, true -> bool, else the string)."""
+    """A CLI value as YAML (2 -> int, 2.5 -> float, [1, 2] -> list, true -> bool, else the string). Numbers YAML 1.1
+    leaves as strings (1e3, 2E-1) are numbers too."""
+    if isinstance(text, str) and NUMBER.match(text.strip()):
+        t = text.strip()
+        return int(t) if re.fullmatch(r"[+-]?\d+", t) else float(t)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
@@ -189,6 +216,8 @@ def check_factors(values, where: str) -> list[float]:
         raise ConfigError(f"empty grid: {where} is empty — give at least one factor, e.g. --factors 2")
     out = []
     for v in values:
+        if isinstance(v, str) and NUMBER.match(v.strip()):
+            v = parse_value(v)  # 1e3 in a YAML file is a string (YAML 1.1 wants 1.0e+3)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ConfigError(f"{where}: factor {v!r} is not a positive number — use e.g. 2 or 4")
         out.append(float(v))
@@ -199,7 +228,8 @@ def _check_mapping(value, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping of key: value, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where} must be a mapping of key: value, got {type(value).__name__} {value!r} — "
+                          f"see scripts/configs/demo.yaml")
     bad = [k for k in value if not isinstance(k, str)]
     if bad:
         raise ConfigError(f"{where}: key {bad[0]!r} is not a string — use names as keys")
@@ -235,7 +265,8 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
         if isinstance(entry, str):
             entry = {"method": entry}
         if not isinstance(entry, dict):
-            raise ConfigError(f"methods[{i}] must be a name or a mapping {{method, factors, options}}, got {entry!r}")
+            raise ConfigError(f"methods[{i}] must be a name or a mapping {{method, factors, options}}, got {entry!r} — "
+                              f"write e.g. [plain, {{method: yarn, factors: [2, 4]}}]")
         bad = [k for k in entry if k not in METHOD_KEYS]
         if bad:
             raise ConfigError(f"unknown key {bad[0]!r} in methods[{i}] — {closest(bad[0], METHOD_KEYS, 'keys')}")
@@ -247,7 +278,12 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
         opts = dict(options.get(name, {}))
         opts.update(_check_mapping(entry.get("options"), f"methods[{i}].options"))
         methods.append({"method": name, "factors": f, "options": opts})
+    seen_options: set = set()
     for name, key, value in cfg.get("_cli_options", []):
+        if (name, key) in seen_options:
+            where = f"{name}.{key}" if name else key
+            raise ConfigError(f"-o {where} is given twice — give it once (a list value: -o {where}=[a,b])")
+        seen_options.add((name, key))
         targets = [m for m in methods if name is None or m["method"] == name]
         if name is not None and not targets:
             raise ConfigError(f"--option {name}.{key}: method {name!r} is not in the grid — "
@@ -268,15 +304,23 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
     tasks_raw = _check_mapping(tasks_raw, "tasks")
     if not tasks_raw:
         raise ConfigError("empty grid: no tasks — set tasks: or pass e.g. --tasks perplexity passkey")
+    seen_cli: set = set()
     for name, key, value in cfg.get("_cli_task_options", []):
         if name is None or name not in tasks_raw:
             raise ConfigError(f"--task-option needs TASK.KEY=VALUE with a task of the grid — "
                               f"{closest(name or '', list(tasks_raw), 'tasks')}")
+        if (name, key) in seen_cli:
+            raise ConfigError(f"-t {name}.{key} is given twice — give it once (a list value: "
+                              f"-t {name}.{key}=[a,b])")
+        seen_cli.add((name, key))
+        if key == "lengths" and cfg.get("_cli_lengths"):
+            raise ConfigError(f"--lengths and -t {name}.lengths both set the lengths of {name} — drop one (--lengths "
+                              f"for every task, -t {name}.lengths=[...] for {name} alone)")
         tasks_raw[name] = dict(tasks_raw[name] or {}, **{key: value})
     tasks = {}
     for name, opts in tasks_raw.items():
         opts = _check_mapping(opts, f"tasks.{name}")
-        if cfg.get("_cli_lengths") or "lengths" not in opts:
+        if (cfg.get("_cli_lengths") and (name, "lengths") not in seen_cli) or "lengths" not in opts:
             if global_lengths is None:
                 raise ConfigError(f"task {name!r} has no lengths — set tasks.{name}.lengths or lengths:, or pass "
                                   f"--lengths")
@@ -285,7 +329,7 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
             lengths = check_lengths(opts["lengths"], f"tasks.{name}.lengths")
         per_length = opts.get("per_length", PER_LENGTH_DEFAULT.get(name, False))
         if not isinstance(per_length, bool):
-            raise ConfigError(f"tasks.{name}.per_length must be true or false, got {per_length!r}")
+            raise ConfigError(f"tasks.{name}.per_length must be true or false, got {per_length!r} — write true or false")
         suite_opts = {k: v for k, v in opts.items() if k not in TASK_SWEEP_KEYS}
         tasks[name] = {"lengths": lengths, "per_length": per_length, "options": suite_opts}
     out["tasks"] = tasks
@@ -303,6 +347,9 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
         seed = int(seed)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an integer, got {seed!r} — e.g. --seed 0")
+    if seed < 0:  # random.Random(-1) is random.Random(1): the same prompts under another cell key
+        raise ConfigError(f"seed must be >= 0, got {seed} — e.g. --seed 0 (a negative seed repeats the positive "
+                          f"one)")
     out["seed"] = seed
 
     device = cfg.get("device")
@@ -321,28 +368,37 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
 
     trust = cfg.get("trust_remote_code", False)
     if not isinstance(trust, bool):
-        raise ConfigError(f"trust_remote_code must be true or false, got {trust!r}")
+        raise ConfigError(f"trust_remote_code must be true or false, got {trust!r} — write true or false")
     out["trust_remote_code"] = trust
     plugins = _as_list(cfg.get("plugins"), "plugins")
     out["plugins"] = [str(p) for p in plugins]
     out["description"] = cfg.get("description")
 
-    outdir = cfg.get("out") or os.path.join("runs", "sweep")
-    if not isinstance(outdir, str):
+    outdir = cfg.get("out", os.path.join("runs", "sweep"))
+    if outdir is None:
+        outdir = os.path.join("runs", "sweep")
+    if not isinstance(outdir, str) or not outdir.strip():
         raise ConfigError(f"out must be a directory path, got {outdir!r} — e.g. --out runs/my-sweep")
+    if "\0" in outdir:
+        raise ConfigError("out contains a NUL character — give a plain directory path")
     out["out"] = str(Path(outdir).expanduser().resolve())
     return out
 
 
 def check_writable(out: str) -> None:
+    """The run directory can be created (or written) — checked without creating anything, so a rejected input
+    leaves no empty directory behind."""
     path = Path(out)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        reason = e.strerror or type(e).__name__
-        raise ConfigError(f"cannot write to --out {out}: {reason} — choose a writable directory") from None
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot write to --out {out}: {probe} is a file, not a directory — choose a "
+                          f"directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write to --out {out}: Permission denied — choose a writable directory")
 
 
 # ---------------------------------------------------------------------------------------------- plugins
@@ -363,11 +419,29 @@ def import_plugins(plugins: list[str]) -> None:
                 module_spec = importlib.util.spec_from_file_location(name, path)
                 module = importlib.util.module_from_spec(module_spec)
                 sys.modules[name] = module
-                module_spec.loader.exec_module(module)
+                try:
+                    module_spec.loader.exec_module(module)
+                except BaseException:
+                    sys.modules.pop(name, None)  # a broken plugin is not half-imported on a retry
+                    raise
             else:
                 importlib.import_module(spec)
+        except ConfigError:
+            raise
         except ModuleNotFoundError as e:
             raise ConfigError(f"plugin {spec!r} could not be imported: {e} — check the module name") from None
+        except SyntaxError as e:
+            where = f"{Path(e.filename).name}:{e.lineno}" if e.filename else f"line {e.lineno}"
+            raise ConfigError(f"plugin {spec!r} has a syntax error ({where}: {e.msg}) — fix the plugin file"
+                              ) from None
+        except Exception as e:  # noqa: BLE001 - a plugin's own bug: name it, no traceback
+            tb = e.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}" if tb is not None else ""
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"plugin {spec!r} raised {type(e).__name__}{where}: {first} — fix the plugin (or "
+                              f"drop --plugin {spec})") from None
 
 
 # ---------------------------------------------------------------------------------------------- registries
@@ -410,6 +484,8 @@ def check_registries(cfg: dict) -> None:
                     continue
                 raise ConfigError(f"unknown option {key!r} for method {name!r} — "
                                   f"{closest(key, valid, 'options') if valid else 'it takes no options'}")
+        for key, value in m["options"].items():  # value types against the method's signature
+            extend.registry.check_option_value(extend.registry.get(name), key, value)
         missing = [k for k in info.get("required", []) if k not in m["options"]]
         if missing:
             raise ConfigError(f"method {name!r} needs option {missing[0]!r} — set options: {{{name}: "
@@ -437,6 +513,9 @@ def check_registries(cfg: dict) -> None:
             if not var and key not in opts:
                 valid = sorted(set(opts) - reserved) + list(TASK_SWEEP_KEYS)
                 raise ConfigError(f"unknown option {key!r} for task {name!r} — {closest(key, valid, 'options')}")
+        from tasks.checks import check_suite_options
+
+        check_suite_options(name, tasks.SUITES[name], t["options"])
     corpora = set(cfg["corpus"])
     for t in cfg["tasks"].values():
         c = t["options"].get("corpus")
@@ -450,6 +529,16 @@ def check_registries(cfg: dict) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError(f"device {cfg['device']!r} requested but no CUDA GPU is available — use --device cpu")
+        index = cfg["device"].partition(":")[2]
+        if index and int(index) >= torch.cuda.device_count():
+            raise ConfigError(f"device {cfg['device']!r}: this machine has {torch.cuda.device_count()} GPU(s) — use "
+                              f"cuda:0 ... cuda:{torch.cuda.device_count() - 1}")
+    if cfg["device"] == "mps":
+        import torch
+
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ConfigError("device 'mps' requested but Apple's MPS backend is not available here — use --device "
+                              "cpu (or cuda on a GPU machine)")
 
 
 def check_corpus(name) -> None:
@@ -457,12 +546,11 @@ def check_corpus(name) -> None:
 
     if not isinstance(name, str) or not name:
         raise ConfigError(f"corpus {name!r} is not a name — use one of {', '.join(data.corpus_names())} or a path")
-    if name in data.corpus_names():
+    known = (name in data.corpus_names() or os.path.exists(os.path.expanduser(name)) or any(c in name for c in "*?[")
+             or ("/" in name and not name.startswith((".", "/", "~"))))  # a hub dataset id
+    if known:
+        data.check_corpus(os.path.expanduser(name))  # empty files, an unreachable hub: once, before the model
         return
-    if os.path.exists(os.path.expanduser(name)) or any(c in name for c in "*?["):
-        return
-    if "/" in name and not name.startswith((".", "/", "~")):
-        return  # a hub dataset id: checked when a suite streams it
     raise ConfigError(f"unknown corpus {name!r} — {closest(name, data.corpus_names(), 'corpora')} (or a hub id "
                       f"owner/name, or a path to .txt/.jsonl/.csv files)")
 
@@ -476,6 +564,14 @@ def check_model(spec: str) -> None:
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ConfigError(f"model file not found: {spec} — check the path")
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise ConfigError(f"cannot read model file {spec}: {e.strerror or e} — check the file") from None
+        if magic != b"GGUF":
+            raise ConfigError(f"{spec} is not a GGUF file (it does not start with the GGUF magic bytes) — pass a "
+                              f"real .gguf model, a model directory, a hub id or smollm2-135m")
         return
     if spec.startswith((".", "/", "~")) or path.exists():
         if not (path / "config.json").is_file():

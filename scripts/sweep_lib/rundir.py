@@ -1,0 +1,130 @@
+"""The run directory: is it ropebench's, one writer at a time (a lock), and --fresh deleting only what
+ropebench wrote.
+
+Policy for a second sweep on the same --out: it is refused (exit 2) while the first holds the lock. The lock is an
+`fcntl.flock` on `.ropebench.lock` (`.ropebench.rank{N}.lock` per accelerate rank), so the kernel releases it when
+the holder dies, even by kill -9: no stale lock to clean up. The lock file also marks the directory as a ropebench
+run, from the moment the sweep creates it.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import re
+import shutil
+import time
+from pathlib import Path
+
+from .config import ConfigError
+
+LOCK_NAME = ".ropebench.lock"
+# What ropebench writes into a run directory (the report's tables/plots are found through report.md's links).
+OWN_FILE = re.compile(r"^(records(\.rank\d+)?\.jsonl|manifest(\.rank\d+)?\.json|report\.md|"
+                      r"\.ropebench(\.rank\d+)?\.lock|\.manifest(\.rank\d+)?\.json\.\d+\.[0-9a-f]{8}\.tmp|"
+                      r"\.write-test-.*)$")
+LOG_FILE = re.compile(r"^[0-9a-f]{16}\.log$")  # logs/<cell key>.log
+REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
+
+
+def lock_name(rank: int | None) -> str:
+    return LOCK_NAME if not rank else f".ropebench.rank{int(rank)}.lock"
+
+
+def is_run_dir(out: Path) -> bool:
+    """A directory a sweep wrote: it holds a ropebench lock file or a manifest written by results.RecordWriter."""
+    if any(out.glob(".ropebench*.lock")):
+        return True
+    for manifest in out.glob("manifest*.json"):
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "ropebench" in (data.get("versions") or {}):
+            return True
+    return False
+
+
+def check_out(out: Path) -> None:
+    """Refuse a path that is a file, or a non-empty directory that is not a ropebench run (its files are the
+    user's: a sweep would mix records into them and --fresh would delete them)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory — choose a directory for the run")
+    if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):
+        raise ConfigError(f"--out {out} is a non-empty directory that is not a ropebench run — choose a new or "
+                          f"empty directory (ropebench never writes into, or deletes, other files)")
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on the run directory (one per rank). `acquire` refuses with a
+    ConfigError naming the holder; the kernel drops the lock when this process ends."""
+
+    def __init__(self, out: Path, rank: int | None = None):
+        self.path = out / lock_name(rank)
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"run directory {self.path.parent} is in use by another sweep ({holder}) — wait for "
+                              f"it to finish (then rerun to resume), or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock; the file stays as the run marker
+            self.fd = None
+
+
+def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
+    """Temp files of an atomic write that a kill interrupted (`.manifest.json.<pid>.<hex>.tmp`), of this rank's
+    own files only (another rank may be writing its own right now)."""
+    names = [f"manifest.rank{int(rank)}.json"] if rank else ["manifest.json", "report.md"]
+    stray = re.compile(rf"^\.({'|'.join(map(re.escape, names))})\.\d+\.[0-9a-f]{{8}}\.tmp$")
+    removed = []
+    for p in out.iterdir():
+        if stray.match(p.name) and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def fresh(out: Path) -> list[Path]:
+    """Delete this run's previous results, and only files ropebench wrote: records, manifests, report.md, the
+    tables/plots that report.md links to, logs/<cell>.log. Anything else stays (and keeps its folder)."""
+    removed: list[Path] = []
+    report = out / "report.md"
+    linked: set[Path] = set()
+    if report.is_file():
+        text = report.read_text(encoding="utf-8", errors="replace")
+        for folder, stem, _ in REPORT_LINK.findall(text):
+            suffixes = (".md", ".csv", ".tex") if folder == "tables" else (".png",)
+            linked.update(out / folder / f"{stem}{s}" for s in suffixes)
+    for p in sorted(linked):
+        if p.is_file():
+            p.unlink()
+            removed.append(p)
+    logs = out / "logs"
+    if logs.is_dir():
+        for p in logs.iterdir():
+            if LOG_FILE.match(p.name) and p.is_file():
+                p.unlink()
+                removed.append(p)
+    for p in out.iterdir():
+        if p.is_file() and OWN_FILE.match(p.name) and not p.name.startswith(".ropebench"):
+            p.unlink()
+            removed.append(p)
+    for folder in ("tables", "plots", "logs"):
+        d = out / folder
+        if d.is_dir() and not any(d.iterdir()):
+            shutil.rmtree(d)
+    return removed
