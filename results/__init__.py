@@ -12,8 +12,9 @@ from .store import SCHEMA, RecordWriter, ResultsError, ResultsWarning, finished_
 
 _LAZY = {
     "load": "frame", "from_lm_eval": "lm_eval_import",
-    "table": "tables", "summarize": "tables", "compare": "tables", "to_markdown": "tables", "to_csv": "tables",
-    "to_latex": "tables", "write_table": "tables",
+    "table": "tables", "summarize": "tables", "to_markdown": "tables", "to_csv": "tables",
+    "to_latex": "tables", "write_table": "tables", "compare": "comparisons", "paired_differences": "comparisons",
+    "effective_length": "reach", "summary": "overview", "wilson": "stats",
     "Plot": "plots", "plot_perplexity": "plots", "plot_passkey": "plots", "plot_classification": "plots",
     "report": "reporting",
 }
@@ -25,18 +26,22 @@ __all__ = [
     "ResultsError",
     "ResultsWarning",
     "compare",
+    "effective_length",
     "finished_cells",
     "from_lm_eval",
     "load",
+    "paired_differences",
     "plot_classification",
     "plot_passkey",
     "plot_perplexity",
     "report",
     "summarize",
+    "summary",
     "table",
     "to_csv",
     "to_latex",
     "to_markdown",
+    "wilson",
     "write_table",
 ]
 

@@ -21,8 +21,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, NullLocator, StrMethodFormatter
 
+from .overview import short_model
+from .reach import trained_context_of
 from .store import ResultsError
-from .tables import select
+from .tables import cell_interval, select
 
 
 @dataclass
@@ -65,22 +67,6 @@ def _factors(sub: pd.DataFrame) -> str:
     return ("factor " if len(f) == 1 else "factors ") + ", ".join(f"{x:g}" for x in f)
 
 
-def _trained_context(sub: pd.DataFrame, given: int | None) -> int | None:
-    """The model's trained context: the argument, else a ``trained_context`` in task_options; else unknown
-    (then no line is drawn rather than a guessed one)."""
-    if given:
-        return int(given)
-    found = set()
-    for opts in sub["task_options"].dropna().unique():
-        try:
-            v = json.loads(opts).get("trained_context")
-        except (json.JSONDecodeError, AttributeError):
-            v = None
-        if v:
-            found.add(int(v))
-    return found.pop() if len(found) == 1 else None
-
-
 def _subset(df: pd.DataFrame, task: str, metric: str, what: str, **where: Any) -> pd.DataFrame:
     sub = select(df, task, metric, **where)
     sub = sub[sub["length"].notna()].copy()
@@ -108,29 +94,53 @@ def _length_axis(ax, lengths) -> None:
     ax.set_xticklabels([_klabel(x) for x in lengths], rotation=0 if len(lengths) <= 8 else 45)
 
 
+def _n_range(data: pd.DataFrame) -> str:
+    n = sorted({int(x) for x in data["n"].dropna()})
+    return "n ?" if not n else (f"n={n[0]}" if len(n) == 1 else f"n={n[0]}–{n[-1]}")
+
+
 def _klabel(x: int) -> str:
     return f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x)
 
 
-def _means_by_length(sub: pd.DataFrame) -> pd.DataFrame:
-    """One point per (method x factor label, length): the mean over documents / trials behind it."""
-    return (sub.groupby(["label", "method", "factor", "length"], dropna=False)["value"].mean()
-            .reset_index().astype({"length": "int64"}))
+def _points(df: pd.DataFrame, task: str, metric: str, sub: pd.DataFrame, seed: int = 0, **where: Any) -> pd.DataFrame:
+    """One point per (method x factor label, length): the cell estimate (as in the tables) with ``lo``/``hi``
+    (its 95% interval: bootstrap over documents, Wilson for rates) and ``n``."""
+    rows = select(df, task, metric, units=True, **where)
+    rows = rows[rows["length"].notna() & rows["model"].isin(sub["model"].unique())].copy()
+    rows["label"] = _label_series(rows)
+    out = []
+    for (label, method, factor, length), g in rows.groupby(["label", "method", "factor", "length"], dropna=False):
+        ci = cell_interval(g, metric, seed=seed)
+        out.append({"label": label, "method": method, "factor": factor, "length": int(length), "value": ci.estimate,
+                    "lo": ci.lo, "hi": ci.hi, "n": ci.n})
+    return pd.DataFrame(out)
 
 
 def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
     order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
     sns.lineplot(data=data, x="length", y=y, hue="label", hue_order=order, style="label", style_order=order,
                  markers=True, dashes=False, ax=ax, errorbar=None, linewidth=1.8, markersize=7)
+    # the 95% interval of every point as a band in the line's colour (absent where there is none)
+    colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
+    handles, labels = ax.get_legend_handles_labels()
+    colours.update({lab: h.get_color() for h, lab in zip(handles, labels) if hasattr(h, "get_color")})
+    for label in order:
+        d = data[data["label"] == label].sort_values("length")
+        ok = d["lo"].notna() & d["hi"].notna()
+        if ok.any():
+            ax.fill_between(d.loc[ok, "length"], d.loc[ok, "lo"], d.loc[ok, "hi"], color=colours.get(label),
+                            alpha=0.15, linewidth=0)
 
 
 def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "ppl", task: str = "perplexity",
-                    trained_context: int | None = None, **where: Any) -> Plot:
-    """Perplexity vs length, one line per method (x factor), log y, dashed line at the trained context."""
+                    trained_context: int | None = None, seed: int = 0, **where: Any) -> Plot:
+    """Perplexity vs length, one line per method (x factor), log y, dashed line at the trained context; the
+    band is the 95% interval of a bootstrap over documents (none with a single document)."""
     sub = _subset(df, task, metric, "plot_perplexity", **where)
     model = _single(sub, "model", "plot_perplexity")
     corpus = _single(sub, "corpus", "plot_perplexity")
-    data = _means_by_length(sub)
+    data = _points(df, task, metric, sub, seed, **where)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     _line_plot(ax, data, "value")
@@ -140,12 +150,15 @@ def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = 
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     _length_axis(ax, data["length"])
-    ctx = _trained_context(sub, trained_context)
+    # the argument, else a trained_context in task_options; unknown: no line rather than a guessed one
+    ctx = trained_context_of(sub, trained_context, model)
     if ctx:
         ax.axvline(ctx, color="0.3", linestyle="--", linewidth=1.2, label=f"trained context ({_klabel(ctx)})")
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel(f"{metric} (log scale, lower is better)")
-    ax.set_title(f"Perplexity vs length — {model}\ncorpus: {corpus} · {_factors(sub)}")
+    n = _n_range(data)
+    ax.set_title(f"Perplexity vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
+                 f"{n} documents, band: 95% bootstrap interval")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()
@@ -161,19 +174,26 @@ def plot_passkey(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "co
         raise ResultsError(f"plot_passkey: no {task}/{metric} rows with a depth — nothing to plot")
     model = _single(sub, "model", "plot_passkey")
     corpus = _single(sub, "corpus", "plot_passkey")
-    data = sub.groupby(["label", "depth", "length"], dropna=False)["value"].agg(["mean", "size"]).reset_index()
+    data = sub.groupby(["label", "depth", "length"], dropna=False)["value"].agg(["mean", "size", "sum"]).reset_index()
     data["percent"] = 100.0 * data["mean"]
+    data["count"] = [f"{int(k)}/{int(n)}" for k, n in zip(data["sum"], data["size"])]
     labels = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
     ncols = 2 if len(labels) == 4 else min(3, len(labels))
     nrows = math.ceil(len(labels) / ncols)
     nlen = data["length"].nunique()
-    fig = Figure(figsize=(max(3.2, 0.75 * nlen + 1.6) * ncols + 0.8, (0.45 * data["depth"].nunique() + 1.6) * nrows))
+    # Heights in inches: panels, a gap between rows for the x label and the next row's title, a band on top for
+    # the suptitle (fractions of the height would shrink with few depths and make the titles collide).
+    panel_h, gap, top, bottom = 0.45 * data["depth"].nunique() + 0.5, 1.05, 1.2, 0.75
+    height = nrows * panel_h + (nrows - 1) * gap + top + bottom
+    fig = Figure(figsize=(max(3.2, 0.75 * nlen + 1.6) * ncols + 0.8, height))
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     cax = fig.add_axes((0.92, 0.15, 0.015, 0.7))
     for i, (ax, label) in enumerate(zip(axes, labels)):
-        grid = (data[data["label"] == label].pivot(index="depth", columns="length", values="percent")
-                .sort_index().sort_index(axis=1))
-        sns.heatmap(grid, ax=ax, vmin=0, vmax=100, cmap="RdYlGn", annot=True, fmt=".0f", cbar=i == 0,
+        panel = data[data["label"] == label]
+        grid = panel.pivot(index="depth", columns="length", values="percent").sort_index().sort_index(axis=1)
+        counts = panel.pivot(index="depth", columns="length", values="count").reindex_like(grid).fillna("")
+        # cells show correct/trials: 1/1 and 10/10 are both 100%, but not the same evidence
+        sns.heatmap(grid, ax=ax, vmin=0, vmax=100, cmap="RdYlGn", annot=counts.to_numpy(), fmt="", cbar=i == 0,
                     cbar_ax=cax if i == 0 else None, cbar_kws={"label": "% correct"}, linewidths=0.5,
                     annot_kws={"fontsize": 9})
         ax.set_title(label)
@@ -183,19 +203,22 @@ def plot_passkey(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "co
         ax.set_ylabel("passkey depth" if i % ncols == 0 else "")
     for ax in axes[len(labels):]:
         ax.set_visible(False)
-    fig.suptitle(f"Passkey retrieval (% correct) — {model}\nhaystack: {corpus} · {_factors(sub)}")
-    fig.subplots_adjust(left=0.1, right=0.9, top=0.78 if nrows == 1 else 0.86, bottom=0.12, wspace=0.25,
-                        hspace=0.6)
+    fig.suptitle(f"Passkey retrieval (correct / trials, colour: %) — {short_model(model)}\nhaystack: {corpus} · "
+                 f"{_factors(sub)}", y=1 - 0.1 / height)
+    fig.subplots_adjust(left=0.1, right=0.9, top=1 - top / height, bottom=bottom / height, wspace=0.25,
+                        hspace=gap / panel_h)
     return Plot(_save(fig, path), data, fig)
 
 
 def plot_classification(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "accuracy",
-                        task: str = "classification", chance_metric: str = "chance", **where: Any) -> Plot:
-    """Classification accuracy vs length per method, with the chance (majority-class) rate dashed."""
+                        task: str = "classification", chance_metric: str = "chance", seed: int = 0,
+                        **where: Any) -> Plot:
+    """Classification accuracy vs length per method with its 95% (Wilson) interval as a band, and the chance
+    (majority-class) rate dashed."""
     sub = _subset(df, task, metric, "plot_classification", **where)
     model = _single(sub, "model", "plot_classification")
     corpus = _single(sub, "corpus", "plot_classification")
-    data = _means_by_length(sub)
+    data = _points(df, task, metric, sub, seed, **where)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     _line_plot(ax, data, "value")
@@ -216,7 +239,8 @@ def plot_classification(df: pd.DataFrame, path: str | os.PathLike, *, metric: st
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel(f"{metric} (higher is better)")
-    ax.set_title(f"Classification {metric} vs length — {model}\ncorpus: {corpus} · {_factors(sub)}")
+    ax.set_title(f"Classification {metric} vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
+                 f"{_n_range(data)} queries, band: 95% interval")
     ax.grid(True, alpha=0.3)
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()

@@ -14,10 +14,13 @@ from typing import Any
 
 import pandas as pd
 
+from .comparisons import compare, paired_differences
 from .frame import load
+from .overview import short_model, summary
 from .plots import plot_classification, plot_passkey, plot_perplexity
+from .reach import check_rules, effective_length
 from .store import ResultsError, atomic_write_text
-from .tables import compare, fmt_number, select, table, to_csv, to_latex, to_markdown
+from .tables import fmt_interval, fmt_number, select, table, to_csv, to_latex, to_markdown
 
 KNOWN_ORDER = ("perplexity", "passkey", "classification")
 
@@ -104,57 +107,131 @@ def _with_chance_row(t: pd.DataFrame, chance: pd.Series) -> pd.DataFrame:
     return pd.concat([t, row])
 
 
-def _perplexity(r: _Report, ok: pd.DataFrame, tc: int | None, manifests: list[dict]) -> None:
+def _perplexity(r: _Report, ok: pd.DataFrame, tc: dict, manifests: list[dict], seed: int) -> None:
     metrics = set(ok.loc[ok["task"] == "perplexity", "metric"])
     metric = "ppl" if "ppl" in metrics else min(metrics)
     r.md += ["## Perplexity", ""]
-    t = table(ok, "perplexity", metric)
-    r.add_table(f"perplexity_{metric}", f"Perplexity ({metric}) by method and length — lower is better",
-                t.map(fmt_number), t)
-    if "plain" in set(select(ok, "perplexity", metric)["method"]):
-        c = compare(ok, "perplexity", metric, baseline="plain")
-        r.add_table(f"perplexity_{metric}_vs_plain", "Perplexity ratio to plain (no extension) — below 1 is better",
-                    c.map(fmt_number), c)
+    r.add_table(f"perplexity_{metric}", f"Perplexity ({metric}) by method and length — lower is better; "
+                f"[95% interval] from a bootstrap over documents (token-weighted), n = documents",
+                table(ok, "perplexity", metric, with_ci=True, seed=seed), table(ok, "perplexity", metric))
     if "ppl_tail" in metrics:
-        tail = table(ok, "perplexity", "ppl_tail")
         r.add_table("perplexity_ppl_tail", "Perplexity of only the tokens between the previous length and this "
-                    "one — lower is better; shows where a method breaks", tail.map(fmt_number), tail)
+                    "one — lower is better; shows where a method breaks (n = documents when per-document rows "
+                    "exist, else scored tokens: then no interval)", table(ok, "perplexity", "ppl_tail", with_ci=True,
+                                                                           seed=seed),
+                    table(ok, "perplexity", "ppl_tail"))
     for model, corpus in _groups(select(ok, "perplexity", metric)):
-        r.add_plot(_slug("perplexity", model, corpus), f"perplexity vs length, {model}, {corpus}",
-                   plot_perplexity, ok, metric=metric, trained_context=_trained_context_for(model, tc, manifests),
+        r.add_plot(_slug("perplexity", short_model(model), corpus), f"perplexity vs length, {short_model(model)}, "
+                   f"{corpus}", plot_perplexity, ok, metric=metric, trained_context=tc.get(model), seed=seed,
                    **_where(model, corpus))
 
 
-def _passkey(r: _Report, ok: pd.DataFrame) -> None:
+def _passkey(r: _Report, ok: pd.DataFrame, seed: int) -> None:
     r.md += ["## Passkey retrieval", ""]
-    shown = table(ok, "passkey", "correct", with_ci=True)
-    r.add_table("passkey_accuracy", "Passkey accuracy by method and length (mean over depths and trials, "
-                "± half-width of the 95% Wilson interval)", shown, table(ok, "passkey", "correct"))
+    r.add_table("passkey_accuracy", "Passkey accuracy by method and length (over depths and trials) [95% Wilson "
+                "interval], n = prompts", table(ok, "passkey", "correct", with_ci=True, seed=seed),
+                table(ok, "passkey", "correct"))
     for model, corpus in _groups(select(ok, "passkey", "correct")):
-        r.add_plot(_slug("passkey", model, corpus), f"passkey heatmap, {model}, {corpus}", plot_passkey, ok,
-                   **_where(model, corpus))
+        r.add_plot(_slug("passkey", short_model(model), corpus), f"passkey heatmap, {short_model(model)}, {corpus}",
+                   plot_passkey, ok, **_where(model, corpus))
 
 
-def _classification(r: _Report, ok: pd.DataFrame) -> None:
+def _classification(r: _Report, ok: pd.DataFrame, seed: int) -> None:
     r.md += ["## Long-document classification", ""]
     metrics = set(ok.loc[ok["task"] == "classification", "metric"])
-    chance = None
-    if "chance" in metrics:
-        chance = select(ok, "classification", "chance").groupby("length")["value"].mean()
-    for metric, caption in (("accuracy", "Classification accuracy by method and length"),
-                            ("macro_f1", "Classification macro-F1 by method and length")):
-        if metric not in metrics:
-            continue
-        shown = table(ok, "classification", metric, with_ci=True)
-        numeric = table(ok, "classification", metric)
-        if metric == "accuracy" and chance is not None:
+    if "accuracy" in metrics:
+        shown = table(ok, "classification", "accuracy", with_ci=True, seed=seed)
+        caption = "Classification accuracy by method and length [95% Wilson interval], n = queries"
+        if "chance" in metrics:
+            chance = select(ok, "classification", "chance").groupby("length")["value"].mean()
             shown = _with_chance_row(shown, chance)
             caption += " (last row: majority-class chance)"
-        r.add_table(f"classification_{metric}", caption, shown, numeric)
+        r.add_table("classification_accuracy", caption, shown, table(ok, "classification", "accuracy"))
+    for metric in sorted(metrics & {"macro_f1", "accuracy_norm", "macro_f1_norm"}):
+        # written to tables/ only: without per-query predictions these have no interval to print
+        t = table(ok, "classification", metric)
+        stem = r.tables / f"classification_{metric}"
+        to_markdown(t.map(fmt_number), stem.with_suffix(".md"))
+        to_csv(t, stem.with_suffix(".csv"))
+        r.written += [stem.with_suffix(".md"), stem.with_suffix(".csv")]
+    extra = sorted(metrics & {"macro_f1", "accuracy_norm", "macro_f1_norm"})
+    if extra:
+        r.md += ["Also in tables/ (no interval: the suite records them only aggregated): "
+                 + ", ".join(f"[{m}](tables/classification_{m}.csv)" for m in extra), ""]
     if "accuracy" in metrics:
         for model, corpus in _groups(select(ok, "classification", "accuracy")):
-            r.add_plot(_slug("classification", model, corpus), f"classification accuracy, {model}, {corpus}",
-                       plot_classification, ok, **_where(model, corpus))
+            r.add_plot(_slug("classification", short_model(model), corpus),
+                       f"classification accuracy, {short_model(model)}, {corpus}", plot_classification, ok,
+                       **_where(model, corpus))
+
+
+def _summary(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
+    r.md += ["## Summary", ""]
+    try:
+        shown = summary(ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed)
+        numeric = summary(ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed, with_ci=False)
+    except ResultsError as e:
+        r.md += [f"_No summary: {e}_", ""]
+        return
+    r.add_table("summary", "One row per setting: value [95% interval] n. Perplexity: bootstrap over documents "
+                "(a value without interval: recorded only aggregated, n = scored tokens); accuracies: Wilson. Reach = longest tested length that still passes (≥: the longest tested "
+                f"length passed, the true reach may be longer; <: the shortest already failed) — ppl: ppl_tail "
+                f"within +{tolerance:.0%} of its value at the trained context; passkey: Wilson lower bound ≥ "
+                f"{threshold:g}. * = paired difference to plain at that length excludes 0 (paired bootstrap, "
+                "≥ 6 differing pairs) — see the next section", shown, numeric)
+
+
+def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
+    r.md += ["## Differences to plain (paired, same documents / prompts)", ""]
+    specs = (("perplexity", "ppl", "Perplexity ratio to plain on the same documents — below 1 is better"),
+             ("passkey", "correct", "Passkey accuracy minus plain on the same prompts"),
+             ("classification", "accuracy", "Classification accuracy minus plain"))
+    for task, metric, caption in specs:
+        try:
+            if "plain" not in set(select(ok, task, metric)["method"]):
+                continue
+            shown = compare(ok, task, metric, "plain", with_ci=True, seed=seed)
+            numeric = compare(ok, task, metric, "plain", seed=seed)
+        except ResultsError:
+            continue
+        kinds = set(paired_differences(ok, task, metric, "plain", seed=seed)["interval"]) - {"baseline"}
+        how = {"paired bootstrap": ("paired bootstrap over the shared units, n = pairs; * = excludes "
+                                    "no-difference with ≥ 6 differing pairs"),
+               "newcombe (unpaired)": "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0",
+               "none": "none: a single unit"}
+        r.add_table(f"{task}_{metric}_vs_plain", f"{caption}: estimate [95% interval: "
+                    + "; ".join(how.get(k, k) for k in sorted(kinds)) + "]", shown, numeric)
+
+
+def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
+    r.md += ["## Effective context length", ""]
+    for task, rule, caption in (
+            ("perplexity", "threshold", (f"Perplexity reach: ppl_tail within +{tolerance:.0%} of its value at "
+                                         "the trained context; ratio to that value at the reach / first failure")),
+            ("passkey", "threshold", f"Passkey reach: Wilson lower bound ≥ {threshold:g}; accuracy [95% interval]"),
+            ("passkey", "trained", ("Passkey reach, RULER-style: Wilson lower bound ≥ plain's own lower bound at "
+                                    "the trained context; accuracy [95% interval]"))):
+        if not (ok["task"] == task).any():
+            continue
+        try:
+            e = effective_length(ok, task, threshold=threshold, tolerance=tolerance, trained_context=tc,
+                                 rule=rule, seed=seed)
+        except ResultsError as err:
+            r.md += [f"_{caption}: not computed ({err})_", ""]
+            continue
+        shown = pd.DataFrame({
+            "model": e["model"].map(short_model), "method": e["method"], "factor": e["factor"],
+            "reach": e["claim"],
+            "at reach": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                         for v, lo, hi, n in zip(e["at_value"], e["at_lo"], e["at_hi"], e["at_n"])],
+            "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
+            "at failure": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                           for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])],
+            "rule": e["rule"]})
+        if shown["model"].nunique() == 1:
+            shown = shown.drop(columns="model")
+        shown = shown.set_index([c for c in ("model", "method", "factor") if c in shown.columns])
+        r.add_table(f"reach_{task}_{rule}", caption, shown, e)
 
 
 def _other(r: _Report, ok: pd.DataFrame, task: str) -> None:
@@ -179,13 +256,17 @@ def _failures(df: pd.DataFrame) -> list[str]:
 
 
 def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str | os.PathLike | None = None, *,
-           trained_context: int | None = None) -> Path:
+           trained_context: int | None = None, threshold: float = 0.8, tolerance: float = 0.10,
+           seed: int = 0) -> Path:
     """Write ``report.md`` + ``tables/`` + ``plots/`` for the runs; returns the path of report.md.
 
     ``out`` defaults to the first run directory. ``trained_context`` (the model's original context) draws
-    the dashed line in perplexity plots; without it the value recorded by the sweep (task_options or
-    manifest ``trained_context``) is used, and no line is drawn when unknown.
+    the dashed line in perplexity plots and is the reference of the summary and the effective lengths;
+    without it the value recorded by the sweep (task_options or manifest ``trained_context``) is used.
+    The report opens with :func:`results.summary`, then the paired differences to plain, the effective
+    lengths, and per-suite tables with n and 95% intervals (bootstraps seeded with ``seed``).
     """
+    check_rules(threshold, tolerance)
     paths = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(p) for p in run_dirs]
     df = load(paths)
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent)
@@ -204,15 +285,21 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
                     f"torch {v.get('torch')}, transformers {v.get('transformers')}"
                     + (f", commit {git[:10]}" if git else "") + "  ")
     r.md.append("")
+    tc = {m: _trained_context_for(m, trained_context, manifests) for m in ok["model"].dropna().unique()}
+    tc = {m: v for m, v in tc.items() if v}
     tasks = list(ok["task"].dropna().unique())
+    if any(t in tasks for t in KNOWN_ORDER):
+        _summary(r, ok, tc, seed, threshold, tolerance)
+        _differences(r, ok, seed)
+        _reach(r, ok, tc, seed, threshold, tolerance)
     ordered = [t for t in KNOWN_ORDER if t in tasks] + sorted(t for t in tasks if t not in KNOWN_ORDER)
     for task in ordered:
         if task == "perplexity":
-            _perplexity(r, ok, trained_context, manifests)
+            _perplexity(r, ok, tc, manifests, seed)
         elif task == "passkey" and "correct" in set(ok.loc[ok["task"] == task, "metric"]):
-            _passkey(r, ok)
+            _passkey(r, ok, seed)
         elif task == "classification":
-            _classification(r, ok)
+            _classification(r, ok, seed)
         else:
             _other(r, ok, task)
     r.md += _failures(df)

@@ -39,6 +39,11 @@ def _correct(method: str, factor: float, length: int, depth: float, trial: int) 
     return 0 if (depth == 0.5 and trial == 0 and length * 2 > reach) else 1
 
 
+def _doc_factor(d: int, docs: int) -> float:
+    # symmetric on the log scale: the token-weighted geometric mean over documents is the formula's value
+    return math.exp(0.1 * (d - (docs - 1) / 2))
+
+
 def _acc(method: str, factor: float, length: int) -> float:
     reach = TRAINED * (factor if method != "plain" else 1.0)
     return (0.6 + 0.05 * math.log2(length / 1024)) if length <= reach else 0.5
@@ -46,8 +51,15 @@ def _acc(method: str, factor: float, length: int) -> float:
 
 def synthetic_records(run: str = "synthetic", *, model: str = MODEL, lengths=LENGTHS, settings=SETTINGS,
                       tasks=("perplexity", "passkey", "classification"), docs: int = 3, trials: int = 2,
-                      depths=(0.0, 0.5, 1.0), seed: int = 0, error_cells: int = 0) -> list[dict[str, Any]]:
-    """Rows as the sweep writes them. ``error_cells`` adds that many failed cells (status "error")."""
+                      depths=(0.0, 0.5, 1.0), seed: int = 0, error_cells: int = 0, queries: int = 20,
+                      per_query: bool = False) -> list[dict[str, Any]]:
+    """Rows as the sweep writes them. ``error_cells`` adds that many failed cells (status "error").
+
+    perplexity: per document d, loss = log(ppl) + 0.1 (d - (docs-1)/2), so the aggregate ppl is exactly the
+    formula's; ``ppl_tail`` (tokens between the previous length and this one) follows the same formula, per
+    document and aggregated. classification: aggregate rows over ``queries`` queries; ``per_query=True``
+    adds one 0/1 ``accuracy`` row per query (the first round(acc x queries) correct).
+    """
     rows: list[dict[str, Any]] = []
 
     def add(cell: str, method: str, factor: float, options: dict, **r: Any) -> None:
@@ -63,14 +75,21 @@ def synthetic_records(run: str = "synthetic", *, model: str = MODEL, lengths=LEN
                 cell = cell_id(run, model, method, factor, options, "perplexity", length)
                 topts = {"protocol": "truncate", "num_docs": docs, "trained_context": TRAINED}
                 ppl = _ppl(method, factor, length)
+                previous = max((x for x in lengths if x < length), default=None)
                 for d in range(docs):
-                    doc_ppl = ppl * (1 + 0.1 * (d - (docs - 1) / 2))
+                    doc_ppl = ppl * _doc_factor(d, docs)
                     for metric, v in (("loss", math.log(doc_ppl)), ("ppl", doc_ppl)):
                         add(cell, method, factor, options, task="perplexity", corpus="sotu", task_options=topts,
                             length=length, doc=f"doc{d}", metric=metric, value=v, n=length - 1)
+                    if previous:
+                        add(cell, method, factor, options, task="perplexity", corpus="sotu", task_options=topts,
+                            length=length, doc=f"doc{d}", metric="ppl_tail", value=doc_ppl, n=length - previous)
                 for metric, v in (("loss", math.log(ppl)), ("ppl", ppl)):
                     add(cell, method, factor, options, task="perplexity", corpus="sotu", task_options=topts,
                         length=length, metric=metric, value=v, n=docs * (length - 1))
+                if previous:
+                    add(cell, method, factor, options, task="perplexity", corpus="sotu", task_options=topts,
+                        length=length, metric="ppl_tail", value=ppl, n=docs * (length - previous))
             if "passkey" in tasks:
                 cell = cell_id(run, model, method, factor, options, "passkey", length)
                 topts = {"haystack": "filler", "trials": trials}
@@ -85,7 +104,11 @@ def synthetic_records(run: str = "synthetic", *, model: str = MODEL, lengths=LEN
                 acc = _acc(method, factor, length)
                 for metric, v in (("accuracy", acc), ("macro_f1", acc - 0.1), ("chance", 0.4)):
                     add(cell, method, factor, options, task="classification", corpus="sotu", task_options=topts,
-                        length=length, metric=metric, value=v, n=24)
+                        length=length, metric=metric, value=v, n=queries)
+                hits = round(acc * queries)
+                for q in range(queries if per_query else 0):
+                    add(cell, method, factor, options, task="classification", corpus="sotu", task_options=topts,
+                        length=length, doc=f"q{q}", metric="accuracy", value=float(q < hits), n=1)
     for i in range(error_cells):
         method, factor, options = settings[-1]
         add(cell_id(run, "error", i), method, factor, options, task="passkey", corpus="filler",

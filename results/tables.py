@@ -1,4 +1,4 @@
-"""Pivot tables over the tidy frame (mean, n, 95% interval), baseline comparisons, and writers.
+"""Pivot tables over the tidy frame (estimate, n, 95% interval per cell) and writers (md, csv, tex).
 
 Tables never know which task made a row: they select by the ``task`` and ``metric`` columns only.
 """
@@ -15,11 +15,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .stats import Interval, metric_kind, wilson
+from .stats import cell_interval as stats_cell_interval
 from .store import ResultsError
 
 # Columns that identify *what* was measured. If one of them varies inside a table cell, averaging would
 # mix different settings (e.g. yarn x2 with yarn x4), so it is added to the rows automatically.
 IDENTITY = ("model", "method", "factor", "options", "corpus")
+# A row with any of these set is one unit (a document, a prompt); rows with none set are aggregates.
+UNIT_COLUMNS = ("doc", "depth", "trial")
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
          2.045, 2.042]
@@ -29,27 +33,48 @@ def _t975(dof: int) -> float:
     return _T975[dof - 1] if dof <= len(_T975) else 1.96
 
 
-def wilson(successes: float, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a 0/1 rate: sensible at 0/n and n/n, unlike the normal approximation."""
-    if trials <= 0:
-        return (math.nan, math.nan)
-    p = successes / trials
-    den = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / den
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+def is_unit(rows: pd.DataFrame) -> pd.Series:
+    """True for per-unit rows (a document, a prompt, a query), False for aggregated rows."""
+    return rows[list(UNIT_COLUMNS)].notna().any(axis=1)
 
 
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    """95% interval of the mean: Wilson for 0/1 values, Student t otherwise; NaN for fewer than 2 values."""
-    m = len(values)
-    if m < 2:  # one value: no honest interval (and 0/1 can not be told from a continuous value)
-        return (math.nan, math.nan)
-    if np.isin(values, (0.0, 1.0)).all():
-        return wilson(float(values.sum()), m)
+def unit_key(rows: pd.DataFrame) -> pd.Series:
+    """One string per unit row that names the same document / prompt in every setting (pairs them)."""
+    cols = [*UNIT_COLUMNS, "seed"]
+    return pd.Series(["|".join(map(str, t)) for t in rows[cols].itertuples(index=False)], index=rows.index,
+                     dtype=object)
+
+
+def cell_interval(rows: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval:
+    """Estimate, n and 95% interval of one table cell.
+
+    Per-unit rows present: the cell statistic over units (perplexities token-weighted on the log scale) with
+    a Wilson interval for 0/1 outcomes, else a seeded bootstrap over the units. Only aggregated rows: a
+    rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other aggregate has no
+    interval (n = its own ``n``); several (e.g. runs with different seeds) get a Student-t interval.
+    """
+    rows = rows[rows["value"].notna()]
+    units = rows[is_unit(rows)]
+    if len(units):
+        units = units.assign(_key=unit_key(units)).sort_values("_key", kind="stable")
+        values = units["value"].to_numpy(float)
+        kind = metric_kind(metric, values)
+        weights = None if kind == "rate" else units["n"].fillna(1).to_numpy(float)
+        return stats_cell_interval(kind, values, weights, seed=seed)
+    values = rows["value"].to_numpy(float)
+    if not len(values):
+        return Interval(math.nan, math.nan, math.nan, 0, "none")
+    kind = metric_kind(metric)
+    if kind == "rate" and rows["n"].notna().all():
+        trials = float(rows["n"].sum())
+        hits = float((rows["value"] * rows["n"]).sum())
+        return Interval(hits / trials, *wilson(hits, trials), int(trials), "wilson")
+    if len(values) == 1:
+        n = rows["n"].iloc[0]
+        return Interval(float(values[0]), math.nan, math.nan, 1 if pd.isna(n) else int(n), "none")
     mean = float(values.mean())
-    half = _t975(m - 1) * float(values.std(ddof=1)) / math.sqrt(m)
-    return (mean - half, mean + half)
+    half = _t975(len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half, len(values), "t")
 
 
 def _as_list(x: str | Sequence[str] | None) -> list[str]:
@@ -58,10 +83,13 @@ def _as_list(x: str | Sequence[str] | None) -> list[str]:
     return [x] if isinstance(x, str) else list(x)
 
 
-def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, **where: Any) -> pd.DataFrame:
+def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, units: bool = False,
+           **where: Any) -> pd.DataFrame:
     """Rows of one task/metric (ok rows only), with optional equality filters ``column=value|[values]``.
 
-    Unknown task or metric -> :class:`ResultsError` listing the available ones.
+    When both per-unit rows (per document, ...) and aggregated rows exist, only the aggregated ones are
+    returned unless ``units=True`` (then all). Unknown task or metric -> :class:`ResultsError` listing the
+    available ones.
     """
     if df is None or len(df) == 0:
         raise ResultsError("no rows to tabulate — load a run directory with records first")
@@ -88,7 +116,7 @@ def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, 
             have = [_fmt_key(v) for v in have]
             raise ResultsError(f"no {task}/{metric} rows with {col}={want!r} — available: {', '.join(have)}")
     # Prefer aggregated rows (doc is None) when per-document rows exist too (e.g. perplexity over docs).
-    if sub["doc"].isna().any() and sub["doc"].notna().any():
+    if not units and sub["doc"].isna().any() and sub["doc"].notna().any():
         sub = sub[sub["doc"].isna()]
     return sub
 
@@ -107,20 +135,29 @@ def _auto_rows(sub: pd.DataFrame, rows: list[str], cols: list[str]) -> list[str]
     return rows
 
 
-def summarize(df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str] = ("method", "length"),
-              **where: Any) -> pd.DataFrame:
-    """Long form: one row per group with ``mean``, ``n`` (rows averaged: trials/docs/depths), ``lo``,
-    ``hi`` (95% interval; Wilson for 0/1 values) and ``half`` (half-width)."""
-    sub = select(df, task, metric, **where)
+def summarize(df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str] = ("method", "length"), *,
+              seed: int = 0, **where: Any) -> pd.DataFrame:
+    """Long form: one row per group with ``mean`` (the cell estimate), ``n`` (units behind it: documents,
+    prompts, queries), ``lo``/``hi`` (95% interval, see :func:`cell_interval`), ``half`` (half-width) and
+    ``interval`` (how it was computed: wilson, bootstrap, t or none)."""
+    sub = select(df, task, metric, units=True, **where)
     by = _auto_rows(sub, _as_list(by), [])
     out = []
     for key, g in sub.groupby(by, dropna=False, sort=True):
-        vals = g["value"].dropna().to_numpy(dtype=float)
-        lo, hi = _interval(vals)
+        ci = cell_interval(g, metric, seed=seed)
         key = key if isinstance(key, tuple) else (key,)
-        out.append({**dict(zip(by, key)), "mean": float(vals.mean()) if len(vals) else math.nan,
-                    "n": len(vals), "lo": lo, "hi": hi, "half": (hi - lo) / 2})
+        out.append({**dict(zip(by, key)), "mean": ci.estimate, "n": ci.n, "lo": ci.lo, "hi": ci.hi,
+                    "half": (ci.hi - ci.lo) / 2, "interval": ci.method})
     return pd.DataFrame(out)
+
+
+def fmt_interval(estimate: float, lo: float, hi: float, n: int | None = None, digits: int | None = None) -> str:
+    """``"0.833 [0.437, 0.970] n=6"``: the estimate, its 95% interval (when there is one) and n."""
+    fmt = (lambda v: f"{v:.{digits}f}") if digits is not None else fmt_number
+    s = fmt(estimate)
+    if np.isfinite(lo) and np.isfinite(hi):
+        s += f" [{fmt(lo)}, {fmt(hi)}]"
+    return s if n is None or pd.isna(n) else f"{s} n={int(n)}"
 
 
 def _order_methods(index: pd.Index, first: str = "plain") -> pd.Index:
@@ -135,23 +172,23 @@ def _order_methods(index: pd.Index, first: str = "plain") -> pd.Index:
 
 def table(df: pd.DataFrame, task: str, metric: str, rows: str | Sequence[str] = "method",
           cols: str | Sequence[str] | None = "length", *, with_ci: bool = False, stat: str = "mean",
-          digits: int | None = None, **where: Any) -> pd.DataFrame:
+          digits: int | None = None, seed: int = 0, **where: Any) -> pd.DataFrame:
     """Pivot of ``metric`` for ``task``: ``rows`` x ``cols``, averaging over trials/docs/depths.
 
     ``stat`` picks the cell value: "mean" (default), "n", "lo", "hi" or "half" (95% half-width).
-    ``with_ci=True`` returns strings "mean ± half-width" (just "mean" where no interval exists) ready to
-    render. Columns such as factor/model/corpus are added to the rows when they vary, so different
-    settings are never averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
+    ``with_ci=True`` returns strings "mean [lo, hi] n=N" (no brackets where no interval exists) ready to
+    render: Wilson intervals for 0/1 rates, a seeded bootstrap over documents / prompts otherwise. Columns
+    such as factor/model/corpus are added to the rows when they vary, so different settings are never
+    averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
     """
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     sub = select(df, task, metric, **where)
     rows_l = _auto_rows(sub, rows_l, cols_l)
-    s = summarize(sub, task, metric, by=rows_l + cols_l)
     if stat not in ("mean", "n", "lo", "hi", "half"):
         raise ResultsError(f"unknown stat {stat!r} — use mean, n, lo, hi or half")
+    s = summarize(df, task, metric, by=rows_l + cols_l, seed=seed, **where)
     if with_ci:
-        fmt = (lambda v: f"{v:.{digits}f}") if digits is not None else fmt_number
-        s["cell"] = [fmt(m) if not np.isfinite(h) else f"{fmt(m)} ± {fmt(h)}" for m, h in zip(s["mean"], s["half"])]
+        s["cell"] = [fmt_interval(m, lo, hi, n, digits) for m, lo, hi, n in zip(s["mean"], s["lo"], s["hi"], s["n"])]
         value = "cell"
     else:
         value = stat
@@ -165,43 +202,6 @@ def table(df: pd.DataFrame, task: str, metric: str, rows: str | Sequence[str] = 
     t = t.reindex(_order_methods(t.index))
     t.columns.name = cols_l[0] if len(cols_l) == 1 else t.columns.name
     return t
-
-
-def compare(df: pd.DataFrame, task: str, metric: str, baseline: str = "plain", *, rows: str | Sequence[str] =
-            "method", cols: str | Sequence[str] | None = "length", how: str = "ratio", **where: Any) -> pd.DataFrame:
-    """Each method's mean relative to the ``baseline`` method at the same columns (and model/corpus):
-    ``how="ratio"`` (value / baseline) or ``"delta"`` (value - baseline). Baseline rows are kept (1.0 / 0)."""
-    if how not in ("ratio", "delta"):
-        raise ResultsError(f"unknown comparison {how!r} — use how='ratio' or how='delta'")
-    t = table(df, task, metric, rows=rows, cols=cols, **where)
-    if "method" not in (t.index.names or []):
-        raise ResultsError("compare needs 'method' in rows — call compare(..., rows='method')")
-    keys = t.index.to_frame(index=False)
-    methods = list(dict.fromkeys(keys["method"]))
-    if baseline not in methods:
-        raise ResultsError(f"baseline method {baseline!r} not in the {task}/{metric} rows — available methods: "
-                           f"{', '.join(map(str, methods))}")
-    is_base = (keys["method"] == baseline).to_numpy()
-    # Match each row to the baseline row with the same model/corpus/...; factor and options only count when
-    # the baseline itself ran with several (the usual baseline is "plain" at factor 1).
-    match = [n for n in keys.columns if n not in ("method", "factor", "options")]
-    match += [n for n in ("factor", "options") if n in keys.columns and keys.loc[is_base, n].nunique() > 1]
-    lookup: dict[tuple, int] = {}
-    for pos in np.flatnonzero(is_base):
-        k = tuple(keys.loc[pos, match]) if match else ()
-        if k in lookup:
-            raise ResultsError(f"baseline {baseline!r} has several rows for {dict(zip(match, k))} — narrow it "
-                               f"with a filter such as factor=... or options=...")
-        lookup[k] = pos
-    vals = t.to_numpy(dtype=float)
-    base_vals = np.full_like(vals, np.nan)
-    for pos in range(len(keys)):
-        k = tuple(keys.loc[pos, match]) if match else ()
-        if k in lookup:
-            base_vals[pos] = vals[lookup[k]]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = vals / base_vals if how == "ratio" else vals - base_vals
-    return pd.DataFrame(out, index=t.index, columns=t.columns)
 
 
 # -- writers -----------------------------------------------------------------------------------------
@@ -245,7 +245,10 @@ def _fmt_key(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-_NUMERIC_CELL = re.compile(r"^\s*([-+]?[\d.]+(e[-+]?\d+)?|[-+]?inf|–|nan)?(\s*±\s*[\d.]+(e[-+]?\d+)?)?\s*$")
+_NUM = r"(?:[-+]?[\d.]+(?:e[-+]?\d+)?|[-+]?inf|–|nan)"
+# "0.833", "0.833 ± 0.2", "0.833 [0.437, 0.970] n=6 *", "≥ 10240": numbers, right-aligned
+_NUMERIC_CELL = re.compile(rf"^\s*(?:baseline|(?:[<≥>]\s*)?{_NUM}?(?:\s*±\s*{_NUM})?(?:\s*\[{_NUM}, {_NUM}\])?(?:\s*n={_NUM})?"
+                           rf"\s*\*?)\s*$")
 
 
 def _numeric_column(cells: list[str]) -> bool:

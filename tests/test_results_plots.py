@@ -105,3 +105,67 @@ def test_plot_errors(df, tmp_path):
     assert results.plot_perplexity(two, tmp_path / "x.png", model="other").path.exists()
     with pytest.raises(results.ResultsError, match="unknown task"):
         results.plot_passkey(df[df["task"] != "passkey"], tmp_path / "y.png")
+
+
+def _bands(ax):
+    """(x, lo, hi) of every fill_between band, from the polygon's vertices."""
+    out = []
+    for coll in ax.collections:
+        for path in coll.get_paths():
+            v = path.vertices
+            xs = sorted(set(np.round(v[:, 0], 6)))
+            lo = [v[np.isclose(v[:, 0], x), 1].min() for x in xs]
+            hi = [v[np.isclose(v[:, 0], x), 1].max() for x in xs]
+            out.append((tuple(xs), tuple(np.round(lo, 6)), tuple(np.round(hi, 6))))
+    return out
+
+
+def test_perplexity_bands_are_the_table_intervals(df, tmp_path):
+    p = results.plot_perplexity(df, tmp_path / "ppl.png")
+    bands = _bands(p.figure.axes[0])
+    lo, hi = results.table(df, "perplexity", "ppl", stat="lo"), results.table(df, "perplexity", "ppl", stat="hi")
+    assert len(bands) == 4
+    for key in lo.index:  # each band spans the bootstrap interval over documents of its line
+        want = (tuple(map(float, LENGTHS)), tuple(np.round(lo.loc[key].to_numpy(float), 6)),
+                tuple(np.round(hi.loc[key].to_numpy(float), 6)))
+        assert want in bands
+    assert {"lo", "hi", "n"} <= set(p.data.columns) and set(p.data["n"]) == {3}
+    assert "n=3 documents" in p.figure.axes[0].get_title()
+    one = results.plot_perplexity(df[df["doc"].isna() | (df["doc"] == "doc0")], tmp_path / "one.png")
+    assert not _bands(one.figure.axes[0])  # one document: no band rather than a zero-width one
+
+
+def test_passkey_cells_show_counts_and_title_clears_panels(df, tmp_path):
+    p = results.plot_passkey(df, tmp_path / "passkey.png")
+    panels = [ax for ax in p.figure.axes if ax.get_title()]
+    texts = [t.get_text() for t in panels[0].texts]
+    # plain: 0/2 in the three 16k cells, 1/2 at depth 0.5 of 8k, 2/2 elsewhere
+    assert len(texts) == 15 and (texts.count("2/2"), texts.count("1/2"), texts.count("0/2")) == (11, 1, 3)
+    renderer = p.figure.canvas.get_renderer()
+    top_of_panels = max(ax.title.get_window_extent(renderer).y1 for ax in panels)
+    assert p.figure._suptitle.get_window_extent(renderer).y0 > top_of_panels  # no overlap
+    for ax in panels:
+        assert ax.title.get_window_extent(renderer).y0 >= ax.get_window_extent(renderer).y1 - 1
+    for upper, lower in zip(panels[:2], panels[2:]):  # 2 x 2: a lower title stays below the x label above it
+        assert lower.title.get_window_extent(renderer).y1 < upper.xaxis.label.get_window_extent(renderer).y0
+
+
+def test_models_are_labelled_by_short_name(df, tmp_path):
+    d = df.assign(model="/tmp/pytest-of-x/pytest-1/tiny-llama0")
+    titles = [results.plot_perplexity(d, tmp_path / "a.png").figure.axes[0].get_title(),
+              results.plot_passkey(d, tmp_path / "b.png").figure.get_suptitle(),
+              results.plot_classification(d, tmp_path / "c.png").figure.axes[0].get_title()]
+    for t in titles:
+        assert "tiny-llama0" in t and "/tmp" not in t
+
+
+def test_classification_interval_band_and_chance(df, tmp_path):
+    p = results.plot_classification(df, tmp_path / "cls.png")
+    ax = p.figure.axes[0]
+    plain = p.data[p.data["label"] == "plain ×1"].set_index("length")
+    assert (plain.loc[16384, "lo"], plain.loc[16384, "hi"]) == pytest.approx(results.wilson(10, 20))
+    bands = _bands(ax)
+    assert (tuple(map(float, LENGTHS)), tuple(np.round(plain["lo"].to_numpy(float), 6)),
+            tuple(np.round(plain["hi"].to_numpy(float), 6))) in bands
+    assert "n=20 queries" in ax.get_title()
+    assert [l for l in ax.get_lines() if l.get_linestyle() == "--"]  # chance line still there

@@ -70,24 +70,35 @@ def test_report_writes_tables_plots_and_failures(run, tmp_path):
     path = results.report(run)
     assert path == run / "report.md"
     md = path.read_text()
-    for heading in ("## Perplexity", "## Passkey retrieval", "## Long-document classification", "## Failed cells (1)"):
-        assert heading in md
-    assert "| plain | 1 | 12.00 | 12.50 | 13.00 | 13.50 | 560.0 |" in md  # the table inline
+    headings = ["## Summary", "## Differences to plain", "## Effective context length", "## Perplexity",
+                "## Passkey retrieval", "## Long-document classification", "## Failed cells (1)"]
+    assert [md.index(h) for h in headings] == sorted(md.index(h) for h in headings)  # the summary leads
+    summary = md.split("## Summary", 1)[1].split("\n\n")[2].splitlines()
+    assert summary[0].startswith("| method | factor | options | ppl @ 8192 (trained) | ppl @ 16384 |")
+    assert "| ppl reach |" in summary[0] and "| passkey reach |" in summary[0] and "| chance |" in summary[0]
+    assert summary[2].startswith("| plain | 1 |  | 13.50 [") and len(summary) == 2 + 4
+    # every printed number carries n and an interval: ppl over documents, passkey over prompts (Wilson)
+    assert "| plain | 1 | 12.00 [" in md and "] n=3 |" in md
     assert "| chance (majority) |  | 0.400 |" in md
+    assert "0.833 [0.436, 0.970] n=6" in md and " ± " not in md
     assert "OutOfMemoryError" in md and "65536" in md
     links = [line.split("](")[1].rstrip(")") for line in md.splitlines() if line.startswith("![")]
     assert sorted(Path(l).name.split("_")[0] for l in links) == ["classification", "passkey", "perplexity"]
     for link in links:
         assert (run / link).stat().st_size > 10_000
     stems = {p.stem for p in (run / "tables").iterdir()}
-    assert {"perplexity_ppl", "perplexity_ppl_vs_plain", "passkey_accuracy", "classification_accuracy",
-            "classification_macro_f1"} <= stems
-    for stem in stems:
+    assert {"summary", "perplexity_ppl", "perplexity_ppl_vs_plain", "passkey_correct_vs_plain",
+            "classification_accuracy_vs_plain", "reach_perplexity_threshold", "reach_passkey_threshold",
+            "reach_passkey_trained", "passkey_accuracy", "classification_accuracy", "classification_macro_f1"} <= stems
+    for stem in stems - {"classification_macro_f1"}:  # macro-F1 has no interval: csv/md only, not in report.md
         for ext in ("md", "csv", "tex"):
             assert (run / "tables" / f"{stem}.{ext}").stat().st_size > 0
+    assert "Classification macro-F1" not in md and "tables/classification_macro_f1.csv" in md
     csv = pd.read_csv(run / "tables" / "passkey_accuracy.csv", index_col=[0, 1])
     assert csv.loc[("plain", 1.0), "8192"] == pytest.approx(5 / 6)  # numeric csv, CI strings only in md/tex
-    assert "± 0.267" in (run / "tables" / "passkey_accuracy.md").read_text()
+    assert "0.833 [0.436, 0.970] n=6" in (run / "tables" / "passkey_accuracy.md").read_text()
+    numeric = pd.read_csv(run / "tables" / "summary.csv")
+    assert {"ppl @ trained_lo", "passkey @ longest_n", "ppl reach_length"} <= set(numeric.columns)
     assert "Manifest `sweep/manifest.json`" in md
 
 
@@ -147,6 +158,13 @@ def test_cli_table(run, capsys):
     assert main(["table", str(run), "--task", "perplexity", "--metric", "ppl", "--baseline", "plain",
                  "--format", "csv"]) == 0
     assert "0.026" in capsys.readouterr().out
+    for task, metric, cell in (("perplexity", "ppl", "| 560.0 [5"), ("passkey", "correct", "| 0.833 [0.436, 0.970] n=6 |"),
+                               ("classification", "accuracy", "| 0.500 [0.299, 0.701] n=20 |")):
+        assert main(["table", str(run), "--task", task, "--metric", metric, "--ci"]) == 0  # --ci for every task
+        assert cell in capsys.readouterr().out
+    assert main(["table", str(run), "--task", "passkey", "--metric", "correct", "--baseline", "plain", "--ci"]) == 0
+    out = capsys.readouterr().out
+    assert "| plain | 1 | baseline |" in out and "n=6" in out
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -154,6 +172,8 @@ def test_cli_table(run, capsys):
     (["report", "{tmp}/empty"], "no records in"),
     (["table", "{run}", "--task", "nope", "--metric", "ppl"], "unknown task 'nope' — available tasks"),
     (["table", "{run}", "--task", "perplexity", "--metric", "acc"], "unknown metric 'acc'"),
+    (["report", "{run}", "--threshold", "80"], "threshold must be an accuracy in (0, 1]"),
+    (["report", "{run}", "--tolerance", "-0.1"], "tolerance must be a fraction >= 0"),
 ])
 def test_cli_errors_exit_2_with_one_line(argv, needle, run, tmp_path, capsys):
     (tmp_path / "empty").mkdir()

@@ -5,13 +5,15 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import results
+from results.frame import normalize
+from results.stats import BOOTSTRAP_DRAWS, newcombe, wilson
 from results.store import RecordWriter
 from results.synthetic import synthetic_records
-from results.tables import wilson
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 
@@ -33,9 +35,14 @@ def test_perplexity_table_shape_and_values(df):
     assert t.loc[("plain", 1.0), 16384] == pytest.approx(14.0 * 40)
     assert t.loc[("linear", 2.0), 16384] == pytest.approx(14.0 * 1.04)
     assert t.loc[("yarn", 4.0), 16384] == pytest.approx(14.0 * 1.08)
-    # the aggregated row (doc None) is used, not the per-document rows
+    # n counts documents (the unit of the interval); the estimate from the 3 per-document rows (token-weighted
+    # on the log scale) is the suite's aggregated row
     n = results.table(df, "perplexity", "ppl", stat="n")
-    assert (n == 1).all().all()
+    assert (n == 3).all().all()
+    agg = df[(df["metric"] == "ppl") & df["doc"].isna()].set_index(["method", "factor", "length"])["value"]
+    for (method, factor), row in t.iterrows():
+        for length, v in row.items():
+            assert v == pytest.approx(agg.loc[(method, factor, length)], rel=1e-12)
 
 
 def test_filters_and_single_column(df):
@@ -59,18 +66,69 @@ def test_passkey_mean_n_and_wilson_interval(df):
     assert (lo, hi) == pytest.approx((0.4365, 0.9699), abs=1e-4)  # Wilson 95% for 5/6 (reference values)
     assert wilson(0, 6)[0] == 0.0 and 0 < wilson(0, 6)[1] < 0.5  # informative at 0/n
     ci = results.table(df, "passkey", "correct", with_ci=True)
-    assert ci.loc[("plain", 1.0), 8192] == f"0.833 ± {(0.9699 - 0.4365) / 2:.3f}"
+    assert ci.loc[("plain", 1.0), 8192] == "0.833 [0.436, 0.970] n=6"  # [lo, hi], never a symmetric ±
+    assert ci.loc[("plain", 1.0), 16384] == f"0.000 [0.000, {wilson(0, 6)[1]:.3f}] n=6"
 
 
-def test_t_interval_for_continuous_values():
-    rows = [{"task": "t", "metric": "m", "method": "a", "length": 1, "trial": i, "value": v, "status": "ok"}
-            for i, v in enumerate([1.0, 2.0, 3.0, 4.0])]
-    frame = results.frame.normalize(pd.DataFrame(rows))
+def test_wilson_and_newcombe_reference_values():
+    # Newcombe (1998), Stat. Med. 17:873, Table II: 56/70 - 48/80 -> method 10 interval 0.0524, 0.3339
+    assert newcombe(56, 70, 48, 80) == pytest.approx((0.0524, 0.3339), abs=1e-4)
+    # by hand: centre (p + z^2/2n) / (1 + z^2/n), half z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
+    z, k, n = 1.959963984540054, 17, 18
+    p = k / n
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert wilson(k, n) == pytest.approx((centre - half, centre + half), rel=1e-12)
+
+
+def _frame(rows):
+    base = {"task": "t", "metric": "m", "method": "a", "length": 1, "status": "ok", "seed": 0}
+    return normalize(pd.DataFrame([{**base, **r} for r in rows]))
+
+
+def _percentile_bootstrap(stat, m, seed=0):
+    """The documented bootstrap, written out: resample m units with numpy's default_rng(seed), 2.5/97.5%."""
+    idx = np.random.default_rng(seed).integers(0, m, size=(BOOTSTRAP_DRAWS, m))
+    return tuple(np.quantile([stat(i) for i in idx], [0.025, 0.975]))
+
+
+def test_bootstrap_interval_over_units_by_hand():
+    values = [1.0, 2.0, 3.0, 4.0]
+    frame = _frame([{"trial": i, "value": v} for i, v in enumerate(values)])
     s = results.summarize(frame, "t", "m", by=["method"])
-    assert s.loc[0, "mean"] == 2.5 and s.loc[0, "n"] == 4
-    assert s.loc[0, "half"] == pytest.approx(3.182 * 1.2909944 / 2, rel=1e-4)
+    assert s.loc[0, "mean"] == 2.5 and s.loc[0, "n"] == 4 and s.loc[0, "interval"] == "bootstrap"
+    want = _percentile_bootstrap(lambda i: np.mean(np.array(values)[i]), 4)
+    assert (s.loc[0, "lo"], s.loc[0, "hi"]) == pytest.approx(want, rel=1e-12)
+    assert results.summarize(frame, "t", "m", by=["method"]).equals(s)  # seeded: same rows, same interval
     single = results.summarize(frame[frame["trial"] == 0], "t", "m", by=["method"])
-    assert math.isnan(single.loc[0, "half"])  # one value: no interval, not a fake one
+    assert math.isnan(single.loc[0, "half"])  # one unit: no interval, not a zero-width one
+
+
+def test_perplexity_bootstrap_is_over_documents_token_weighted():
+    # three documents of different lengths: the cell is exp(sum n_i loss_i / sum n_i), resampled by document
+    docs = [("d0", 2.0, 100), ("d1", 3.0, 300), ("d2", 2.5, 50)]
+    frame = _frame([{"metric": "ppl", "doc": d, "value": math.exp(loss), "n": n} for d, loss, n in docs])
+    loss, n = np.array([d[1] for d in docs]), np.array([d[2] for d in docs], float)
+    s = results.summarize(frame, "t", "ppl", by=["method"])
+    assert s.loc[0, "mean"] == pytest.approx(math.exp((loss * n).sum() / n.sum()), rel=1e-12)
+    want = _percentile_bootstrap(lambda i: math.exp((loss[i] * n[i]).sum() / n[i].sum()), 3)
+    assert (s.loc[0, "lo"], s.loc[0, "hi"]) == pytest.approx(want, rel=1e-12)
+    # with 3 documents all-d0 / all-d1 resamples have probability 1/27 > 2.5%: the interval is the extremes
+    assert (s.loc[0, "lo"], s.loc[0, "hi"]) == pytest.approx((math.exp(2.0), math.exp(3.0)), rel=1e-12)
+
+
+def test_t_interval_over_several_aggregate_rows():
+    frame = _frame([{"run": f"r{i}", "value": v} for i, v in enumerate([1.0, 2.0, 3.0, 4.0])])
+    s = results.summarize(frame, "t", "m", by=["method"])
+    assert s.loc[0, "interval"] == "t" and s.loc[0, "n"] == 4
+    assert s.loc[0, "half"] == pytest.approx(3.182 * 1.2909944 / 2, rel=1e-4)
+
+
+def test_rates_known_only_as_totals_get_wilson(df):
+    # classification rows are aggregates: accuracy over n=20 queries -> Wilson(accuracy x 20, 20)
+    s = results.summarize(df, "classification", "accuracy", by=["method", "factor", "length"])
+    row = s[(s["method"] == "plain") & (s["length"] == 16384)].iloc[0]
+    assert (row["mean"], row["n"], row["interval"]) == (0.5, 20, "wilson")
+    assert (row["lo"], row["hi"]) == pytest.approx(wilson(10, 20), rel=1e-12)
 
 
 def test_error_rows_are_not_averaged(df):
@@ -117,7 +175,7 @@ def test_markdown_csv_latex_render(df, tmp_path):
     assert r"\begin{tabular}{llrrrrr}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
     assert r"yarn\_v2 & 4 & 12.96" in tex and r"\caption{100\% ppl}" in tex
     ci_tex = results.to_latex(results.table(df, "passkey", "correct", with_ci=True))
-    assert r"0.833 $\pm$ 0.267" in ci_tex
+    assert r"0.833 [0.436, 0.970] n=6" in ci_tex and r"\begin{tabular}{llrrrrr}" in ci_tex
     paths = results.write_table(t, tmp_path / "tables" / "ppl", caption="PPL")
     assert sorted(p.suffix for p in paths.values()) == [".csv", ".md", ".tex"]
     back = pd.read_csv(paths["csv"], index_col=[0, 1])

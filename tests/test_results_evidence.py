@@ -1,0 +1,266 @@
+"""Evidence in results: paired differences, effective context length and the summary — expected values computed
+by hand on synthetic records and on a real (tiny) sweep."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import results
+from results.frame import normalize
+from results.stats import BOOTSTRAP_DRAWS, newcombe, wilson
+from results.synthetic import synthetic_records
+
+ROOT = Path(__file__).resolve().parents[1]
+Z = 1.959963984540054
+
+
+def _frame(rows):
+    base = {"task": "t", "model": "m", "factor": 1.0, "length": 100, "status": "ok", "seed": 0, "n": 1}
+    return normalize(pd.DataFrame([{**base, **r} for r in rows]))
+
+
+def _bootstrap(stat, m, seed=0):
+    """The documented bootstrap, written out: unit indices from numpy's default_rng(seed), 2.5/97.5%."""
+    idx = np.random.default_rng(seed).integers(0, m, size=(BOOTSTRAP_DRAWS, m))
+    return tuple(np.quantile([stat(i) for i in idx], [0.025, 0.975]))
+
+
+def _prompts(method, correct, n=10):
+    return [{"method": method, "metric": "correct", "depth": d / 10, "trial": 0, "value": float(d in correct)}
+            for d in range(n)]
+
+
+# ------------------------------------------------------------------------------------------ paired differences
+def test_paired_bootstrap_difference_by_hand():
+    plain, ext = np.zeros(10), np.ones(10)
+    plain[:3] = 1  # plain right on prompts 0-2, the extension on all ten: 7 prompts differ
+    frame = _frame(_prompts("plain", {0, 1, 2}) + _prompts("ext", set(range(10))))
+    long = results.paired_differences(frame, "t", "correct", cols="length")
+    row = long[long["method"] == "ext"].iloc[0]
+    assert row["estimate"] == pytest.approx(0.7) and row["n"] == 10 and row["informative"] == 7
+    # units are paired in the order of their key (doc|depth|trial|seed): depth 0.0, 0.1, ... here
+    want = _bootstrap(lambda i: ext[i].mean() - plain[i].mean(), 10)
+    assert (row["lo"], row["hi"]) == pytest.approx(want, abs=1e-12)
+    assert row["interval"] == "paired bootstrap" and row["significant"] and row["lo"] > 0
+    base = long[long["method"] == "plain"].iloc[0]
+    assert base["interval"] == "baseline" and base["estimate"] == 0.0
+    shown = results.compare(frame.sample(frac=1.0, random_state=1), "t", "correct", cols="length", with_ci=True)
+    assert shown.loc["ext", 100] == f"0.700 [{want[0]:.3f}, {want[1]:.3f}] n=10 *"  # row order does not matter
+
+
+def test_too_few_differing_pairs_are_not_marked():
+    # 4 of 10 prompts differ: the bootstrap interval excludes 0 (P(no differing prompt drawn) = 0.6^10 < 2.5%),
+    # but an exact sign test over 4 pairs can not reach p < 0.05, so no mark
+    frame = _frame(_prompts("plain", set(range(6))) + _prompts("ext", set(range(10))))
+    row = results.paired_differences(frame, "t", "correct", cols="length").query("method == 'ext'").iloc[0]
+    assert row["lo"] > 0 and row["informative"] == 4 and not row["significant"]
+    assert not results.compare(frame, "t", "correct", cols="length", with_ci=True).loc["ext", 100].endswith("*")
+
+
+def test_paired_perplexity_ratio_by_hand():
+    rng = np.random.default_rng(5)
+    loss_p, loss_e = rng.uniform(2, 3, 7), rng.uniform(2, 3, 7)
+    tokens = rng.integers(50, 500, 7).astype(float)
+    rows = [{"method": m, "metric": "ppl", "doc": f"d{i}", "value": math.exp(loss[i]), "n": int(tokens[i])}
+            for m, loss in (("plain", loss_p), ("ext", loss_e)) for i in range(7)]
+    rows.append({"method": "ext", "metric": "ppl", "doc": "only-ext", "value": 99.0, "n": 10})  # no pair: dropped
+    long = results.paired_differences(_frame(rows), "t", "ppl", cols="length")
+    row = long[long["method"] == "ext"].iloc[0]
+    assert row["how"] == "ratio" and row["n"] == 7
+
+    def ratio(i):
+        return math.exp((loss_e[i] * tokens[i]).sum() / tokens[i].sum() - (loss_p[i] * tokens[i]).sum() / tokens[i].sum())
+
+    assert row["estimate"] == pytest.approx(ratio(np.arange(7)), rel=1e-12)
+    assert (row["lo"], row["hi"]) == pytest.approx(_bootstrap(ratio, 7), rel=1e-12)
+    assert row["significant"] == (row["lo"] > 1 or row["hi"] < 1)
+
+
+def test_rates_without_units_use_newcombe():
+    df = normalize(pd.DataFrame(synthetic_records("r")))
+    shown = results.compare(df, "classification", "accuracy", with_ci=True)
+    lo, hi = newcombe(16, 20, 10, 20)  # yarn x2 0.8 vs plain 0.5 at 16384, 20 queries each
+    assert lo > 0 and shown.loc[("yarn", 2.0), 16384] == f"0.300 [{lo:.3f}, {hi:.3f}] n=20 *"
+    # per-query rows, when a suite records them, are paired instead
+    paired = normalize(pd.DataFrame(synthetic_records("r", per_query=True)))
+    row = results.paired_differences(paired, "classification", "accuracy").query(
+        "method == 'yarn' and factor == 2.0 and length == 16384").iloc[0]
+    assert row["interval"] == "paired bootstrap" and row["informative"] == 6 and row["estimate"] == pytest.approx(0.3)
+
+
+# ------------------------------------------------------------------------------------------ effective length
+@pytest.fixture(scope="module")
+def syn():
+    # 3 depths x 6 trials = 18 prompts per length; plain misses one prompt at 8192, the x2 settings one at 16384
+    return normalize(pd.DataFrame(synthetic_records("r", trials=6)))
+
+
+def _by_setting(e):
+    return {(r.method, r.factor): r for r in e.itertuples()}
+
+
+def test_passkey_effective_length_uses_the_wilson_lower_bound(syn):
+    e = _by_setting(results.effective_length(syn, "passkey"))
+    assert wilson(18, 18)[0] >= 0.8 > wilson(17, 18)[0]  # 18/18 passes, 17/18 (0.944) does not
+    assert (e[("plain", 1.0)].effective_length, e[("plain", 1.0)].first_failure) == (4096, 8192)
+    assert e[("plain", 1.0)].claim == "4096" and e[("plain", 1.0)].fail_value == pytest.approx(17 / 18)
+    assert e[("linear", 2.0)].claim == "8192" and e[("linear", 2.0)].first_failure == 16384
+    assert e[("yarn", 4.0)].claim == "≥ 16384" and pd.isna(e[("yarn", 4.0)].first_failure)  # never beyond tested
+    assert e[("yarn", 4.0)].at_lo == pytest.approx(wilson(18, 18)[0])
+    loose = _by_setting(results.effective_length(syn, "passkey", threshold=0.7))
+    assert loose[("plain", 1.0)].claim == "8192" and loose[("linear", 2.0)].claim == "≥ 16384"
+    assert results.effective_length(syn, "passkey")["method"].iloc[0] == "plain"
+
+
+def test_passkey_effective_length_ruler_rule(syn):
+    e = _by_setting(results.effective_length(syn, "passkey", rule="trained"))  # trained context from task_options
+    # the bar: plain's own Wilson lower bound at its trained context (17/18 at 8192)
+    assert e[("plain", 1.0)].reference_value == pytest.approx(wilson(17, 18)[0])
+    assert e[("plain", 1.0)].claim == "8192"  # 0/18 at 16384
+    assert e[("linear", 2.0)].claim == "≥ 16384"  # 17/18 at 16384 meets the bar
+    none = results.effective_length(syn.assign(task_options="{}"), "passkey", rule="trained")
+    assert none["effective_length"].isna().all() and none["rule"].str.contains("trained context unknown").all()
+    given = _by_setting(results.effective_length(syn.assign(task_options="{}"), "passkey", rule="trained",
+                                                 trained_context={"smollm2-135m": 4096}))
+    assert given[("plain", 1.0)].reference_length == 4096 and given[("plain", 1.0)].claim == "4096"
+
+
+def test_perplexity_effective_length_tolerance(syn):
+    e = _by_setting(results.effective_length(syn, "perplexity"))  # ppl_tail, reference at 8192
+    plain = e[("plain", 1.0)]
+    assert plain.metric == "ppl_tail" and plain.reference_length == 8192 and plain.reference_value == pytest.approx(13.5)
+    assert plain.claim == "8192" and plain.fail_value == pytest.approx(560 / 13.5)  # ratio at 16384: x41.5
+    yarn4 = e[("yarn", 4.0)]
+    assert yarn4.claim == "≥ 16384" and yarn4.at_value == pytest.approx(15.12 / 14.58)  # +3.7% <= +10%
+    strict = _by_setting(results.effective_length(syn, "perplexity", tolerance=0.03))
+    assert strict[("yarn", 4.0)].claim == "8192"
+    with pytest.raises(results.ResultsError, match="unknown rule"):
+        results.effective_length(syn, "passkey", rule="best")
+
+
+def test_summary_one_row_per_setting(syn):
+    s = results.summary(syn, with_ci=False)
+    assert len(s) == 4 and s["method"].iloc[0] == "plain"
+    plain = s[s["method"] == "plain"].iloc[0]
+    assert plain["ppl @ trained_length"] == 8192 and plain["ppl @ trained"] == pytest.approx(13.5)
+    assert plain["ppl @ longest"] == pytest.approx(560.0) and plain["ppl @ longest_n"] == 3
+    assert plain["tail ppl ratio"] == pytest.approx(560 / 13.5) and plain["ppl reach"] == "8192"
+    assert plain["passkey reach"] == "4096" and plain["passkey @ longest"] == 0.0
+    assert (plain["passkey @ longest_lo"], plain["passkey @ longest_hi"]) == pytest.approx(wilson(0, 18))
+    assert plain["classification @ longest"] == 0.5 and plain["chance"] == pytest.approx(0.4)
+    yarn4 = s[(s["method"] == "yarn") & (s["factor"] == 4.0)].iloc[0]
+    assert yarn4["passkey @ longest_significant"] and yarn4["classification @ longest_significant"]
+    shown = results.summary(syn)
+    assert shown.loc[("yarn", 4.0, "beta_fast=32"), "passkey reach"] == "≥ 16384"
+    assert shown.loc[("yarn", 4.0, "beta_fast=32"), "passkey @ 16384"] == "1.000 [0.824, 1.000] n=18 *"
+    assert shown.loc[("plain", 1.0, ""), "ppl @ 8192 (trained)"].startswith("13.50 [")
+
+
+# ------------------------------------------------------------------------------------------ a real tiny sweep
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory, smollm2_tokenizer):
+    """plain and yarn x2 on a random tiny Llama (trained context 128) through scripts/sweep.py: all three suites."""
+    from conftest import tiny_llama
+
+    model_dir = tmp_path_factory.mktemp("tiny")
+    tok = smollm2_tokenizer
+    tiny_llama(max_position_embeddings=128, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+               eos_token_id=tok.eos_token_id).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    cmd = [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--model", str(model_dir), "--out", str(out),
+           "--methods", "plain", "yarn", "--factors", "2", "--tasks", "perplexity", "passkey", "classification",
+           "-t", "perplexity.lengths=[32,64,128,256]", "-t", "perplexity.num_docs=3",
+           "-t", "passkey.lengths=[96,192]", "-t", "passkey.depths=[0.25,0.75]", "-t", "passkey.trials=2",
+           "-t", "classification.lengths=[128]", "-t", "classification.num_docs=4", "--quiet"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out, results.load(out)
+
+
+def test_real_sweep_perplexity_intervals_by_hand(real_sweep):
+    _, df = real_sweep
+    docs = df[(df["metric"] == "loss") & df["doc"].notna() & (df["method"] == "yarn") & (df["length"] == 256)]
+    docs = docs.sort_values("doc")
+    loss, tokens = docs["value"].to_numpy(float), docs["n"].to_numpy(float)
+    assert len(docs) == 3
+    t = results.table(df, "perplexity", "ppl", stat="mean")
+    agg = df[(df["metric"] == "ppl") & df["doc"].isna() & (df["method"] == "yarn") & (df["length"] == 256)]
+    # the token-weighted estimate over the suite's per-document rows is the suite's own aggregate
+    assert t.loc["yarn", 256] == pytest.approx(float(agg["value"].iloc[0]), rel=1e-9)
+    want = _bootstrap(lambda i: math.exp((loss[i] * tokens[i]).sum() / tokens[i].sum()), 3)
+    assert (results.table(df, "perplexity", "ppl", stat="lo").loc["yarn", 256],
+            results.table(df, "perplexity", "ppl", stat="hi").loc["yarn", 256]) == pytest.approx(want, rel=1e-9)
+    # paired ratio yarn / plain over the same three documents
+    plain = df[(df["metric"] == "loss") & df["doc"].notna() & (df["method"] == "plain") & (df["length"] == 256)]
+    plain = plain.set_index("doc").loc[docs["doc"]]
+    lp, tp = plain["value"].to_numpy(float), plain["n"].to_numpy(float)
+
+    def ratio(i):
+        return math.exp((loss[i] * tokens[i]).sum() / tokens[i].sum() - (lp[i] * tp[i]).sum() / tp[i].sum())
+
+    row = results.paired_differences(df, "perplexity", "ppl").query("method == 'yarn' and length == 256").iloc[0]
+    assert row["estimate"] == pytest.approx(ratio(np.arange(3)), rel=1e-9)
+    assert (row["lo"], row["hi"]) == pytest.approx(_bootstrap(ratio, 3), rel=1e-9)
+    assert not row["significant"]  # 3 documents can not make a difference significant
+
+
+def test_real_sweep_passkey_classification_and_reach(real_sweep):
+    out, df = real_sweep
+    pk = df[(df["task"] == "passkey") & (df["metric"] == "correct") & (df["method"] == "plain") & (df["length"] == 192)]
+    k, n = int(pk["value"].sum()), len(pk)
+    assert n == 4
+    assert results.table(df, "passkey", "correct", with_ci=True).loc["plain", 192] == \
+        results.tables.fmt_interval(k / n, *wilson(k, n), n)
+    acc = df[(df["metric"] == "accuracy") & (df["method"] == "yarn")].iloc[0]
+    cell = results.summarize(df, "classification", "accuracy").query("method == 'yarn'").iloc[0]
+    assert cell["n"] == acc["n"] and (cell["lo"], cell["hi"]) == pytest.approx(wilson(acc["value"] * acc["n"], acc["n"]))
+    # perplexity reach by hand from the aggregated ppl_tail (trained context 128, recorded by the sweep)
+    trained = json.loads((out / "manifest.json").read_text())["extra"]["trained_context"]
+    assert set(trained.values()) == {128}
+    e = results.effective_length(df, "perplexity", trained_context=128).set_index("method")
+    for method in ("plain", "yarn"):
+        tail = df[(df["metric"] == "ppl_tail") & (df["method"] == method)].set_index("length")["value"]
+        ok = [L for L in (128, 256) if tail[L] <= 1.1 * tail[128]]
+        want = 256 if ok == [128, 256] else 128
+        assert e.loc[method, "effective_length"] == want and e.loc[method, "reference_length"] == 128
+        assert e.loc[method, "claim"] == (f"≥ {want}" if want == 256 else "128")
+    md = (out / "report.md").read_text()
+    assert md.index("## Summary") < md.index("## Differences to plain") < md.index("## Effective context length") \
+        < md.index("## Perplexity")
+    first_table = md.split("## Summary", 1)[1].split("\n\n")[2]
+    assert "| plain |" in first_table and "| yarn |" in first_table and "reach" in first_table
+    assert str(out) not in md.split("## Summary")[1]  # models by short name in tables, not absolute paths
+
+
+def test_summary_with_two_models_groups_by_short_model_name():
+    rows = synthetic_records("a", tasks=("passkey",)) + synthetic_records("b", tasks=("passkey",),
+                                                                          model="/tmp/x/tiny-llama")
+    shown = results.summary(normalize(pd.DataFrame(rows)))
+    assert shown.index.names[:2] == ["model", "method"]
+    assert [k[:2] for k in shown.index][:2] == [("tiny-llama", "plain"), ("tiny-llama", "linear")]
+    assert {k[0] for k in shown.index} == {"tiny-llama", "smollm2-135m"}
+
+
+def test_no_length_within_the_trained_context_is_said_not_guessed(syn, tmp_path):
+    # passkey only past the trained context (8192): the RULER rule has no reference, every column still there
+    past = syn[(syn["task"] != "passkey") | (syn["length"] == 16384)]
+    e = results.effective_length(past, "passkey", rule="trained")
+    assert e["effective_length"].isna().all() and e["rule"].str.startswith("not computed: no correct").all()
+    assert {"at_value", "fail_value", "at_n"} <= set(e.columns)
+    run = tmp_path / "run"
+    results.RecordWriter(run).write([r for r in synthetic_records("r", trials=6)
+                                     if r["task"] != "passkey" or r["length"] == 16384])
+    md = results.report(run).read_text()
+    assert "not computed: no correct at a tested length ≤ the trained context 8192" in md
