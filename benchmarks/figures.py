@@ -15,6 +15,7 @@ unless overridden):
 - rolling_ropebench / rolling_lmeval: one sotu document, window W; ropebench `protocol="sliding"`,
   stride W-1 with BOS (disjoint windows), vs lm-eval's `HFLM.loglikelihood_rolling` (disjoint windows of W).
 - passkey: `tasks.passkey.run` for one trial vs a plain `model.generate` on the very same prompt ids.
+- prefix_sharing: issue 15's shared-vs-unshared figures and the suite throughput (benchmarks/prefix_sharing.py).
 """
 from __future__ import annotations
 
@@ -253,9 +254,9 @@ def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
     ids = passkey.build_prompt(tok, passkey_length, 0.5, key, sentences)
     captured, inner = {}, passkey._generate
 
-    def spy(model, tokenizer, ids, max_new_tokens):
+    def spy(model, tokenizer, ids, max_new_tokens, cache=None):
         t0 = time.perf_counter()
-        out = inner(model, tokenizer, ids, max_new_tokens)
+        out = inner(model, tokenizer, ids, max_new_tokens, cache)
         captured.update(ids=list(ids), seconds=time.perf_counter() - t0, answer=out)
         return out
 
@@ -288,6 +289,9 @@ def child_snapshot(model_dir, **_):
     import extend
 
     return {"model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())), "gguf": str(extend.embedded_gguf())}
+
+
+from prefix_sharing import child_prefix_sharing  # noqa: F401  (a child: issue 15's measurements)
 
 
 @contextmanager

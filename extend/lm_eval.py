@@ -54,7 +54,7 @@ SCORE_BLOCK = 256
 TASKS_FOLDER = "lm_eval_tasks"
 # model_args this class consumes itself (everything else: HFLM's own arguments or method options).
 OWN_ARGS = ("pretrained", "method", "factor", "max_length", "device", "dtype", "attn_implementation",
-            "trust_remote_code", "tokenizer", "scored_logits_only")
+            "trust_remote_code", "tokenizer", "scored_logits_only", "share_prefix")
 
 
 def _hflm_args() -> set[str]:
@@ -133,12 +133,14 @@ class RopebenchLM(HFLM):
     loaded model together with ``tokenizer=``), ``method`` (default plain), ``factor`` (default 1), any
     method option (e.g. ``beta_fast=32``, ``short_factor=[...]``), ``max_length`` (default factor x trained
     context), ``device``/``dtype``/``attn_implementation``/``trust_remote_code`` (as `extend.load`),
-    ``scored_logits_only`` (default True), and any HFLM argument (batch_size, add_bos_token, ...).
+    ``scored_logits_only`` (default True), ``share_prefix`` (default True: with batch_size 1 and a
+    length-independent method, requests reuse the KV cache of the prefix they share with the previous request,
+    `tasks.prefix_cache`), and any HFLM argument (batch_size, add_bos_token, ...).
     The active patch is ``self.patch`` (``.undo()`` / ``close()`` restore the model)."""
 
     def __init__(self, pretrained=DEFAULT_PRETRAINED, method="plain", factor=1.0, max_length=None, device=None,
                  dtype=None, attn_implementation=None, trust_remote_code=False, tokenizer=None,
-                 scored_logits_only=True, **kwargs):
+                 scored_logits_only=True, share_prefix=True, **kwargs):
         args = dict(kwargs, method=method, factor=factor, max_length=max_length)
         method, factor, options, passthrough = check_model_args(args)
         max_length = parse_value(max_length)
@@ -158,10 +160,10 @@ class RopebenchLM(HFLM):
             if tokenizer is None or isinstance(tokenizer, str):
                 raise ExtendError("pass tokenizer=<tokenizer object> together with an already loaded model")
             model, tok, spec = pretrained, tokenizer, getattr(pretrained, "name_or_path", type(pretrained).__name__)
-        self.trained_context = extend.trained_context(model)
+        self.patch = extend.patch(model, method, factor, **options)
+        self.trained_context = self.patch.options["trained_context"]  # the L of the patch's start_from policy
         if max_length is None:
             max_length = max(1, round(factor * self.trained_context))
-        self.patch = extend.patch(model, method, factor, **options)
         try:
             super().__init__(pretrained=model, tokenizer=tok, max_length=int(max_length), **passthrough)
         except Exception:
@@ -170,6 +172,8 @@ class RopebenchLM(HFLM):
         self.pretrained = spec  # a string again: lm-eval's logs and results name the model by it
         self.method, self.factor, self.method_options = method, factor, options
         self.scored_logits_only = bool(parse_value(scored_logits_only))
+        self.share_prefix = bool(parse_value(share_prefix))
+        self._generation_cache = None
 
     def close(self) -> None:
         """Undo the RoPE patch (the model is restored exactly)."""
@@ -183,18 +187,24 @@ class RopebenchLM(HFLM):
                 or self.pretrained.endswith(".gguf")):
             info = super().get_model_info()  # a hub id: lm-eval looks its sha up (skipped when offline)
         info.update({"ropebench_method": self.method, "ropebench_factor": self.factor,
-                     "ropebench_options": json.dumps(self.method_options, sort_keys=True),
+                     "ropebench_options": json.dumps(self.patch.options, sort_keys=True),  # + start_from, L, theta
                      "ropebench_max_length": self.max_length, "ropebench_trained_context": self.trained_context})
         return info
 
     # --- loglikelihood: logits only for the scored positions, a block at a time -----------------------------
 
-    def _scored(self, rows: list[list[int]], spans: list[tuple[int, int]]):
+    def _shares_prefix(self) -> bool:
+        """Requests reuse a cached prefix: one row per forward (batch_size 1), and one set of frequencies for
+        every length (a dynamic method's cached keys would be rotated for another length)."""
+        return self.share_prefix and str(self.batch_size) == "1" and not extend.length_dependent(self.model)
+
+    def _scored(self, rows: list[list[int]], spans: list[tuple[int, int]], prefix_cache=None):
         """Per row of a right-padded batch (one row at a time when the method's frequencies depend on the
         sequence length): the log-probs of the continuation tokens but the last, whether greedy decoding
         predicts all of those, and the whole log-softmax row at the last scored position [a, b) (the one a
         cached one-token continuation needs). The decoder body runs once; the LM head and log-softmax see
-        at most SCORE_BLOCK positions at once, so a 32k-token rolling window never holds 32k x vocab logits."""
+        at most SCORE_BLOCK positions at once, so a 32k-token rolling window never holds 32k x vocab logits.
+        With a `PrefixCache` (one row), the body runs only from what the row shares with the previous one."""
         from tasks.scoring import body, logit_postprocess
 
         model = self.model
@@ -208,7 +218,12 @@ class RopebenchLM(HFLM):
         out = []
         with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                                              enabled=self.mixed_precision_dtype is not None):
-            hidden = body(model)(input_ids=batch, use_cache=False).last_hidden_state
+            if prefix_cache is not None and len(rows) == 1:  # hidden states from the first scored position on
+                part, offset = prefix_cache.prefill(rows[0], keep_at_most=spans[0][0])
+                hidden = torch.zeros(1, width, part.shape[-1], dtype=part.dtype, device=part.device)
+                hidden[0, offset:] = part
+            else:
+                hidden = body(model)(input_ids=batch, use_cache=False).last_hidden_state
             for i, (a, b) in enumerate(spans):
                 picked, greedy, last = [], True, None
                 for s in range(a, b, SCORE_BLOCK):
@@ -233,9 +248,16 @@ class RopebenchLM(HFLM):
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         from tqdm import tqdm
 
+        from tasks.prefix_cache import PrefixCache
+
+        share = self._shares_prefix()
+        prefix_cache = PrefixCache(self.model) if share else None
+
         def _collate(req):
             toks = req[1] + req[2]
-            return -len(toks), tuple(toks)
+            # sharing: token order, so requests with a common prefix (e.g. one context, several choices) are
+            # neighbours; else stock's longest first
+            return tuple(toks) if share else (-len(toks), tuple(toks))
 
         def _lookup_one_token_cont(req):
             return req[-2] + req[-1][:-1]
@@ -264,7 +286,8 @@ class RopebenchLM(HFLM):
                 inp = (context_enc + continuation_enc)[-(self.max_length + 1):][:-1]
                 rows.append(inp)
                 spans.append((len(inp) - len(continuation_enc), len(inp)))
-            for (request_str, ctx_tokens, cont_toks), (prefix, greedy, last) in zip(chunk, self._scored(rows, spans)):
+            scored = self._scored(rows, spans, prefix_cache)
+            for (request_str, ctx_tokens, cont_toks), (prefix, greedy, last) in zip(chunk, scored):
                 # A cache group shares context + continuation[:-1]: only the last token differs between members,
                 # so the last position's whole row ([1, 1, vocab]) is what get_cache hands around.
                 for request_str, cont_toks, logits in re_ord.get_cache(  # noqa: B020  (as stock HFLM)
@@ -278,6 +301,28 @@ class RopebenchLM(HFLM):
                     pbar.update(1)
         pbar.close()
         return re_ord.get_original(res)
+
+    # --- generation: greedy continuations after a shared prefix ------------------------------------------
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        """Stock HFLM's generate_until; with prefix sharing, each prompt prefills only what it does not share
+        with the previous one (stock orders prompts by length, then text)."""
+        from tasks.prefix_cache import PrefixCache
+
+        self._generation_cache = PrefixCache(self.model) if self._shares_prefix() else None
+        try:
+            return super().generate_until(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._generation_cache = None
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        cache, mask = self._generation_cache, generation_kwargs.get("attention_mask")
+        if cache is None or context.shape[0] != 1 or (mask is not None and not bool(mask.all())):
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        past, _ = cache.reuse(context[0].tolist())
+        out = super()._model_generate(context, max_length, stop, past_key_values=past, **generation_kwargs)
+        cache.settle()  # back to the prompt: the next one may share it
+        return out
 
 
 # --- task folder -----------------------------------------------------------------------------------------

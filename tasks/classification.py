@@ -8,6 +8,10 @@
 
 Splits are grouped (sotu: by president), seeded: demonstrations and queries never share a speaker.
 Queries are drawn round-robin over labels so classes are as balanced as the split allows.
+Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
+records say what was used). The prompts of one length are scored in the order that shares the most prefix
+(`tasks.prefix_cache`): many-shot demonstrations run once per length, not once per query (share_prefix=False:
+every prompt from scratch; same predictions).
 """
 from __future__ import annotations
 
@@ -19,9 +23,18 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from .common import check_choice, check_lengths, check_positive, encoder, record
+from .common import (
+    check_choice,
+    check_lengths,
+    check_positive,
+    encoder,
+    prefix_options,
+    record,
+    special_prefix,
+)
 from .data import Document, iter_corpus
 from .errors import TaskError
+from .prefix_cache import PrefixCache, cell_length, sharing_order
 from .scoring import continuation_logprobs
 
 ERAS = [(1790, 1860, "1790-1860"), (1861, 1913, "1861-1913"), (1914, 1960, "1914-1960"), (1961, 9999, "1961-present")]
@@ -53,7 +66,7 @@ LABEL_TASKS = {
 
 
 def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot", num_docs=24,
-        demo_fraction=0.5, excerpt_tokens=256, add_bos=True, seed=0, progress=True) -> list[dict]:
+        demo_fraction=0.5, excerpt_tokens=256, add_bos=None, share_prefix=True, seed=0, progress=True) -> list[dict]:
     lengths = check_lengths(lengths)
     check_choice("mode", mode, {"zero-shot", "many-shot"})
     check_positive("num_docs", num_docs)
@@ -77,10 +90,10 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
     demos, queries = grouped_split(labelled, demo_fraction, seed)
 
     encode = functools.lru_cache(maxsize=None)(encoder(tokenizer))  # documents are re-read per length
-    bos = [tokenizer.bos_token_id] if add_bos and tokenizer.bos_token_id is not None else []
+    bos = special_prefix(tokenizer, add_bos)
     answers = [encode(" " + c) for c in classes]
-    options = {"mode": mode, "label": label, "num_docs": num_docs, "classes": classes, "add_bos": bool(bos),
-               "demo_fraction": demo_fraction, "seed_split": seed}
+    options = {"mode": mode, "label": label, "num_docs": num_docs, "classes": classes,
+               **prefix_options(tokenizer, bos, add_bos), "demo_fraction": demo_fraction, "seed_split": seed}
     if mode == "many-shot":
         options["excerpt_tokens"] = excerpt_tokens
         options["demo_docs"] = len(demos)
@@ -107,21 +120,27 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
     bar = tqdm(total=sum(len(p[0]) for p in plans.values()), desc=f"classification {mode}", disable=not progress)
     for L, (chosen, skipped, room) in plans.items():
         t0 = time.perf_counter()
-        gold, pred_sum, pred_mean = [], [], []
-        used_demos = []
+        prompts, used_demos = [], []
         for doc, y, ids in chosen:
             if mode == "zero-shot":
-                prompt = bos + header + ids[:room] + suffix
+                prompts.append(bos + header + ids[:room] + suffix)
             else:
                 query = header + ids[:excerpt_tokens] + suffix
                 context, n_demos = pack_demos(demo_pool, header, task.field, encode, L - len(bos) - len(query))
-                prompt = bos + context + query
+                prompts.append(bos + context + query)
                 used_demos.append(n_demos)
-            scores = continuation_logprobs(model, prompt, answers)
-            gold.append(y)
-            pred_sum.append(classes[max(range(len(classes)), key=lambda i: scores[i].sum().item())])
-            pred_mean.append(classes[max(range(len(classes)), key=lambda i: scores[i].mean().item())])
-            bar.update()
+        # many-shot prompts of a length share their demonstrations: score them in the order that shares the
+        # most, each prompt running only what it does not share with the previous one
+        scores = [None] * len(prompts)
+        cache = PrefixCache(model, share=share_prefix)
+        with cell_length(model, L + max(map(len, answers))):  # dynamic methods: one length per cell
+            for i in sharing_order(prompts):
+                scores[i] = continuation_logprobs(model, prompts[i], answers, prefix_cache=cache)
+                bar.update()
+        del cache
+        gold = [y for _, y, _ in chosen]
+        pred_sum = [classes[max(range(len(classes)), key=lambda i: s[i].sum().item())] for s in scores]
+        pred_mean = [classes[max(range(len(classes)), key=lambda i: s[i].mean().item())] for s in scores]
         secs = time.perf_counter() - t0
         opts = dict(options, skipped_short=skipped)
         if used_demos:
@@ -132,6 +151,9 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
                               ("accuracy_norm", _accuracy(gold, pred_mean)),
                               ("macro_f1_norm", macro_f1(gold, pred_mean)), ("chance", majority)):
             records.append(record("classification", corpus, L, metric, value, n, secs, opts))
+        # one 0/1 row per query: the unit of the query bootstrap and of paired comparisons between methods
+        for (doc, _, _), y, p in zip(chosen, gold, pred_sum, strict=True):
+            records.append(record("classification", corpus, L, "accuracy", float(y == p), 1, secs, opts, doc=doc.id))
     bar.close()
     return records
 

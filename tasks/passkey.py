@@ -5,6 +5,11 @@ question; greedy decoding of a few tokens, exact match of the first integer. The
 word granularity so the final prompt (after the chat template when enabled) has at most L tokens
 and at least 99% of L; records report the actual prompt length. Pass keys and corpus haystacks come
 from `random.Random` seeded by integers only, so the same seed gives the same prompts everywhere.
+
+Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
+records say what was used). A cell (one length) builds all its prompts first, then generates in the order that
+shares the most prefix (`tasks.prefix_cache`): the haystack before the needle is prefilled once, not per depth
+and trial (share_prefix=False: every prompt from scratch; same prompts and answers).
 """
 from __future__ import annotations
 
@@ -15,9 +20,10 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .common import check_choice, check_lengths, check_positive, record
+from .common import check_choice, check_lengths, check_positive, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
+from .prefix_cache import PrefixCache, cell_length, sharing_order
 from .scoring import device_of
 
 DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -30,7 +36,7 @@ MIX = 1_000_003  # a prime: combines integer seed parts without Python's per-pro
 
 
 def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack="filler", corpus="sotu",
-        chat_template=False, max_new_tokens=8, seed=0, progress=True) -> list[dict]:
+        chat_template=False, max_new_tokens=8, add_bos=None, share_prefix=True, seed=0, progress=True) -> list[dict]:
     lengths = check_lengths(lengths)
     depths = _check_depths(depths)
     check_positive("trials", trials)
@@ -45,27 +51,43 @@ def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack
                "trials": trials, "depths": list(depths)}
     if haystack == "corpus":
         options["haystack_corpus"] = corpus
+    if chat_template:  # the template writes its own special tokens
+        prefix, options["bos_setting"] = None, "chat_template"
+    else:
+        prefix = special_prefix(tokenizer, add_bos)
+        options.update(prefix_options(tokenizer, prefix, add_bos))
+    name = corpus if haystack == "corpus" else "filler"
 
-    records = []
+    sentences = [haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
+                 for trial in range(trials)]
+    results = {}  # (trial, length, depth index) -> (correct, prompt tokens, seconds)
     bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
-    for trial in range(trials):
-        sentences = haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
-        for length in lengths:
+    for length in lengths:
+        # A cell's prompts share their haystack up to the (shallowest) needle: build them all, then generate in
+        # the order that shares the most, each prompt prefilling only what it does not share with the last.
+        cell = []
+        for trial in range(trials):
             for di, depth in enumerate(depths):
                 t0 = time.perf_counter()
                 key = key_for(seed, length, di, trial)
-                ids = build_prompt(tokenizer, length, depth, key, sentences, chat_template)
-                answer = _generate(model, tokenizer, ids, max_new_tokens)
+                ids = build_prompt(tokenizer, length, depth, key, sentences[trial], chat_template, prefix=prefix)
+                cell.append(((trial, length, di), key, ids, time.perf_counter() - t0))
+        cache = PrefixCache(model, share=share_prefix)
+        with cell_length(model, length + max_new_tokens):  # dynamic methods: one length per cell
+            for i in sharing_order([ids for _, _, ids, _ in cell]):
+                where, key, ids, build_secs = cell[i]
+                t0 = time.perf_counter()
+                answer = _generate(model, tokenizer, ids, max_new_tokens, cache)
                 found = re.search(r"\d+", answer)
                 correct = float(found is not None and int(found.group()) == key)
-                secs = time.perf_counter() - t0
-                common = {"depth": depth, "trial": trial}
-                records.append(record("passkey", corpus if haystack == "corpus" else "filler", length, "correct",
-                                      correct, 1, secs, options, **common))
-                records.append(record("passkey", corpus if haystack == "corpus" else "filler", length,
-                                      "prompt_tokens", len(ids), 1, secs, options, **common))
+                results[where] = (correct, len(ids), build_secs + time.perf_counter() - t0)
                 bar.update()
     bar.close()
+    records = []
+    for (trial, length, di), (correct, n_tokens, secs) in sorted(results.items()):
+        common = {"depth": depths[di], "trial": trial}
+        records.append(record("passkey", name, length, "correct", correct, 1, secs, options, **common))
+        records.append(record("passkey", name, length, "prompt_tokens", n_tokens, 1, secs, options, **common))
     return records
 
 
@@ -117,12 +139,12 @@ def cut_haystack(sentences: list[str], words: int) -> list[str]:
 
 
 def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences: list[str],
-                       chat_template: bool = False) -> int:
+                       chat_template: bool = False, prefix: list[int] | None = None) -> int:
     """The most haystack words whose prompt has at most `length` tokens (binary search), checked to land
     within 1% of `length`."""
 
     def n_tokens(k):
-        return len(encode(tokenizer, compose(cut_haystack(sentences, k), depth, key), chat_template))
+        return len(encode(tokenizer, compose(cut_haystack(sentences, k), depth, key), chat_template, prefix))
 
     lo, hi = 0, sum(len(s.split()) for s in sentences)
     if n_tokens(0) > length:
@@ -142,11 +164,11 @@ def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences
 
 
 def build_prompt(tokenizer, length: int, depth: float, key: int, sentences: list[str],
-                 chat_template: bool = False) -> list[int]:
+                 chat_template: bool = False, prefix: list[int] | None = None) -> list[int]:
     """Token ids of the longest prompt with at most `length` tokens; the needle at the sentence boundary
-    nearest the depth."""
-    words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template)
-    return encode(tokenizer, compose(cut_haystack(sentences, words), depth, key), chat_template)
+    nearest the depth. `prefix`: the special ids before the text (default: the tokenizer's own, see encode)."""
+    words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template, prefix)
+    return encode(tokenizer, compose(cut_haystack(sentences, words), depth, key), chat_template, prefix)
 
 
 def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
@@ -161,22 +183,32 @@ def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
     return f"{DESCRIPTION}\n{body}\n{QUESTION}", ANSWER_PREFIX
 
 
-def encode(tokenizer, parts: tuple[str, str], chat_template: bool) -> list[int]:
+def encode(tokenizer, parts: tuple[str, str], chat_template: bool, prefix: list[int] | None = None) -> list[int]:
+    """The prompt's ids: through the chat template, or `prefix` (default: what the tokenizer's own encoding puts
+    before text, `special_prefix`) + the text without special tokens."""
     user, answer_prefix = parts
     if chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                              add_generation_prompt=True)
         return tokenizer(text + answer_prefix, add_special_tokens=False)["input_ids"]
-    return tokenizer(f"{user} {answer_prefix}")["input_ids"]
+    if prefix is None:
+        prefix = special_prefix(tokenizer)
+    return list(prefix) + tokenizer(f"{user} {answer_prefix}", add_special_tokens=False)["input_ids"]
 
 
 @torch.inference_mode()
-def _generate(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
+def _generate(model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cache: PrefixCache | None = None) -> str:
+    """Greedy answer to prompt `ids`; with a `PrefixCache` the prompt's shared prefix is not prefilled again."""
     from transformers import GenerationConfig
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
                               eos_token_id=tokenizer.eos_token_id)
+    cache = prefix_cache if prefix_cache is not None else PrefixCache(model, share=False)
+    past, _ = cache.reuse(ids)
     x = torch.tensor([ids], device=device_of(model))
-    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
+    # generate prefills only what the cache lacks (its cache_position starts at the cache length)
+    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
+                         past_key_values=past)
+    cache.settle()
     return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)

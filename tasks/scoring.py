@@ -6,8 +6,6 @@ bounds it to (chunk_size x vocab). Logits are computed in the model's dtype, the
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
@@ -90,31 +88,28 @@ def nll_from_hidden(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk
 
 
 @torch.inference_mode()
-def continuation_logprobs(model, prefix_ids, continuations: list[list[int]]) -> list[torch.Tensor]:
+def continuation_logprobs(model, prefix_ids, continuations: list[list[int]], *, prefix_cache=None) -> list[torch.Tensor]:
     """Per-token log-probabilities of each continuation after one shared prefix.
 
     The prefix runs once (KV cache kept); each continuation then runs on that cache, which is
-    cropped back to the prefix afterwards — so K labels cost one long forward, not K."""
+    cropped back to the prefix afterwards — so K labels cost one long forward, not K. With a
+    `tasks.prefix_cache.PrefixCache`, the part of the prefix it shares with the previous prompt is not rerun."""
+    from .prefix_cache import PrefixCache
+
     if not continuations or any(len(c) == 0 for c in continuations):
         raise TaskError("every continuation needs at least one token")
     dev = device_of(model)
-    ids = torch.as_tensor(prefix_ids, dtype=torch.long).reshape(1, -1).to(dev)
-    out = body(model)(input_ids=ids, use_cache=True)
-    cache = out.past_key_values
-    # Full-attention layers can be cropped back to the prefix; sliding-window layers drop old keys
-    # as they go, so for those each continuation runs on a copy instead.
-    croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
-    first = torch.log_softmax(head_logits(model, out.last_hidden_state[0, -1:]), -1)[0]
+    cache = prefix_cache if prefix_cache is not None else PrefixCache(model, share=False)
+    hidden, _ = cache.prefill(prefix_ids)
+    first = torch.log_softmax(head_logits(model, hidden[-1:]), -1)[0]
     results = []
     for cont in continuations:
         lp = [first[cont[0]].item()]
         if len(cont) > 1:
             rest = torch.tensor([cont[:-1]], dtype=torch.long, device=dev)
-            past = cache if croppable else copy.deepcopy(cache)
-            h = body(model)(input_ids=rest, past_key_values=past, use_cache=True).last_hidden_state
+            h = body(model)(input_ids=rest, past_key_values=cache.cache, use_cache=True).last_hidden_state
             logp = torch.log_softmax(head_logits(model, h[0]), -1)
             lp += logp[torch.arange(len(cont) - 1), torch.tensor(cont[1:], device=dev)].tolist()
-            if croppable:
-                cache.crop(-(len(cont) - 1))
+            cache.settle()  # back to the prefix (every layer of the prefix cache can be cropped)
         results.append(torch.tensor(lp))
     return results

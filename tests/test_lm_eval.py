@@ -260,3 +260,42 @@ def test_cli_shim_end_to_end(tmp_path, small_tasks, smollm2):
     df = results.from_lm_eval(files[0])
     row = df[(df.task == "ropebench_sotu_era_256") & (df.metric == "acc")].iloc[0]
     assert row.method == "yarn" and row.factor == 2.0 and int(row.length) == 256
+
+
+@pytest.mark.real
+def test_prefix_sharing_gives_stock_numbers(smollm2, monkeypatch):
+    """batch_size 1: loglikelihood requests that share a prefix (every one of `_requests` is a prefix of one
+    text) reuse its KV cache, and generate_until prefills only what a prompt does not share with the last one;
+    the numbers and the generated text are stock HFLM's."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from extend.lm_eval import RopebenchLM
+    from tasks import prefix_cache
+
+    model, tok = smollm2
+    monkeypatch.setattr(prefix_cache, "MIN_SHARED", 4)  # these requests share tens of tokens, not hundreds
+    caches = []
+    real_cache = prefix_cache.PrefixCache
+    monkeypatch.setattr(prefix_cache, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1])
+    reqs = _requests(tok)
+    stock = HFLM(pretrained=model, tokenizer=tok, batch_size=1, max_length=8192)
+    expected = stock._loglikelihood_tokens(reqs, disable_tqdm=True)
+    text = "The pass key is 12345. Remember it. The grass is green. The sky is blue. " * 3
+    prompts = [text + "What is the pass key? The pass key is", text + "What is the grass? The grass is",
+               text + "What is the sky? The sky is"]
+    gen = [Instance(request_type="generate_until", doc={}, idx=i,
+                    arguments=(p, {"until": ["\n"], "max_gen_toks": 6, "do_sample": False}))
+           for i, p in enumerate(prompts)]
+    expected_text = stock.generate_until(gen, disable_tqdm=True)
+    lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain", batch_size=1)
+    try:
+        got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+        got_text = lm.generate_until(gen, disable_tqdm=True)
+    finally:
+        lm.close()
+    assert max(abs(a[0] - b[0]) for a, b in zip(got, expected)) < 1e-4
+    assert [g for _, g in got] == [g for _, g in expected]
+    assert got_text == expected_text and all(t.strip() for t in got_text)
+    scoring, generating = caches
+    assert scoring.reused > 0 and generating.reused > 0  # the shared prefixes did not run again

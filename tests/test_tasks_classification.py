@@ -55,7 +55,7 @@ def test_decision_by_sum_and_by_mean(tiny, tok, monkeypatch, tmp_path):
     # a toy scorer: label "aa" has two tokens of -1 (sum -2, mean -1); "b" one token of -1.5
     fake = {("aa",): [-1.0, -1.0], ("b",): [-1.5]}
     monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, p, conts: [torch.tensor(fake[(tok.decode(c).strip(),)][:len(c)] * 1) for c in conts])
+                        lambda m, p, conts, **kw: [torch.tensor(fake[(tok.decode(c).strip(),)][:len(c)] * 1) for c in conts])
     assert [len(tok.encode(" aa", add_special_tokens=False)), len(tok.encode(" b", add_special_tokens=False))] == [2, 1]
     recs = classification.run(tiny, tok, lengths=[128], corpus=str(tmp_path / "d.jsonl"), num_docs=4, progress=False)
     got = {r["metric"]: r["value"] for r in recs}
@@ -69,7 +69,7 @@ def test_decision_by_sum_and_by_mean(tiny, tok, monkeypatch, tmp_path):
 def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, monkeypatch):
     lengths = []
     monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, p, conts: lengths.append(len(p)) or [torch.zeros(len(c)) for c in conts])
+                        lambda m, p, conts, **kw: lengths.append(len(p)) or [torch.zeros(len(c)) for c in conts])
     recs = classification.run(tiny, tok, lengths=[512, 4096], num_docs=30, progress=False)
     assert set(lengths) == {512, 4096}
     skipped = {r["length"]: r["task_options"]["skipped_short"] for r in recs}
@@ -81,7 +81,7 @@ def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, 
 def test_many_shot_packs_demonstrations_to_exactly_L(tiny, tok, monkeypatch):
     prompts = []
     monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, p, conts: prompts.append(p) or [torch.zeros(len(c)) for c in conts])
+                        lambda m, p, conts, **kw: prompts.append(p) or [torch.zeros(len(c)) for c in conts])
     recs = classification.run(tiny, tok, lengths=[1024, 3000], mode="many-shot", label="party", num_docs=3,
                               progress=False)
     assert sorted({len(p) for p in prompts}) == [1024, 3000]
@@ -115,3 +115,74 @@ def test_bad_parameters(tiny, tok, kw, match, tmp_path):
         kw = {**kw, "corpus": str(tmp_path / "s.jsonl"), "label": "label"}
     with pytest.raises(TaskError, match=match):
         classification.run(tiny, tok, progress=False, **kw)
+
+
+def _scores(monkeypatch):
+    """Record every prompt's label scores."""
+    seen = {}
+    real = classification.continuation_logprobs
+
+    def spy(m, p, conts, **kw):
+        seen[tuple(p)] = out = real(m, p, conts, **kw)
+        return out
+
+    monkeypatch.setattr(classification, "continuation_logprobs", spy)
+    return seen
+
+
+def _same(a: dict, b: dict) -> float:
+    """The largest score difference between two runs over the same prompts."""
+    assert a.keys() == b.keys()
+    return max(abs(x - y).max().item() for p in a for x, y in zip(a[p], b[p]))
+
+
+@pytest.mark.parametrize("mode", ["many-shot", "zero-shot"])
+def test_shared_prefix_same_predictions_and_scores(tiny, tok, monkeypatch, mode):
+    kw = {"lengths": [600, 1000], "mode": mode, "num_docs": 5, "progress": False}
+    seen = _scores(monkeypatch)
+    shared = classification.run(tiny, tok, **kw)
+    first = dict(seen)
+    seen.clear()
+    unshared = classification.run(tiny, tok, share_prefix=False, **kw)
+    assert _same(first, seen) <= 1e-4
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
+    assert strip(shared) == strip(unshared)
+
+
+def test_shared_prefix_under_a_dynamic_method(tok, monkeypatch):
+    """dynamic-ntk past the trained context: every forward of a cell uses the cell's frequencies
+    (extend.fixed_length), so prompts continuing a cached prefix score as the unshared path does."""
+    import extend
+
+    model = tiny_llama(max_position_embeddings=256, vocab_size=len(tok))
+    kw = {"lengths": [600], "mode": "many-shot", "num_docs": 4, "excerpt_tokens": 64, "progress": False}
+    seen = _scores(monkeypatch)
+    with extend.patched(model, "dynamic-ntk", factor=4):
+        assert extend.length_dependent(model)
+        classification.run(model, tok, **kw)
+        first = dict(seen)
+        seen.clear()
+        classification.run(model, tok, share_prefix=False, **kw)
+    assert _same(first, seen) <= 1e-4
+
+
+@pytest.mark.real
+def test_many_shot_shared_prefix_on_smollm2(smollm2, monkeypatch):
+    """Real model, float32: many-shot scores with the demonstrations computed once equal the unshared ones
+    (within 1e-4), so the predictions are the same; the queries after the first run only their own tokens."""
+    from tasks import prefix_cache
+
+    model, tok = smollm2
+    caches = []
+    real_cache = prefix_cache.PrefixCache
+    monkeypatch.setattr(classification, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1])
+    seen = _scores(monkeypatch)
+    kw = {"lengths": [512], "mode": "many-shot", "num_docs": 3, "excerpt_tokens": 48, "progress": False}
+    shared = classification.run(model, tok, **kw)
+    first = dict(seen)
+    seen.clear()
+    unshared = classification.run(model, tok, share_prefix=False, **kw)
+    assert _same(first, seen) <= 1e-4
+    assert [r["value"] for r in shared] == [r["value"] for r in unshared]
+    sharing, plain = caches
+    assert plain.reused == 0 and sharing.computed < 0.5 * plain.computed

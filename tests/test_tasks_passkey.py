@@ -54,12 +54,12 @@ def test_filler_haystack_is_the_classic_text(tok):
 def test_same_seed_same_prompts_and_results(tiny, tok, monkeypatch):
     prompts = []
     real = passkey._generate
-    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n: prompts.append(ids) or real(m, t, ids, n))
+    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: prompts.append(ids) or real(m, t, ids, n, c))
     kw = {"lengths": [128, 256], "depths": [0.0, 1.0], "trials": 2, "progress": False}
     a = passkey.run(tiny, tok, seed=3, **kw)
     b = passkey.run(tiny, tok, seed=3, **kw)
     c = passkey.run(tiny, tok, seed=4, **kw)
-    assert prompts[:8] == prompts[8:16] and prompts[:8] != prompts[16:]
+    assert prompts[:8] == prompts[8:16] and prompts[:8] != prompts[16:]  # generation order included
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
     assert strip(a) == strip(b) and len(c) == len(a)
     assert len(a) == 2 * 2 * 2 * 2 and {r["metric"] for r in a} == {"correct", "prompt_tokens"}
@@ -71,10 +71,11 @@ def test_same_seed_same_prompts_and_results(tiny, tok, monkeypatch):
 def test_exact_match_of_the_first_integer(tiny, tok, monkeypatch):
     keys = []
     real_build = passkey.build_prompt
-    monkeypatch.setattr(passkey, "build_prompt", lambda t, L, d, key, s, c: keys.append(key) or real_build(t, L, d, key, s, c))
-    answers = iter(["12 is it", None])
-    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n: f" {keys[-1]}. Remember" if next(answers) is None
-                        else "12 is it")
+    monkeypatch.setattr(passkey, "build_prompt", lambda t, L, d, key, s, c, prefix: keys.append(key) or
+                        real_build(t, L, d, key, s, c, prefix))
+    # trial 1's prompt gets its own key back (after a leading "12"-free text), trial 0's a wrong integer
+    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: f" {keys[1]}. Remember"
+                        if str(keys[1]) in t.decode(ids) else "12 is it")
     recs = passkey.run(tiny, tok, lengths=[128], depths=[0.5], trials=2, progress=False)
     assert [r["value"] for r in recs if r["metric"] == "correct"] == [0.0, 1.0]
 
@@ -87,3 +88,53 @@ def test_exact_match_of_the_first_integer(tiny, tok, monkeypatch):
 def test_bad_parameters(tiny, tok, kw, match):
     with pytest.raises(TaskError, match=match):
         passkey.run(tiny, tok, progress=False, **kw)
+
+
+def _answers(monkeypatch):
+    """Record every (prompt, answer) the suite generates."""
+    seen = {}
+    real = passkey._generate
+
+    def spy(m, t, ids, n, cache):
+        seen[tuple(ids)] = out = real(m, t, ids, n, cache)
+        return out
+
+    monkeypatch.setattr(passkey, "_generate", spy)
+    return seen
+
+
+@pytest.mark.parametrize("haystack", ["filler", "corpus"])
+def test_shared_prefix_same_prompts_and_answers(tiny, tok, monkeypatch, haystack):
+    kw = {"lengths": [256, 384], "depths": [0.0, 0.5, 1.0], "trials": 2, "haystack": haystack, "progress": False}
+    seen = _answers(monkeypatch)
+    shared = passkey.run(tiny, tok, **kw)
+    first = dict(seen)
+    seen.clear()
+    unshared = passkey.run(tiny, tok, share_prefix=False, **kw)
+    assert first == seen and len(seen) == 12
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
+    assert strip(shared) == strip(unshared)
+
+
+@pytest.mark.real
+def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
+    """The real model (float32) answers every prompt of a passkey grid the same with and without sharing, and
+    sharing prefills fewer tokens."""
+    from tasks import prefix_cache
+
+    model, tok = smollm2
+    monkeypatch.setattr(prefix_cache, "MIN_SHARED", 16)  # short prompts here: share even a short haystack
+    counts = []
+    real_cache = prefix_cache.PrefixCache
+    monkeypatch.setattr(passkey, "PrefixCache", lambda *a, **k: counts.append(real_cache(*a, **k)) or counts[-1])
+    seen = _answers(monkeypatch)
+    kw = {"lengths": [400], "depths": [0.5, 1.0], "trials": 2, "max_new_tokens": 6, "progress": False}
+    shared = passkey.run(model, tok, **kw)
+    first = dict(seen)
+    seen.clear()
+    passkey.run(model, tok, share_prefix=False, **kw)
+    assert first == seen and len(seen) == 4
+    assert sum(r["value"] for r in shared if r["metric"] == "correct") >= 3  # the model finds the keys here
+    sharing, plain = counts
+    assert plain.reused == 0 and sharing.reused > 0 and sharing.computed < 0.75 * plain.computed
+
