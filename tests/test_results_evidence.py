@@ -223,7 +223,9 @@ def test_real_sweep_passkey_classification_and_reach(real_sweep):
     assert n == 4
     assert results.table(df, "passkey", "correct", with_ci=True).loc["plain", 192] == \
         results.tables.fmt_interval(k / n, *wilson(k, n), n)
-    acc = df[(df["metric"] == "accuracy") & (df["method"] == "yarn")].iloc[0]
+    acc = df[(df["metric"] == "accuracy") & (df["method"] == "yarn") & df["doc"].isna()].iloc[0]
+    per_query = df[(df["metric"] == "accuracy") & (df["method"] == "yarn") & df["doc"].notna()]
+    assert len(per_query) == acc["n"] and per_query["value"].sum() == pytest.approx(acc["value"] * acc["n"])
     cell = results.summarize(df, "classification", "accuracy").query("method == 'yarn'").iloc[0]
     assert cell["n"] == acc["n"] and (cell["lo"], cell["hi"]) == pytest.approx(wilson(acc["value"] * acc["n"], acc["n"]))
     # perplexity reach by hand from the aggregated ppl_tail (trained context 128, recorded by the sweep)
@@ -231,7 +233,7 @@ def test_real_sweep_passkey_classification_and_reach(real_sweep):
     assert set(trained.values()) == {128}
     e = results.effective_length(df, "perplexity", trained_context=128).set_index("method")
     for method in ("plain", "yarn"):
-        tail = df[(df["metric"] == "ppl_tail") & (df["method"] == method)].set_index("length")["value"]
+        tail = df[(df["metric"] == "ppl_tail") & (df["method"] == method) & df["doc"].isna()].set_index("length")["value"]
         ok = [L for L in (128, 256) if tail[L] <= 1.1 * tail[128]]
         want = 256 if ok == [128, 256] else 128
         assert e.loc[method, "effective_length"] == want and e.loc[method, "reference_length"] == 128

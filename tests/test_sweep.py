@@ -158,7 +158,7 @@ def test_no_arguments_is_the_demo():
     cfg = parse([])
     assert cfg["config_file"] == str(C.DEMO_CONFIG)
     assert cfg["model"] == ["smollm2-135m"]
-    assert [m["method"] for m in cfg["methods"]] == ["plain", "pi", "ntk", "dynamic-ntk", "yarn", "xpos"]
+    assert [m["method"] for m in cfg["methods"]] == ["plain", "pi", "ntk", "dynamic-ntk", "yarn"]
     assert all(m["factors"] == ([1.0] if m["method"] == "plain" else [2.0]) for m in cfg["methods"])
     assert set(cfg["tasks"]) == {"perplexity", "passkey", "classification"}
     ppl = cfg["tasks"]["perplexity"]["lengths"]

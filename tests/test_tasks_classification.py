@@ -58,12 +58,16 @@ def test_decision_by_sum_and_by_mean(tiny, tok, monkeypatch, tmp_path):
                         lambda m, p, conts, **kw: [torch.tensor(fake[(tok.decode(c).strip(),)][:len(c)] * 1) for c in conts])
     assert [len(tok.encode(" aa", add_special_tokens=False)), len(tok.encode(" b", add_special_tokens=False))] == [2, 1]
     recs = classification.run(tiny, tok, lengths=[128], corpus=str(tmp_path / "d.jsonl"), num_docs=4, progress=False)
-    got = {r["metric"]: r["value"] for r in recs}
+    got = {r["metric"]: r["value"] for r in recs if r["doc"] is None}
+    per_query = [r for r in recs if r["doc"] is not None]
+    # one 0/1 accuracy row per query, summing to the aggregate
+    assert len(per_query) == 4 and {r["metric"] for r in per_query} == {"accuracy"}
+    assert sum(r["value"] for r in per_query) / 4 == got["accuracy"]
     # by sum "b" (-1.5 > -2) always wins; by mean "aa" (-1 > -1.5) always wins: the two accuracies are the
     # shares of "b" and "aa" among the queries
     assert got["accuracy"] + got["accuracy_norm"] == 1.0
     assert got["chance"] == max(got["accuracy"], got["accuracy_norm"])
-    assert {r["n"] for r in recs} == {4}  # half of the 8 groups are demonstrations
+    assert {r["n"] for r in recs if r["doc"] is None} == {4}  # half of the 8 groups are demonstrations
 
 
 def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, monkeypatch):
@@ -73,7 +77,7 @@ def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, 
     recs = classification.run(tiny, tok, lengths=[512, 4096], num_docs=30, progress=False)
     assert set(lengths) == {512, 4096}
     skipped = {r["length"]: r["task_options"]["skipped_short"] for r in recs}
-    n = {r["length"]: r["n"] for r in recs}
+    n = {r["length"]: r["n"] for r in recs if r["doc"] is None}
     assert skipped[512] == 0 and n[512] == 30
     assert skipped[4096] > 0 and {r["metric"] for r in recs} >= {"accuracy", "macro_f1", "chance"}
 
