@@ -83,10 +83,10 @@ def load(model_dir: str, dtype: str):
 def document_ids(tok, length: int):
     """The document tasks.perplexity picks for max length `length` (seed 0, num_docs=1) and its token ids:
     the same selection code, so the comparison runs see the very same tokens."""
-    from tasks.common import encoder
+    from tasks.common import encoder, special_prefix
     from tasks.data import iter_corpus, seeded_order, take_long
 
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    bos = special_prefix(tok)  # what tasks.perplexity puts first by default: the tokenizer's own encoding
     (doc, ids), = take_long(seeded_order(list(iter_corpus("sotu")), SEED), encoder(tok), length - len(bos), 1)[0]
     return doc.id, bos + ids[:length - len(bos)]
 
