@@ -215,7 +215,8 @@ def child_rolling_ropebench(model_dir, window, rolling_tokens, dtype, **_):
         after_load = _status("VmRSS")
         with Section() as s:
             records = tasks.perplexity.run(model, tok, lengths=[window], corpus=path, protocol="sliding",
-                                           stride=window - 1, span=n_text, num_docs=1, progress=False)
+                                           stride=window - 1, span=n_text, num_docs=1, add_bos=True,
+                                           progress=False)  # BOS first, as lm-eval's rolling windows
     loss = next(r for r in records if r["doc"] is None and r["metric"] == "loss")
     return {**s.report(), "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc,
             "model_seconds": loss["seconds"],
