@@ -141,10 +141,10 @@ def test_bad_parameters(tiny, tok, kw, match, tmp_path):
 
 
 @pytest.mark.real
-def test_one_pass_matches_per_length_on_smollm2(monkeypatch):
-    import extend
-
-    model, tok = extend.load("smollm2-135m")
+def test_one_pass_matches_per_length_on_smollm2(monkeypatch, smollm2):
+    # float32 (the session fixture): on CPUs with native bf16 the default dtype is bf16, whose matmuls may round a
+    # prefix differently inside a longer input (Intel AMX: 9.3e-4 at 2048), so 1e-4 holds in float32 only
+    model, tok = smollm2
     kw = {"lengths": [512, 2048], "num_docs": 1, "progress": False}
     one = by(perplexity.run(model, tok, **kw), metric="loss")
     monkeypatch.setattr(perplexity, "length_dependent", lambda m: True)
