@@ -10,7 +10,7 @@ in place (and undo cleanly), plus model loading.
 
 from . import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
 from . import remap as _remap_methods  # noqa: F401  (registers self-extend, rerope, dca)
-from .errors import ExtendError
+from .errors import ExtendError, RopebenchError
 from .families import TESTED_FAMILIES, UNSUPPORTED_FAMILIES
 from .inspector import inspect
 from .loading import ALIASES, embedded_gguf, load
@@ -22,6 +22,7 @@ __all__ = [
     "TESTED_FAMILIES",
     "UNSUPPORTED_FAMILIES",
     "ExtendError",
+    "RopebenchError",
     "Patch",
     "Rope",
     "RopeBase",

@@ -1,5 +1,9 @@
-"""The one exception type for user errors in ropebench's core."""
+"""ropebench's user-error classes. Every layer's error derives from RopebenchError, so a CLI catches one thing."""
 
 
-class ExtendError(ValueError):
-    """A user error: the message says what is wrong and what to do."""
+class RopebenchError(ValueError):
+    """A user error anywhere in ropebench: the message says what is wrong and what to do (one line)."""
+
+
+class ExtendError(RopebenchError):
+    """A user error in the core (methods, patching, loading)."""

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
+from extend.errors import RopebenchError
+
 # Column order of the tidy table (docs/CONTRACTS.md). `written`, `session` and `cell_rows` are bookkeeping added
 # by the writer: the first two decide which copy of a recomputed cell wins; `cell_rows` (how many rows of that cell
 # the same write call holds) tells a complete cell from one cut short by a kill or a full disk.
@@ -34,7 +36,7 @@ RECORDS_GLOB = "records*.jsonl"
 RECORDS_NAME = re.compile(r"^records(\.rank\d+)?\.jsonl$")  # what RecordWriter writes; other files are not read
 
 
-class ResultsError(ValueError):
+class ResultsError(RopebenchError):
     """A user error in the results layer; the message says what is wrong and what to do."""
 
 

@@ -1,5 +1,7 @@
 """The one error type of the suites: bad parameters or unusable data."""
 
+from extend.errors import RopebenchError
 
-class TaskError(ValueError):
+
+class TaskError(RopebenchError):
     """A user error; the message says what is wrong and what to do."""

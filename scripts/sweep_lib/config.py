@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from extend.errors import RopebenchError
+
 SCRIPTS = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = SCRIPTS / "configs" / "demo.yaml"
 
@@ -48,7 +50,7 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 FACTOR_FREE = {"plain"}  # methods that ignore the factor: run once, at factor 1
 
 
-class ConfigError(ValueError):
+class ConfigError(RopebenchError):
     """Bad sweep input; the message says what is wrong and what to do."""
 
 
