@@ -80,6 +80,18 @@ def load(model_dir: str, dtype: str):
     return model, tok
 
 
+def model_facts(model) -> dict:
+    """What the report states about the model, read off the loaded model rather than assumed."""
+    from measured import snapshot_stem
+
+    import extend
+
+    c = model.config
+    return {"name": snapshot_stem(model.name_or_path), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+            "layers": c.num_hidden_layers, "parameters": sum(p.numel() for p in model.parameters()),
+            "trained_context": extend.trained_context(model)}
+
+
 def document_ids(tok, length: int):
     """The document tasks.perplexity picks for max length `length` (seed 0, num_docs=1) and its token ids:
     the same selection code, so the comparison runs see the very same tokens."""
@@ -119,7 +131,8 @@ def child_onepass(model_dir, lengths, dtype, force_per_length=False, **_):
     model_seconds = sum(per_doc) if force_per_length else max(per_doc)
     length_seconds = {str(r["length"]): r["seconds"] for r in records if r["doc"] is not None and r["metric"] == "loss"}
     return {**s.report(), "after_load_rss": after_load, "process_peak": process_peak(), "doc": curve.pop("doc"),
-            "loss": curve, "model_seconds": model_seconds, "length_seconds": length_seconds}
+            "loss": curve, "model_seconds": model_seconds, "length_seconds": length_seconds,
+            "method": METHOD, "factor": FACTOR, "model": model_facts(model)}
 
 
 def child_perlength(model_dir, lengths, dtype, **kw):

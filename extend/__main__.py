@@ -47,7 +47,7 @@ def main(argv=None) -> int:
             raise extend.ExtendError("options need --method — e.g. --method yarn --factor 2 -o beta_fast=16")
         config = extend.loading.load_config(args.model, trust_remote_code=args.trust_remote_code)
         print(extend.inspect(skeleton(config), args.method, args.factor, **options))
-    except extend.ExtendError as e:
+    except extend.RopebenchError as e:  # every layer's user error, not only the core's
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 0

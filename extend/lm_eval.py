@@ -11,6 +11,8 @@
   scored positions, SCORE_BLOCK at a time: a 32k window never holds (32k x vocab) logits.
 - lm-eval 0.4.13 has no plugin discovery for models, hence the CLI shim `main()`: it registers the model,
   checks ropebench model_args up front (one `error: ...` line, exit 2) and runs lm-eval's own CLI.
+- The scoring and generation overrides follow HFLM's private loop pieces; on an lm-eval outside
+  `LM_EVAL_RANGE` the model keeps stock HFLM's loops (one warning) and still patches RoPE.
 
 Importing `extend` never imports this module (lm-eval is slow to import).
 """
@@ -25,12 +27,13 @@ if __name__ == "__main__":  # `python -m extend.lm_eval`: run the importable mod
     sys.exit(main())
 
 import ast
-import importlib.util
+import importlib.metadata
 import inspect
 import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import lm_eval.models  # noqa: F401  (lm-eval's lazy model table first: our registration must not hide 'hf')
@@ -39,9 +42,13 @@ import torch.nn.functional as F
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 import extend
-from extend.errors import ExtendError
+from extend import prefix_cache  # looked up at call time: tests swap prefix_cache.PrefixCache for a spy
+from extend.errors import ExtendError, RopebenchError
+from extend.forward import body, logit_postprocess
 from extend.registry import COMMON_OPTIONS, check_factor, check_options
 from extend.registry import get as get_method
 
@@ -51,7 +58,15 @@ MODEL_NAME = "ropebench"
 DEFAULT_PRETRAINED = "smollm2-135m"
 # Positions per LM-head call when scoring (x vocab x 4 B of float32 log-probs: 128 MB for a 128k vocabulary).
 SCORE_BLOCK = 256
-TASKS_FOLDER = "lm_eval_tasks"
+# ropebench's lm-eval tasks, found next to this package (never through sys.path, where a user's own `tasks/`
+# folder in the working directory would come first).
+TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "lm_eval_tasks"
+# lm-eval releases whose HFLM internals the overrides below follow (Collator/get_cache/_batch_scheduler in
+# _loglikelihood_tokens, softmax_dtype, mixed_precision_dtype, _model_generate) and whose CLI main() drives
+# (lm_eval._cli, new in 0.4.10); verified on 0.4.13. pyproject.toml pins the same range (a test compares them):
+# widen both once tests/test_lm_eval.py passes on a newer release.
+LM_EVAL_RANGE = SpecifierSet(">=0.4.10,<0.4.14")
+LM_EVAL_VERSION = Version(importlib.metadata.version("lm_eval"))
 # model_args this class consumes itself (everything else: HFLM's own arguments or method options).
 OWN_ARGS = ("pretrained", "method", "factor", "max_length", "device", "dtype", "attn_implementation",
             "trust_remote_code", "tokenizer", "scored_logits_only", "share_prefix")
@@ -60,6 +75,17 @@ OWN_ARGS = ("pretrained", "method", "factor", "max_length", "device", "dtype", "
 def _hflm_args() -> set[str]:
     return {k for k, p in inspect.signature(HFLM.__init__).parameters.items()
             if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def loading_args() -> set[str]:
+    """model_args that configure loading, batching and scoring, not the RoPE method: this model's own
+    and the installed HFLM's constructor arguments (what results reads as not-an-option of a stock hf run)."""
+    return set(OWN_ARGS) | _hflm_args()
+
+
+def overrides_apply() -> bool:
+    """Whether the installed lm-eval is one whose HFLM internals the scoring/generation overrides follow."""
+    return LM_EVAL_VERSION in LM_EVAL_RANGE
 
 
 def parse_value(value):
@@ -135,7 +161,7 @@ class RopebenchLM(HFLM):
     context), ``device``/``dtype``/``attn_implementation``/``trust_remote_code`` (as `extend.load`),
     ``scored_logits_only`` (default True), ``share_prefix`` (default True: with batch_size 1 and a
     length-independent method, requests reuse the KV cache of the prefix they share with the previous request,
-    `tasks.prefix_cache`), and any HFLM argument (batch_size, add_bos_token, ...).
+    `extend.prefix_cache`), and any HFLM argument (batch_size, add_bos_token, ...).
     The active patch is ``self.patch`` (``.undo()`` / ``close()`` restore the model)."""
 
     def __init__(self, pretrained=DEFAULT_PRETRAINED, method="plain", factor=1.0, max_length=None, device=None,
@@ -143,6 +169,10 @@ class RopebenchLM(HFLM):
                  scored_logits_only=True, share_prefix=True, **kwargs):
         args = dict(kwargs, method=method, factor=factor, max_length=max_length)
         method, factor, options, passthrough = check_model_args(args)
+        if not overrides_apply():
+            warnings.warn(f"lm-eval {LM_EVAL_VERSION} is outside {LM_EVAL_RANGE}, the range ropebench's scoring "
+                          f"follows: using stock HFLM loglikelihood and generation (whole-window logits, no prefix "
+                          f"sharing) — install 'lm-eval{LM_EVAL_RANGE}' for bounded-memory scoring", stacklevel=2)
         max_length = parse_value(max_length)
         if isinstance(pretrained, (str, os.PathLike)):
             spec = str(pretrained)
@@ -196,17 +226,16 @@ class RopebenchLM(HFLM):
     def _shares_prefix(self) -> bool:
         """Requests reuse a cached prefix: one row per forward (batch_size 1), and one set of frequencies for
         every length (a dynamic method's cached keys would be rotated for another length)."""
-        return self.share_prefix and str(self.batch_size) == "1" and not extend.length_dependent(self.model)
+        return (self.share_prefix and overrides_apply() and str(self.batch_size) == "1"
+                and not extend.length_dependent(self.model))
 
-    def _scored(self, rows: list[list[int]], spans: list[tuple[int, int]], prefix_cache=None):
+    def _scored(self, rows: list[list[int]], spans: list[tuple[int, int]], cache=None):
         """Per row of a right-padded batch (one row at a time when the method's frequencies depend on the
         sequence length): the log-probs of the continuation tokens but the last, whether greedy decoding
         predicts all of those, and the whole log-softmax row at the last scored position [a, b) (the one a
         cached one-token continuation needs). The decoder body runs once; the LM head and log-softmax see
         at most SCORE_BLOCK positions at once, so a 32k-token rolling window never holds 32k x vocab logits.
         With a `PrefixCache` (one row), the body runs only from what the row shares with the previous one."""
-        from tasks.scoring import body, logit_postprocess
-
         model = self.model
         if extend.length_dependent(model) and len(rows) > 1:  # padding would change the frequencies
             return [self._scored([r], [s])[0] for r, s in zip(rows, spans)]
@@ -218,8 +247,8 @@ class RopebenchLM(HFLM):
         out = []
         with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                                              enabled=self.mixed_precision_dtype is not None):
-            if prefix_cache is not None and len(rows) == 1:  # hidden states from the first scored position on
-                part, offset = prefix_cache.prefill(rows[0], keep_at_most=spans[0][0])
+            if cache is not None and len(rows) == 1:  # hidden states from the first scored position on
+                part, offset = cache.prefill(rows[0], keep_at_most=spans[0][0])
                 hidden = torch.zeros(1, width, part.shape[-1], dtype=part.dtype, device=part.device)
                 hidden[0, offset:] = part
             else:
@@ -244,14 +273,12 @@ class RopebenchLM(HFLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
         """Stock HFLM's loop (same ordering, left truncation to max_length, one-token-continuation cache,
         greedy flags, cache hook), but the model computes logits only where continuations are scored."""
-        if self.backend != "causal" or not self.scored_logits_only:
+        if self.backend != "causal" or not self.scored_logits_only or not overrides_apply():
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         from tqdm import tqdm
 
-        from tasks.prefix_cache import PrefixCache
-
         share = self._shares_prefix()
-        prefix_cache = PrefixCache(self.model) if share else None
+        cache = prefix_cache.PrefixCache(self.model) if share else None
 
         def _collate(req):
             toks = req[1] + req[2]
@@ -286,7 +313,7 @@ class RopebenchLM(HFLM):
                 inp = (context_enc + continuation_enc)[-(self.max_length + 1):][:-1]
                 rows.append(inp)
                 spans.append((len(inp) - len(continuation_enc), len(inp)))
-            scored = self._scored(rows, spans, prefix_cache)
+            scored = self._scored(rows, spans, cache)
             for (request_str, ctx_tokens, cont_toks), (prefix, greedy, last) in zip(chunk, scored):
                 # A cache group shares context + continuation[:-1]: only the last token differs between members,
                 # so the last position's whole row ([1, 1, vocab]) is what get_cache hands around.
@@ -307,9 +334,7 @@ class RopebenchLM(HFLM):
     def generate_until(self, requests, disable_tqdm: bool = False):
         """Stock HFLM's generate_until; with prefix sharing, each prompt prefills only what it does not share
         with the previous one (stock orders prompts by length, then text)."""
-        from tasks.prefix_cache import PrefixCache
-
-        self._generation_cache = PrefixCache(self.model) if self._shares_prefix() else None
+        self._generation_cache = prefix_cache.PrefixCache(self.model) if self._shares_prefix() else None
         try:
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
         finally:
@@ -329,13 +354,9 @@ class RopebenchLM(HFLM):
 
 def tasks_path() -> Path:
     """The folder with ropebench's lm-eval tasks (for --include_path / TaskManager(include_path=...))."""
-    spec = importlib.util.find_spec("tasks")
-    if spec is None or not spec.submodule_search_locations:
-        raise ExtendError("the ropebench 'tasks' package is not importable — install ropebench (pip install -e .)")
-    path = Path(next(iter(spec.submodule_search_locations))) / TASKS_FOLDER
-    if not path.is_dir():
-        raise ExtendError(f"{path} is missing — generate it with `python -m tasks.lm_eval_export`")
-    return path
+    if not TASKS_DIR.is_dir():
+        raise ExtendError(f"{TASKS_DIR} is missing — generate it with `python -m tasks.lm_eval_export`")
+    return TASKS_DIR
 
 
 # --- CLI shim --------------------------------------------------------------------------------------------
@@ -358,11 +379,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("tasks", "--print-tasks-path"):
         try:
             print(tasks_path())
-        except ExtendError as e:
+        except RopebenchError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    from lm_eval._cli import HarnessCLI
+    try:
+        from lm_eval._cli import HarnessCLI
+    except ImportError:
+        print(f"error: lm-eval {LM_EVAL_VERSION} has no lm_eval._cli (new in 0.4.10), which this command drives — "
+              f"install 'lm-eval{LM_EVAL_RANGE}'", file=sys.stderr)
+        return 2
     from lm_eval.utils import setup_logging
 
     setup_logging()
@@ -377,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
                 args.include_path = str(tasks_path())
         parser.execute(args)
-    except ExtendError as e:
+    except RopebenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

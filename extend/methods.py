@@ -46,7 +46,7 @@ def dynamic_scale(factor: float, seq_len: int, original: int, rule: str) -> floa
     return max(1.0, factor * seq_len / original - (factor - 1))
 
 
-@register("plain")
+@register("plain", uses_factor=False)
 def plain(rope: RopeBase, *, factor: float):
     """No extension (the baseline). `factor` is ignored. With start_from="pretrained" (default) this is the
     pretrained RoPE (a model's shipped scaling removed); with start_from="shipped" the model unchanged."""

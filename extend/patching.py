@@ -352,7 +352,8 @@ def patch(model: nn.Module, method: str, factor: float = 1.0, **options) -> Patc
                           f"(or leave its `with extend.patched(...)` block) before patching again")
     if spec.remap:  # position remapping (Self-Extend, ReRoPE, DCA): the attention changes, see extend/remap.py
         from . import remap_attention
-        return remap_attention.patch(model, spec, factor, options)
+        return remap_attention.patch(model, spec, factor, options, rope_bases=rope_bases,
+                                     patch_plain=lambda **common: patch(model, "plain", 1.0, **common))
     rotary = rotary_module(model)
     given = dict(options)
     shipped = shipped_ropes(model.config)

@@ -3,13 +3,14 @@
 A method is one decorated function. Its keyword-only arguments (other than `factor` and `seq_len`) are its
 options; their defaults are what `describe` reports. `dynamic=True` marks methods whose frequencies depend
 on the current sequence length (they receive `seq_len`); such methods cannot share one forward across
-lengths.
+lengths. Facts a caller needs without a model live here too: whether `factor` does anything with given options
+(`Method.factor_applies`: plain ignores it, so a sweep runs it once) and how far a method reaches
+(`Method.reach`). `check_method` checks a (method, factor, options) triple without a model.
 """
 
 from __future__ import annotations
 
 import collections.abc
-import difflib
 import inspect
 import math
 import types
@@ -20,7 +21,7 @@ from importlib.metadata import entry_points
 
 import torch
 
-from .errors import ExtendError
+from .errors import ExtendError, closest
 
 ENTRY_POINT_GROUP = "ropebench.methods"
 # Options every method takes (handled by extend.patching; defaults in COMMON_DEFAULTS).
@@ -62,6 +63,11 @@ class Method:
     options: dict = field(default_factory=dict)  # option -> default (inspect.Parameter.empty = required)
     doc: str = ""
     remap: bool = False  # position remapping (extend/remap.py): fn returns a remap.Remap, not frequencies
+    # Whether factor changes anything: a bool, or options (defaults filled in) -> bool. See factor_applies.
+    uses_factor: bool | Callable[[dict], bool] = True
+    # (factor, trained context, options with defaults) -> the longest sequence the method is meant for;
+    # None: factor x context (context alone where the factor does not apply). See reach.
+    reach_fn: Callable[[float, int, dict], float] | None = None
 
     def __call__(self, rope: RopeBase, factor: float, seq_len: int | None = None, **options) -> Rope:
         kwargs = dict(self.options_with_defaults(), **options)
@@ -73,17 +79,34 @@ class Method:
     def options_with_defaults(self) -> dict:
         return {k: v for k, v in self.options.items() if v is not inspect.Parameter.empty}
 
+    def factor_applies(self, options: dict | None = None) -> bool:
+        """False when `factor` has no effect (plain), or must stay 1 with these options (self-extend with
+        `group`, rerope with leaky=False): such a method runs once, at factor 1, in a sweep over factors."""
+        if callable(self.uses_factor):
+            return bool(self.uses_factor(dict(self.options_with_defaults(), **(options or {}))))
+        return bool(self.uses_factor)
+
+    def reach(self, factor: float, context: int, options: dict | None = None) -> float:
+        """The longest sequence (tokens) the method is meant for at `factor` on a model trained on `context`
+        tokens; math.inf for any length (e.g. dca). Past it a run extrapolates."""
+        options = dict(self.options_with_defaults(), **(options or {}))
+        if self.reach_fn is not None:
+            return float(self.reach_fn(factor, context, options))
+        return float(context * (factor if self.factor_applies(options) else 1.0))
+
 
 _REGISTRY: dict[str, Method] = {}
 _entry_points_loaded = False
 
 
 def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, identity_at_one: bool = False,
-             replace: bool = False, remap: bool = False):
+             replace: bool = False, remap: bool = False, uses_factor: bool | Callable[[dict], bool] = True,
+             reach: Callable[[float, int, dict], float] | None = None):
     """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
     returns `(inv_freq, attention_factor)` or a `Rope` — or, with `remap=True`, a `extend.remap.Remap` (the
     position indices each (query, key) pair sees; see extend/remap.py). Registering an existing name needs
-    `replace=True`."""
+    `replace=True`. `uses_factor=False` (or a function of the options) marks a method whose factor does nothing
+    or must stay 1; `reach(factor, context, options)` overrides the default reach factor x context."""
 
     def decorate(fn):
         if not isinstance(name, str) or not name:
@@ -98,7 +121,7 @@ def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, ident
         options = {k: p.default for k, p in params.items()
                    if p.kind == p.KEYWORD_ONLY and k not in ("factor", "seq_len")}
         _REGISTRY[name] = Method(name, fn, dynamic, min_factor, identity_at_one, options,
-                                 inspect.cleandoc(fn.__doc__ or ""), remap)
+                                 inspect.cleandoc(fn.__doc__ or ""), remap, uses_factor, reach)
         return fn
 
     return decorate
@@ -126,20 +149,19 @@ def methods() -> list[str]:
 def get(name: str) -> Method:
     _load_entry_points()
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(str(name), _REGISTRY, n=3, cutoff=0.4)
-        hint = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(sorted(_REGISTRY))}"
-        raise ExtendError(f"unknown RoPE method {name!r} — {hint}")
+        raise ExtendError(f"unknown RoPE method {name!r} — {closest(name, _REGISTRY, 'methods')}")
     return _REGISTRY[name]
 
 
 def describe(name: str) -> dict:
-    """The method's documentation, options (with defaults; None marks a required option) and properties."""
+    """The method's documentation, options (with defaults; None marks a required option) and properties
+    (`uses_factor`: whether the factor does anything with the default options)."""
     m = get(name)
     options = {k: (None if v is inspect.Parameter.empty else v) for k, v in m.options.items()}
     options.update(COMMON_DEFAULTS)  # None: resolved per model (trained context, extended layer types, ...)
     return {"name": m.name, "doc": m.doc, "options": options, "required": sorted(
         k for k, v in m.options.items() if v is inspect.Parameter.empty), "dynamic": m.dynamic,
-        "min_factor": m.min_factor, "remap": m.remap}
+        "min_factor": m.min_factor, "remap": m.remap, "uses_factor": m.factor_applies()}
 
 
 def check_factor(method: Method, factor) -> float:
@@ -150,20 +172,29 @@ def check_factor(method: Method, factor) -> float:
         raise ExtendError(f"factor must be a finite number > 0, got {factor} — pass e.g. factor=2.0")
     if factor < method.min_factor:
         raise ExtendError(f"method {method.name!r} only extends context: factor must be >= {method.min_factor:g}, "
-                          f"got {factor:g} — use 'pi' to compress positions")
+                          f"got {factor:g} — use factors >= {method.min_factor:g} (or 'pi' to compress positions)")
     return factor
+
+
+def check_method(name: str, factor=1.0, options: dict | None = None) -> tuple[Method, float, dict]:
+    """Everything about (method, factor, options) that is known without a model: the name, the factor against
+    the method's range, the option names, required options and option value types. Raises ExtendError."""
+    method = get(name)
+    return method, check_factor(method, factor), check_options(method, dict(options or {}))
 
 
 def check_options(method: Method, options: dict) -> dict:
     known = set(method.options) | set(COMMON_OPTIONS)
     unknown = sorted(set(options) - known)
     if unknown:
-        valid = ", ".join(sorted(known)) or "none"
-        raise ExtendError(f"unknown option(s) {', '.join(unknown)} for method {method.name!r} — valid options: {valid}")
+        close = closest(unknown[0], known, "options") if len(unknown) == 1 else ""
+        mean = f"{close} " if close.startswith("did you mean") else ""
+        raise ExtendError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method.name!r} — {mean}"
+                          f"valid options: {', '.join(sorted(known))}")
     missing = sorted(k for k, v in method.options.items() if v is inspect.Parameter.empty and k not in options)
     if missing:
-        raise ExtendError(f"method {method.name!r} needs option(s) {', '.join(missing)} — pass them as keyword "
-                          f"arguments, e.g. {missing[0]}=[...]")
+        raise ExtendError(f"method {method.name!r} needs option(s) {', '.join(missing)} (no default) — give "
+                          f"them, e.g. {missing[0]}=[...]")
     for key, value in options.items():
         check_option_value(method, key, value)
     return options

@@ -98,7 +98,17 @@ def self_extend_group(factor: float, window: int, context: int) -> int:
                       f"smaller window")
 
 
-@register("self-extend", min_factor=1.0, remap=True)
+def _self_extend_reach(factor: float, context: int, options: dict) -> float:
+    """factor x c; with `group` G (factor 1) the largest T that self_extend_group's bound admits."""
+    group = options["group"]
+    if group is None:
+        return factor * context
+    window = context // 8 if options["window"] is None else options["window"]
+    return group * (context - window + window // group)
+
+
+@register("self-extend", min_factor=1.0, remap=True, uses_factor=lambda o: o["group"] is None,
+          reach=_self_extend_reach)
 def self_extend(rope: RopeBase, *, factor: float, window: int | None = None, group: int | None = None):
     """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv:2401.01325): neighbour attention with plain
     positions for keys within `window` tokens (i - j < window); beyond, grouped attention with positions
@@ -123,7 +133,8 @@ def self_extend(rope: RopeBase, *, factor: float, window: int | None = None, gro
     return Remap((_near(window), grouped), math.inf if group == 1 else window, {"window": window, "group": group})
 
 
-@register("rerope", min_factor=1.0, remap=True)
+@register("rerope", min_factor=1.0, remap=True, uses_factor=lambda o: bool(o["leaky"]),
+          reach=lambda factor, context, o: factor * context if o["leaky"] else math.inf)
 def rerope(rope: RopeBase, *, factor: float, window: int | None = None, leaky: bool = True):
     """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative positions
     clipped at `window` — plain for i - j < window, `window` beyond (query at position window, key at 0).
@@ -149,7 +160,7 @@ def rerope(rope: RopeBase, *, factor: float, window: int | None = None, leaky: b
     return Remap((_near(window), far), math.inf if k == 1.0 else window, {"window": window, "leaky": True, "k": k})
 
 
-@register("dca", min_factor=1.0, remap=True)
+@register("dca", min_factor=1.0, remap=True, reach=lambda factor, context, o: math.inf)
 def dca(rope: RopeBase, *, factor: float, chunk_size: int | None = None, local_window: int | None = None):
     """Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; the authors' ChunkLlama code and option names):
     chunks of s = chunk_size - local_window tokens; every key at position j % s. A query i attends its own

@@ -252,9 +252,9 @@ def _register(original: str) -> str:
     return name
 
 
-def patch(model: nn.Module, spec, factor: float, options: dict):
-    """extend.patch for a method registered with remap=True (called by extend.patching.patch)."""
-    from . import patching
+def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, patch_plain):
+    """extend.patch for a method registered with remap=True. extend.patching.patch calls it and passes its own
+    `rope_bases` and `patch_plain(**common_options) -> Patch`, so this module does not import patching back."""
     from .registry import COMMON_OPTIONS
     from .shipped import check_start_from, global_type, shipped_ropes
 
@@ -265,7 +265,7 @@ def patch(model: nn.Module, spec, factor: float, options: dict):
                           f"temperature option")
     rotary = rotary_module(model)
     start_from = check_start_from(common.get("start_from", "pretrained"))
-    bases = patching.rope_bases(model, rotary, common.get("original_max_position_embeddings"), start_from)
+    bases = rope_bases(model, rotary, common.get("original_max_position_embeddings"), start_from)
     remap = spec.fn(bases[global_type(shipped_ropes(model.config))], factor=factor,
                     **dict(spec.options_with_defaults(), **own))
     if not isinstance(remap, Remap):
@@ -280,7 +280,7 @@ def patch(model: nn.Module, spec, factor: float, options: dict):
     if not identity and apply is None:
         raise ExtendError(f"{spec.name} is not supported for {family(model)}: its modeling code has no "
                           f"apply_rotary_pos_emb")
-    handle = patching.patch(model, "plain", 1.0, **common)  # frequencies as plain leaves them
+    handle = patch_plain(**common)  # frequencies as plain leaves them
     if not identity:
         layered = bool(layer_types(rotary))
         extended = set(handle.options.get("layer_types", [None])) if layered else {None}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from extend.errors import RopebenchError
+
 from .store import ResultsError
 
 
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         writer = {"md": to_markdown, "csv": to_csv, "tex": to_latex}[args.format]
         sys.stdout.write(writer(t))
         return 0
-    except ResultsError as e:
+    except RopebenchError as e:  # every layer's user error (ResultsError, ExtendError, ...)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -1,4 +1,5 @@
-"""``load``: stored records of one or many runs -> one tidy DataFrame with the documented schema."""
+"""``load``: stored records of one or many runs -> one tidy DataFrame with the documented schema;
+``from_lm_eval``: the same for lm-eval results files alone."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from .lm_eval_import import lm_eval_rows
 from .store import (
     BOOKKEEPING,
     JSON_COLUMNS,
@@ -49,7 +51,6 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
                            f"records*.jsonl (or a records .jsonl file)")
     if path.is_file():
         if path.suffix == ".json":  # an lm-eval results file sits in the same tables
-            from .lm_eval_import import lm_eval_rows
             return lm_eval_rows(path)
         files = [path]
         default_run = path.parent.name
@@ -129,3 +130,21 @@ def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     # Same measured value written twice (e.g. the same cell appended twice in one session): keep the last.
     df = df.loc[~df[list(KEY_COLUMNS)].astype(str).duplicated(keep="last")]
     return df.reset_index(drop=True)
+
+
+def from_lm_eval(path: str | os.PathLike, *, run: str | None = None, method: str | None = None,
+                 factor: float | None = None, length: int | None = None) -> pd.DataFrame:
+    """An lm-eval results JSON (or a directory of them) as a DataFrame with the ropebench schema.
+
+    method/factor/options are what the ``ropebench`` model recorded in the results config (the patch's
+    resolved options, as the sweep records them); for other models (stock ``hf``) they come from
+    ``config.model_args`` ("pretrained=...,method=yarn,factor=2"; no method means "plain" at factor 1, and
+    model_args that are not loading arguments become the ``options``). ``method``/``factor`` given here win.
+    ``metric`` is lm-eval's metric name (with ",filter" appended unless the filter is "none"), ``n`` the
+    effective sample count, and the standard error goes to an extra ``stderr`` column. ``length`` comes
+    from the task config's ``metadata.length`` when present, else the argument.
+    """
+    rows = lm_eval_rows(path, run=run, method=method, factor=factor, length=length)
+    if not rows:
+        raise ResultsError(f"no metric values in {path} — the lm-eval results section is empty")
+    return normalize(pd.DataFrame.from_records(rows)).reset_index(drop=True)

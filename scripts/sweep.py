@@ -7,9 +7,9 @@ report.md.
     python scripts/sweep.py --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192 --out runs/x
     accelerate launch scripts/sweep.py --config my.yaml        # each process runs its share of the cells
 
-Rerunning with the same --out resumes (finished cells are skipped); --fresh starts over. Bad input prints one
-line `error: ...` and exits 2; failed cells are recorded, listed at the end, and make the exit code 1.
-See the README (section "Sweeps").
+Rerunning with the same --out resumes (finished cells are skipped); --fresh starts over. Bad input (any
+RopebenchError, caught once in sweep_lib/cli.py) prints one line `error: ...` and exits 2; failed cells are
+recorded, listed at the end, and make the exit code 1. See docs/sweeps.md and docs/bad-input.md.
 """
 import os
 import sys

@@ -1,6 +1,6 @@
-"""Suite options checked without a model: the sweep calls `check_suite_options` for every task before it loads
-anything, so a typo (`protocol=slidng`, `num_docs=0`, `depths=[1.5]`) fails at once with one line instead of in
-every cell after the model loaded.
+"""Suite names and options checked without a model: the sweep calls `check_task` for every task before it loads
+anything, so a typo (`passky`, `num_doc=2`, `protocol=slidng`, `num_docs=0`, `depths=[1.5]`) fails at once with one
+line instead of in every cell after the model loaded.
 
 The rules restate the checks at the top of each suite's `run` (same choices and ranges); an option without a rule
 here is checked against the type of its default in the suite's signature.
@@ -10,9 +10,11 @@ from __future__ import annotations
 import inspect
 import math
 
+from extend.errors import closest
+
 from .errors import TaskError
 
-NOT_OPTIONS = ("model", "tokenizer", "tok", "lengths", "seed", "progress")
+NOT_OPTIONS = ("model", "tokenizer", "tok", "lengths", "seed", "progress")  # a suite's arguments, not options
 
 
 def _positive(value) -> str | None:
@@ -92,23 +94,41 @@ def _by_default(default, value) -> str | None:
     return None
 
 
-def check_suite_options(task: str, suite, options: dict) -> None:
-    """Raise TaskError for the first bad option value of `task` (suite function `suite`), e.g.
-    "perplexity option num_docs=0 must be a positive integer — e.g. 1, 2 or 4"."""
+def suite_options(suite) -> tuple[dict, bool]:
+    """A suite's options (name -> default, inspect.Parameter.empty when required; NOT_OPTIONS left out) and
+    whether it also takes **kwargs (then any option name is accepted)."""
     params = inspect.signature(suite).parameters
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    options = {k: p.default for k, p in params.items()
+               if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and k not in NOT_OPTIONS}
+    return options, takes_any
+
+
+def check_task(task: str, options: dict, *, caller_keys: tuple = ()) -> None:
+    """`task` names a suite of tasks.SUITES and `options` are options it takes, with valid values. `caller_keys`:
+    keys the caller handles itself (e.g. the sweep's lengths, per_length), named in suggestions."""
+    from . import SUITES  # the registry lives in the package (plugins add suites to it)
+
+    if task not in SUITES:
+        raise TaskError(f"unknown task {task!r} — {closest(task, SUITES, 'tasks')}")
+    check_suite_options(task, SUITES[task], options, caller_keys=caller_keys)
+
+
+def check_suite_options(task: str, suite, options: dict, *, caller_keys: tuple = ()) -> None:
+    """Raise TaskError for the first option of `task` (suite function `suite`) that it does not take or whose value
+    is bad, e.g. "perplexity option num_docs=0 must be a positive integer — e.g. 1, 2 or 4"."""
+    known, takes_any = suite_options(suite)
+    for key in options:
+        if key in NOT_OPTIONS or not (takes_any or key in known):
+            raise TaskError(f"unknown option {key!r} for task {task!r} — "
+                            f"{closest(key, [*known, *caller_keys], 'options')}")
     rules = RULES.get(task, {})
     for key, value in options.items():
-        if key in NOT_OPTIONS:
-            continue
         rule = rules.get(key)
-        if rule is not None:
-            problem = rule(value)
-        else:
-            p = params.get(key)
-            problem = _by_default(p.default if p is not None else None, value)
+        problem = rule(value) if rule is not None else _by_default(known.get(key), value)
         if problem is not None:
             if " — " not in problem:
-                problem += " — check the value (README, section Suites, lists every option)"
+                problem += " — check the value (docs/suites.md lists every option)"
             raise TaskError(f"{task} option {key}={value!r} {problem}")
     if task == "perplexity" and options.get("protocol", "truncate") == "truncate":
         extra = [k for k in ("stride", "span") if options.get(k) is not None]

@@ -57,6 +57,21 @@ class LabelTask:
         value = doc.meta.get("label")
         return None if value is None else str(value)
 
+    # The prompt pieces, shared by the suite (which encodes them around a document's token ids) and the lm-eval
+    # task (tasks/lm_eval_tasks/utils.py, which writes `zero_shot_text`): one definition of the prompt.
+    @property
+    def header(self) -> str:
+        """What precedes every document, query or demonstration."""
+        return "Document:\n" if self.name == "label" else "Speech:\n"
+
+    def zero_shot_suffix(self, classes) -> str:
+        """What follows the document in a zero-shot prompt: the question and its options."""
+        return f"\n\nQuestion: {self.question} Options: {', '.join(classes)}.\nAnswer:"
+
+    def zero_shot_text(self, excerpt: str, classes) -> str:
+        """A zero-shot prompt as text (the suite builds the same prompt from token ids)."""
+        return self.header + excerpt + self.zero_shot_suffix(classes)
+
 
 LABEL_TASKS = {
     "era": LabelTask("era", "In which era was this speech given?", "Era"),
@@ -80,8 +95,7 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
     if corpus != "sotu" and label != "label":
         raise TaskError(f"label {label!r} is defined for corpus 'sotu' only — use label='label' for {corpus!r}")
     task = LABEL_TASKS[label]
-    labelled = [(d, task.label(d)) for d in iter_corpus(corpus)]
-    labelled = [(d, y) for d, y in labelled if y is not None]
+    labelled = labelled_documents(corpus, task)
     if not labelled:
         raise TaskError(f"corpus {corpus!r} has no documents with a {label!r} label — check the label field")
     classes = sorted({y for _, y in labelled})
@@ -99,8 +113,8 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
         options["demo_docs"] = len(demos)
         suffix = encode(f"\n{task.field}:")
     else:
-        suffix = encode(f"\n\nQuestion: {task.question} Options: {', '.join(classes)}.\nAnswer:")
-    header = encode("Speech:\n" if label != "label" else "Document:\n")
+        suffix = encode(task.zero_shot_suffix(classes))
+    header = encode(task.header)
 
     plans = {}
     for L in lengths:  # choose queries per length: in zero-shot a query must fill L tokens by itself
@@ -156,6 +170,12 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
             records.append(record("classification", corpus, L, "accuracy", float(y == p), 1, secs, opts, doc=doc.id))
     bar.close()
     return records
+
+
+def labelled_documents(corpus: str, task: LabelTask) -> list[tuple[Document, str]]:
+    """(document, label) for the corpus' documents the task gives a label."""
+    labelled = ((d, task.label(d)) for d in iter_corpus(corpus))
+    return [(d, y) for d, y in labelled if y is not None]
 
 
 def grouped_split(labelled, demo_fraction: float, seed: int):

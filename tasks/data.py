@@ -4,6 +4,7 @@ Every corpus becomes a list of `Document`s. Hub datasets and local files go thro
 `datasets.load_dataset` call (builder "text"/"json"/"csv" with `data_files=` for local files, the
 dataset id for the hub), streamed so that only the documents actually used are read.
 Documents shorter than a requested length are never padded: `take_long` skips them and counts them.
+A local path may start with `~` (expanded the same way by `check_corpus` and the loaders).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+
+from extend.errors import closest
 
 from .errors import TaskError
 
@@ -50,9 +53,7 @@ def check_corpus(name: str) -> None:
     """Everything about a corpus that can be known without a model, cheaply: the name, local files that exist and
     are not all empty, a hub dataset that can be opened (once: offline or unreachable fails here, not per cell).
     Raises TaskError with what is wrong and what to do."""
-    if not isinstance(name, str) or not name:
-        raise TaskError(f"corpus must be a non-empty string, got {name!r} — use one of {corpus_names()} "
-                        "or a path to *.txt / *.jsonl / *.csv files")
+    _check_name(name)
     if name == "sotu":
         return
     files = _local_files(name)
@@ -74,9 +75,7 @@ def load_corpus(name: str, *, split: str | None = None, text_field: str | None =
 
 def iter_corpus(name: str, *, split: str | None = None, text_field: str | None = None,
                 label_field: str | None = None) -> Iterator[Document]:
-    if not isinstance(name, str) or not name:
-        raise TaskError(f"corpus must be a non-empty string, got {name!r} — use one of {corpus_names()} "
-                        "or a path to *.txt / *.jsonl / *.csv files")
+    _check_name(name)
     if name == "sotu":
         yield from _sotu()
         return
@@ -89,13 +88,19 @@ def iter_corpus(name: str, *, split: str | None = None, text_field: str | None =
     yield from _hub(hub, split=split, text_field=text_field, label_field=label_field)
 
 
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not name:
+        raise TaskError(f"corpus must be a non-empty string, got {name!r} — use one of {corpus_names()} "
+                        "or a path to *.txt / *.jsonl / *.csv files")
+
+
 def _hub_spec(name: str, *, split, text_field, label_field) -> HubCorpus:
     hub = HUB_CORPORA.get(name)
-    if hub is None and "/" in name and not os.path.exists(name) and not name.startswith((".", "/")):
+    if hub is None and "/" in name and not os.path.exists(name) and not name.startswith((".", "/", "~")):
         hub = HubCorpus(name, split or "test", text_field or "text", label_field or "label")
     if hub is None:
-        raise TaskError(f"unknown corpus {name!r} — use one of {corpus_names()}, a hub dataset id "
-                        "'owner/name', or an existing *.txt / *.jsonl / *.csv path (file, directory or glob)")
+        raise TaskError(f"unknown corpus {name!r} — {closest(name, corpus_names(), 'corpora')} (or a hub dataset "
+                        "id 'owner/name', or an existing *.txt / *.jsonl / *.csv path: file, directory or glob)")
     return hub
 
 
@@ -130,6 +135,7 @@ def _sotu() -> Iterator[Document]:
 # --- local files and hub datasets: one `datasets.load_dataset` path ----------------------------------
 
 def _local_files(spec: str) -> list[str]:
+    spec = os.path.expanduser(spec)  # the shell would have; a config file or an option value was not expanded
     if os.path.isdir(spec):
         paths = [os.path.join(spec, f) for f in os.listdir(spec)]
     elif any(c in spec for c in "*?["):

@@ -144,7 +144,7 @@ def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences
     within 1% of `length`."""
 
     def n_tokens(k):
-        return len(encode(tokenizer, compose(cut_haystack(sentences, k), depth, key), chat_template, prefix))
+        return len(encode(tokenizer, prompt(sentences, k, depth, key), chat_template, prefix))
 
     lo, hi = 0, sum(len(s.split()) for s in sentences)
     if n_tokens(0) > length:
@@ -168,7 +168,20 @@ def build_prompt(tokenizer, length: int, depth: float, key: int, sentences: list
     """Token ids of the longest prompt with at most `length` tokens; the needle at the sentence boundary
     nearest the depth. `prefix`: the special ids before the text (default: the tokenizer's own, see encode)."""
     words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template, prefix)
-    return encode(tokenizer, compose(cut_haystack(sentences, words), depth, key), chat_template, prefix)
+    return encode(tokenizer, prompt(sentences, words, depth, key), chat_template, prefix)
+
+
+def prompt(sentences: list[str], words: int, depth: float, key: int) -> tuple[str, str]:
+    """(user text, answer prefix) of the prompt whose haystack is `sentences` cut after `words` words. The one
+    prompt builder: the suite encodes it (`encode`), the lm-eval task (tasks/lm_eval_tasks/utils.py) writes it as
+    `plain_text`."""
+    return compose(cut_haystack(sentences, words), depth, key)
+
+
+def plain_text(parts: tuple[str, str]) -> str:
+    """A prompt as one text, without chat template: the user text, a space, the answer prefix."""
+    user, answer_prefix = parts
+    return f"{user} {answer_prefix}"
 
 
 def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
@@ -186,14 +199,14 @@ def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
 def encode(tokenizer, parts: tuple[str, str], chat_template: bool, prefix: list[int] | None = None) -> list[int]:
     """The prompt's ids: through the chat template, or `prefix` (default: what the tokenizer's own encoding puts
     before text, `special_prefix`) + the text without special tokens."""
-    user, answer_prefix = parts
     if chat_template:
+        user, answer_prefix = parts
         text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                              add_generation_prompt=True)
         return tokenizer(text + answer_prefix, add_special_tokens=False)["input_ids"]
     if prefix is None:
         prefix = special_prefix(tokenizer)
-    return list(prefix) + tokenizer(f"{user} {answer_prefix}", add_special_tokens=False)["input_ids"]
+    return list(prefix) + tokenizer(plain_text(parts), add_special_tokens=False)["input_ids"]
 
 
 @torch.inference_mode()

@@ -1,94 +1,10 @@
-"""Prefix sharing: the KV cache of the longest common token prefix between consecutive prompts is reused,
-so a prefix many prompts share (many-shot demonstrations, a passkey haystack up to the needle) runs once.
+"""Moved to `extend.prefix_cache` (the lm-eval model in the core shares prefixes too).
 
-In the style of a radix / prefix cache with one cached path: `sharing_order` visits a cell's prompts in
-lexicographic token order (a depth-first walk of their token trie, which makes the tokens computed equal to
-the trie's size — the least any single-path cache can do); `PrefixCache` keeps the cache of the last prompt,
-crops it to what the next prompt shares and runs only the rest. Memory: one prompt's cache at a time.
-
-The cache is transformers' `DynamicCache()` built without the model config, so every layer is a plain
-`DynamicLayer` that can be cropped anywhere: sliding-window layers then keep all their keys, and the family's
-own mask functions (position based) still hide what lies outside the window. Positions come from the cache
-length (the family's own `cache_position` / `position_ids` logic), as in `generate`.
-
-Exactness: a continued forward computes the same function as one forward over the whole prompt; only the
-blocking of the sums differs (float32: ~1e-6). Length-dependent (dynamic) methods must see one length for
-the whole cell, or a cached prefix would hold keys rotated for another length: the suites wrap each cell in
-`extend.fixed_length` (`cell_length`), shared or not, so both paths compute the same numbers.
+This name is the same module object, not a copy: code and tests that set `tasks.prefix_cache.MIN_SHARED` or
+wrap `tasks.prefix_cache.PrefixCache` change what every caller uses, as before the move.
 """
-from __future__ import annotations
+import sys
 
-import torch
-from transformers import DynamicCache
+from extend import prefix_cache
 
-from .scoring import body, device_of
-
-# Below this many shared tokens a prompt starts from an empty cache: a continued forward attends with an
-# explicit mask instead of SDPA's causal kernel, which costs more than recomputing a short prefix
-# (benchmarks/BENCHMARKS.md, "nothing to share").
-MIN_SHARED = 256
-
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def sharing_order(prompts) -> list[int]:
-    """Indices of `prompts` (token lists) in the order that shares the most between neighbours
-    (lexicographic: a depth-first walk of the prompts' token trie)."""
-    return sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
-
-
-def cell_length(model, length: int):
-    """Context: every forward inside uses the RoPE frequencies (and xPos centre) of a `length`-token call
-    (`extend.fixed_length`), so a prefix cached for one prompt of a cell stays valid for the next. Pass the
-    cell's longest prompt + new tokens. A no-op for length-independent methods and unpatched models."""
-    import extend
-
-    return extend.fixed_length(model, int(length))
-
-
-class PrefixCache:
-    """One cached token prefix and its KV cache. `share=False` gives the unshared path through the same code
-    (every prompt from an empty cache). Counters: tokens `computed` and `reused` so far."""
-
-    def __init__(self, model, *, share: bool = True, min_shared: int | None = None):
-        self.model, self.share = model, bool(share)
-        self.min_shared = MIN_SHARED if min_shared is None else int(min_shared)
-        self.cache, self.ids = None, []
-        self.computed = self.reused = 0
-
-    def reuse(self, ids, *, keep_at_most: int | None = None) -> tuple[DynamicCache, int]:
-        """Prepare the cache for prompt `ids`: cropped to the prefix it shares with the cached prompt (at most
-        `keep_at_most` and len(ids) - 1 tokens, so at least one token runs), or empty. Returns (cache, number of
-        cached tokens); the caller runs ids[cached:] on it (then the cache holds `ids`)."""
-        ids = list(ids)
-        limit = len(ids) - 1 if keep_at_most is None else min(keep_at_most, len(ids) - 1)
-        shared = min(common_prefix(self.ids, ids), limit) if self.share and self.cache is not None else 0
-        if shared < self.min_shared or shared < 1:
-            shared, self.cache = 0, DynamicCache()
-        else:
-            self.cache.crop(shared - self.cache.get_seq_length())
-        self.ids = ids
-        self.reused += shared
-        self.computed += len(ids) - shared
-        return self.cache, shared
-
-    @torch.inference_mode()
-    def prefill(self, ids, *, keep_at_most: int | None = None) -> tuple[torch.Tensor, int]:
-        """Run prompt `ids` on the cache: (final hidden states of positions [start, len(ids)), start)."""
-        cache, start = self.reuse(ids, keep_at_most=keep_at_most)
-        x = torch.tensor([self.ids[start:]], dtype=torch.long, device=device_of(self.model))
-        hidden = body(self.model)(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state
-        return hidden[0], start
-
-    def settle(self) -> None:
-        """Drop what ran after the prompt (continuations, generated tokens): the cache holds the prompt again."""
-        extra = self.cache.get_seq_length() - len(self.ids)
-        if extra > 0:
-            self.cache.crop(-extra)
+sys.modules[__name__] = prefix_cache

@@ -9,45 +9,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# The model-execution pieces live in the core (the lm-eval model uses them too); importable from here as before.
+from extend.forward import body, device_of, logit_postprocess
+from extend.prefix_cache import PrefixCache
+
 from .errors import TaskError
-
-
-def body(model):
-    """The decoder without its LM head (returns last_hidden_state after the final norm)."""
-    base = getattr(model, "base_model", None)
-    if base is None or base is model:
-        raise TaskError(f"{type(model).__name__} has no separate decoder body (model.base_model) — "
-                        "pass a *ForCausalLM model")
-    return base
 
 
 def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """Float32 logits for some hidden states, with the family's logit post-processing."""
     return logit_postprocess(model)(model.get_output_embeddings()(hidden).float())
-
-
-def logit_postprocess(model):
-    """The family's logit post-processing (logits -> logits, in their dtype), which its ForCausalLM.forward
-    applies and which we bypass by calling the LM head directly."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    scale = getattr(config, "logit_scale", None)  # Cohere
-    divisor = getattr(config, "logits_scaling", None)  # Granite
-    cap = getattr(config, "final_logit_softcapping", None)  # Gemma2/3
-
-    def apply(logits: torch.Tensor) -> torch.Tensor:
-        if scale:
-            logits = logits * scale
-        if divisor:
-            logits = logits / divisor
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
-
-    return apply
-
-
-def device_of(model) -> torch.device:
-    return model.get_input_embeddings().weight.device
 
 
 # Bytes of float32 logits per cross-entropy call. The upcast, log-softmax and gather of a few-MB block stay in
@@ -93,9 +64,7 @@ def continuation_logprobs(model, prefix_ids, continuations: list[list[int]], *, 
 
     The prefix runs once (KV cache kept); each continuation then runs on that cache, which is
     cropped back to the prefix afterwards — so K labels cost one long forward, not K. With a
-    `tasks.prefix_cache.PrefixCache`, the part of the prefix it shares with the previous prompt is not rerun."""
-    from .prefix_cache import PrefixCache
-
+    `extend.prefix_cache.PrefixCache`, the part of the prefix it shares with the previous prompt is not rerun."""
     if not continuations or any(len(c) == 0 for c in continuations):
         raise TaskError("every continuation needs at least one token")
     dev = device_of(model)

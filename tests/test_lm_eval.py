@@ -6,7 +6,6 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
            TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
-SMALL = {"passkey_lengths": [256], "depths": (0.0, 1.0), "trials": 1, "classification_lengths": [256], "num_docs": 4}
+SMALL = {"passkey_lengths": [256, 512], "depths": (0.0, 0.5, 1.0), "trials": 1, "classification_lengths": [256, 512],
+         "num_docs": 4}
 
 
 def shim(*args, timeout=600):
@@ -80,6 +80,28 @@ def test_tasks_path_command(capsys):
     assert (path / "ropebench_passkey_16k.yaml").is_file() and (path / "ropebench_sotu_era_4k.yaml").is_file()
 
 
+def test_committed_tasks_are_templates_plus_lengths():
+    """lm-eval indexes the committed folder: each task is its suite's template with a name and a length, and
+    the tags select the suites."""
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from tasks import lm_eval_export as ex
+
+    folder = ROOT / "tasks" / "lm_eval_tasks"
+    manager = TaskManager(include_path=str(folder), include_defaults=False)
+    passkey_tasks = {f"ropebench_passkey_{ex.length_name(n)}": n for n in ex.PASSKEY_LENGTHS}
+    era_tasks = {f"ropebench_sotu_era_{ex.length_name(n)}": n for n in ex.CLASSIFICATION_LENGTHS}
+    assert set(manager.all_tasks) == {*passkey_tasks, *era_tasks, "ropebench", "ropebench_passkey",
+                                      "ropebench_sotu_era"}
+    for name, length in {**passkey_tasks, **era_tasks}.items():
+        suite = "passkey" if name in passkey_tasks else "sotu_era"
+        assert (folder / f"{name}.yaml").read_text(encoding="utf-8") == ex.task_yaml(suite, length)
+        config = load_yaml(folder / f"{name}.yaml", resolve_func=False)
+        assert config["metadata"]["length"] == length  # results.from_lm_eval reads the length from here
+        assert config["custom_dataset"].endswith(f"utils.load_{suite}")
+
+
 # --- real model -----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -97,29 +119,56 @@ def task_manager(small_tasks):
 
 
 @pytest.mark.real
-def test_export_is_deterministic_and_matches_the_suites(smollm2, small_tasks):
-    from tasks import lm_eval_export, passkey
+def test_export_is_deterministic_and_self_contained(smollm2, small_tasks):
+    from tasks import lm_eval_export as ex
 
-    tok = smollm2[1]
-    files = lm_eval_export.render(tok, **SMALL)  # check=True: every passkey prompt == passkey.build_prompt
-    assert files == {p.name: p.read_text(encoding="utf-8") for p in small_tasks.iterdir() if p.is_file()}
-    spec = importlib.util.spec_from_file_location("rb_utils_test", small_tasks / "ropebench_utils.py")
-    utils = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(utils)
-    for words, depth, key in ((0, 0.0, 12345), (37, 0.5, 777), (200, 1.0, 99999), (151, 0.3, 10000)):
-        assert utils.passkey_text(words, depth, key) == lm_eval_export.passkey_text(words, depth, key)
-    docs = utils.passkey("passkey.jsonl", 256)["test"]
-    assert len(docs) == 2 and all(len(tok(d["text"])["input_ids"]) <= 256 for d in docs)
-    assert all(passkey.NEEDLE.format(key=d["key"]) in d["text"] for d in docs)
-    era = utils.sotu_era("sotu_era.jsonl", 256)["test"]
-    assert len(era) == 4 and sorted(era["gold"]) == [0, 1, 2, 3]
-    assert all(256 - 8 <= len(tok(d["text"])["input_ids"]) <= 256 + 2 for d in era)
+    files = ex.render(smollm2[1], **SMALL)
+    assert {n: (small_tasks / n).read_text(encoding="utf-8") for n in files} == files
+    for name in ex.STATIC_FILES:  # the hand-written files travel with the data: the folder works alone
+        assert (small_tasks / name).read_bytes() == (ex.OUT_DIR / name).read_bytes()
+    assert {p.name for p in small_tasks.iterdir() if p.is_file()} == {*files, *ex.STATIC_FILES}
+
+
+def _lm_eval_prompts(lm, task_manager, task_name) -> list[list[int]]:
+    """The token ids of the prompts lm-eval builds for a task (one per doc), encoded as the model encodes them."""
+    task = task_manager.load(task_name)["tasks"][task_name]
+    task.build_all_requests()
+    contexts = {inst.doc_id: inst.arguments[0] for inst in task.instances}  # multiple choice: 4 per doc
+    return sorted(lm.tok_encode(c) for c in contexts.values())
+
+
+@pytest.mark.real
+def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_manager, monkeypatch):
+    """The prompts the lm-eval tasks feed the model are the ones passkey.run and classification.run build."""
+    from extend.lm_eval import RopebenchLM
+    from tasks import classification, passkey
+
+    model, tok = smollm2
+    suite = {"passkey": [], "sotu_era": []}
+    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: suite["passkey"].append(ids) or "")
+    monkeypatch.setattr(classification, "continuation_logprobs",
+                        lambda m, ids, answers, prefix_cache: suite["sotu_era"].append(ids) or
+                        [torch.zeros(len(a)) for a in answers])
+    lengths = SMALL["passkey_lengths"]
+    assert lengths == SMALL["classification_lengths"]
+    passkey.run(model, tok, lengths=lengths, depths=SMALL["depths"], trials=SMALL["trials"], progress=False)
+    classification.run(model, tok, lengths=lengths, num_docs=SMALL["num_docs"], progress=False)
+    lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain")
+    try:
+        for name, prompts in suite.items():
+            per_length = len(SMALL["depths"]) * SMALL["trials"] if name == "passkey" else SMALL["num_docs"]
+            for i, length in enumerate(lengths):
+                mine = sorted(prompts[i * per_length:(i + 1) * per_length])
+                assert max(map(len, mine)) <= length and min(map(len, mine)) >= 0.99 * length
+                assert _lm_eval_prompts(lm, task_manager, f"ropebench_{name}_{length}") == mine, (name, length)
+    finally:
+        lm.close()
 
 
 @pytest.mark.real
 def test_committed_task_folder_is_up_to_date(smollm2):
-    """Regenerating the committed folder gives the same files (checked on its short lengths; the full
-    regeneration is `python -m tasks.lm_eval_export`)."""
+    """Exporting again gives the committed docs (checked on the short lengths; the full export is
+    `python -m tasks.lm_eval_export`)."""
     from tasks import lm_eval_export as ex
 
     tok = smollm2[1]
@@ -132,10 +181,8 @@ def test_committed_task_folder_is_up_to_date(smollm2):
     assert ex.era_docs(tok, [1024], ex.CLASSIFICATION_DOCS) == [r for r in rows if r["length"] == 1024]
     names = {f"ropebench_passkey_{ex.length_name(n)}.yaml" for n in ex.PASSKEY_LENGTHS}
     names |= {f"ropebench_sotu_era_{ex.length_name(n)}.yaml" for n in ex.CLASSIFICATION_LENGTHS}
-    assert names | {"ropebench_utils.py", "passkey.jsonl", "sotu_era.jsonl"} == {
+    assert names | set(ex.STATIC_FILES) | {"passkey.jsonl", "sotu_era.jsonl"} == {
         p.name for p in folder.iterdir() if p.is_file()}
-    assert (folder / "ropebench_passkey_8k.yaml").read_text() == ex.PASSKEY_YAML.format(
-        name="8k", length=8192, version=ex.VERSION)
 
 
 def _requests(tok):

@@ -1,6 +1,7 @@
 """Every method against an independent float64 reference written from its paper's equations, and against
 transformers' own rope types where they exist. Positions up to 32768, factors 1, 2, 4, 8."""
 
+import dataclasses
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import extend
+from extend.methods import transformers_rope  # the module, not the extend.methods() function
 
 THETA, HEAD_DIM, L = 1e5, 64, 8192  # SmolLM2-135M's RoPE
 FACTORS = [1.0, 2.0, 4.0, 8.0]
@@ -162,6 +164,45 @@ def test_formula_at_factor_one_is_the_unpatched_rope(method):
         rope = extend.registry.get(method)(base, 1.0, seq_len=seq_len)
         torch.testing.assert_close(rope.inv_freq.double(), base_inv_freq(), rtol=1e-6, atol=0)
         assert rope.attention_factor == 1.0
+
+
+IDENTITY_AT_ONE = sorted(m for m in extend.methods() if extend.registry.get(m).identity_at_one)
+
+
+@pytest.mark.parametrize("method", IDENTITY_AT_ONE)
+def test_patch_at_factor_one_runs_the_formula(method, monkeypatch):
+    """extend.patch at factor 1 calls the method's function (it does not skip to the model's tensor), and a
+    formula that does not reduce to the unpatched RoPE at factor 1 is refused."""
+    spec = extend.registry.get(method)
+    calls = []
+
+    def counted(rope, **kw):
+        calls.append(kw["factor"])
+        return spec.fn(rope, **kw)
+
+    monkeypatch.setitem(extend.registry._REGISTRY, method, dataclasses.replace(spec, fn=counted))
+    with extend.patched(MODEL, method, factor=1.0):
+        pass
+    assert calls == [1.0]
+
+    def off_by_a_percent(rope, **kw):
+        inv_freq, attention = spec.fn(rope, **kw)[:2]
+        return inv_freq * 1.01, attention
+
+    monkeypatch.setitem(extend.registry._REGISTRY, method, dataclasses.replace(spec, fn=off_by_a_percent))
+    with pytest.raises(extend.ExtendError, match="does not reduce to the unpatched RoPE"):
+        extend.patch(MODEL, method, factor=1.0)
+    assert extend.current(MODEL) is None
+
+
+def test_dynamic_formulas_at_scale_one_are_the_unpatched_rope():
+    """dynamic-ntk and dynamic-yarn return the model's frequencies while the current scale is 1 (up to the trained
+    context); the formulas they delegate to give the same at scale 1, so that shortcut changes no value."""
+    base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
+    for rope_type in ("dynamic", "yarn"):
+        inv_freq, attention = transformers_rope(rope_type, base, 1.0, seq_len=L)
+        torch.testing.assert_close(inv_freq.double(), base_inv_freq(), rtol=1e-6, atol=0)
+        assert attention == 1.0
 
 
 @pytest.mark.parametrize("factor", FACTORS)

@@ -1,6 +1,6 @@
-"""scripts/sweep.py: config + CLI overrides, cell keys, bad input (exit 2, one line), failure isolation, resume after
-kill -9, and an end-to-end run on a tiny random Llama (real perplexity suite) that a 2-process accelerate launch
-must reproduce."""
+"""scripts/sweep.py: config + CLI overrides, method facts deciding the factors, cell keys, failure isolation, resume
+after kill -9, and an end-to-end run on a tiny random Llama (real perplexity suite) that a 2-process accelerate
+launch must reproduce. Bad input (exit 2, one line) is tests/test_bad_inputs.py."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,11 @@ PY = sys.executable
 sys.path.insert(0, str(SCRIPTS))
 
 import sweep_lib
+from sweep_lib import checks, resolve
 from sweep_lib import config as C
 from sweep_lib import grid as G
 from sweep_lib import run as R
+from sweep_lib.cli import load_config, parser
 
 
 def env(**extra):
@@ -121,7 +122,15 @@ def fake_args(model, out, *more):
 
 # ---------------------------------------------------------------------------------------------- config
 def parse(argv):
-    return R.load_config(R.parser().parse_args(argv))
+    """The resolved config of a command line (shape and types; names are checked by `checks`)."""
+    return load_config(parser().parse_args(argv))
+
+
+def parse_methods(argv):
+    """As parse, with the methods checked against the registry (which runs plain at factor 1 alone)."""
+    cfg = parse(argv)
+    checks.check_methods(cfg)
+    return cfg
 
 
 def test_yaml_config_and_cli_overrides(tmp_path):
@@ -136,7 +145,7 @@ def test_yaml_config_and_cli_overrides(tmp_path):
         seed: 3
         out: runs/x
         """)
-    cfg = parse(["--config", str(cfg_file)])
+    cfg = parse_methods(["--config", str(cfg_file)])
     assert cfg["model"] == ["smollm2-135m"]
     assert [(m["method"], m["factors"], m["options"]) for m in cfg["methods"]] == [
         ("plain", [1.0], {}), ("yarn", [4.0], {"beta_fast": 16}), ("pi", [2.0], {})]
@@ -144,7 +153,7 @@ def test_yaml_config_and_cli_overrides(tmp_path):
     assert cfg["tasks"]["passkey"]["lengths"] == [8192] and cfg["tasks"]["passkey"]["per_length"] is True
     assert cfg["seed"] == 3 and cfg["out"] == str((Path.cwd() / "runs/x").resolve())
 
-    cfg = parse(["--config", str(cfg_file), "--methods", "yarn,ntk", "--factors", "8", "--lengths", "1024",
+    cfg = parse_methods(["--config", str(cfg_file), "--methods", "yarn,ntk", "--factors", "8", "--lengths", "1024",
                  "--tasks", "perplexity", "--seed", "5", "--dtype", "bf16", "-o", "yarn.beta_slow=2",
                  "-t", "perplexity.num_docs=1", "--corpus", "pg19", "--out", str(tmp_path / "o")])
     assert [(m["method"], m["factors"], m["options"]) for m in cfg["methods"]] == [
@@ -156,21 +165,61 @@ def test_yaml_config_and_cli_overrides(tmp_path):
 
 def test_no_arguments_is_the_demo():
     cfg = parse([])
+    demo = C.read_yaml(C.DEMO_CONFIG)
     assert cfg["config_file"] == str(C.DEMO_CONFIG)
     assert cfg["model"] == ["smollm2-135m"]
-    assert [m["method"] for m in cfg["methods"]] == ["plain", "pi", "ntk", "dynamic-ntk", "yarn"]
-    assert all(m["factors"] == ([1.0] if m["method"] == "plain" else [2.0]) for m in cfg["methods"])
+    assert [m["method"] for m in cfg["methods"]] == demo["methods"] and "plain" in demo["methods"]
     assert set(cfg["tasks"]) == {"perplexity", "passkey", "classification"}
     ppl = cfg["tasks"]["perplexity"]["lengths"]
     assert min(ppl) < 8192 < max(ppl)  # both sides of SmolLM2's trained context
-    C.check_registries(cfg)
+    checks.check_registries(cfg)  # every name of the demo is valid (it raises otherwise) ...
+    # ... and plain, whose factor does nothing (registry fact), runs once at factor 1
+    factors = sorted(float(f) for f in demo["factors"])
+    assert [m["factors"] for m in cfg["methods"]] == [[1.0] if m["method"] == "plain" else factors
+                                                      for m in cfg["methods"]] and factors != [1.0]
+    assert all(set(m) == {"method", "factors", "options"} for m in cfg["methods"])  # no bookkeeping left
+
+
+def test_method_facts_decide_the_factors(tmp_path):
+    """A method runs at factor 1 alone where the registry says the factor does nothing (plain) or must stay 1 with
+    its options (self-extend with group, rerope with leaky=False); the position-remapping methods otherwise take
+    the grid's factors like the frequency methods."""
+    conf = write(tmp_path / "c.yaml", """
+        model: smollm2-135m
+        methods: [plain, dca, self-extend, rerope, {method: self-extend, options: {group: 4}},
+                  {method: rerope, options: {leaky: false}}]
+        factors: [2, 4]
+        tasks: [perplexity]
+        lengths: [64]
+        """)
+    cfg = parse_methods(["--config", str(conf)])
+    assert [(m["method"], m["factors"]) for m in cfg["methods"]] == [
+        ("plain", [1.0]), ("dca", [2.0, 4.0]), ("self-extend", [2.0, 4.0]), ("rerope", [2.0, 4.0]),
+        ("self-extend", [1.0]), ("rerope", [1.0])]
+    import extend
+
+    assert not extend.describe("plain")["uses_factor"] and extend.describe("dca")["uses_factor"]
+    with pytest.raises(extend.ExtendError, match="only extends context"):  # the registry's own factor check
+        parse_methods(["--config", str(conf), "--methods", "dca", "--factors", "0.5"])
+
+
+def test_length_warning_follows_each_methods_reach():
+    """The warning limit is the registry's reach: factor x the trained context, the trained context for plain, any
+    length for dca and clipped rerope, and what the group covers for self-extend with a group."""
+    context = {"trained_context": 128}
+    assert R.length_warning("dca", 2.0, [10**6], context) is None
+    assert R.length_warning("rerope", 1.0, [10**6], dict(context, leaky=False)) is None
+    assert "256 tokens" in R.length_warning("rerope", 2.0, [300], context)
+    grouped = dict(context, group=4, window=16)  # reach 4 x (128 - 16 + 16 // 4) = 464
+    assert R.length_warning("self-extend", 1.0, [464], grouped) is None
+    assert "464 tokens" in R.length_warning("self-extend", 1.0, [465], grouped)
 
 
 def test_unknown_keys_get_the_closest_names(tmp_path):
     with pytest.raises(C.ConfigError, match="unknown key 'lenghts'.*did you mean lengths"):
-        C.resolve({"model": "m", "methods": ["plain"], "tasks": ["perplexity"], "lenghts": [1]})
+        resolve.resolve({"model": "m", "methods": ["plain"], "tasks": ["perplexity"], "lenghts": [1]})
     with pytest.raises(C.ConfigError, match="unknown key 'factor' in methods\\[0\\].*factors"):
-        C.resolve({"model": "m", "methods": [{"method": "yarn", "factor": 2}], "tasks": ["x"], "lengths": [1]})
+        resolve.resolve({"model": "m", "methods": [{"method": "yarn", "factor": 2}], "tasks": ["x"], "lengths": [1]})
 
 
 # ---------------------------------------------------------------------------------------------- cells
@@ -192,7 +241,7 @@ def test_cell_keys_are_stable_and_complete():
 
 
 def test_grid_order_per_length_and_sharding():
-    cfg = parse(["--model", "a", "b", "--methods", "plain", "yarn", "--factors", "2", "4",
+    cfg = parse_methods(["--model", "a", "b", "--methods", "plain", "yarn", "--factors", "2", "4",
                  "--tasks", "perplexity", "passkey", "--lengths", "64", "128"])
     cells = G.build(dict(cfg, dtype="float32"))
     # model x (plain@1 + yarn@2,4) x (perplexity: one cell with both lengths + passkey: one per length)
@@ -205,59 +254,6 @@ def test_grid_order_per_length_and_sharding():
     keys = [[c.key for c in s] for s in shards]
     assert sorted((k for ks in keys for k in ks), key=[c.key for c in cells].index) == [c.key for c in cells]
     assert not set(keys[0]) & set(keys[1]) and keys[1] == [c.key for c in cells[1::3]]
-
-
-# ---------------------------------------------------------------------------------------------- bad input
-def _bad_cases(tmp_path):
-    bad_yaml = write(tmp_path / "bad.yaml", "model: [smollm2-135m\nmethods: plain\n")
-    listy = write(tmp_path / "list.yaml", "- plain\n- yarn\n")
-    typo = write(tmp_path / "typo.yaml", "model: smollm2-135m\nmethods: [plain]\nlenghts: [1024]\ntasks: [perplexity]\n")
-    empty = write(tmp_path / "empty.yaml", "model: smollm2-135m\nmethods: []\ntasks: {perplexity: {lengths: [64]}}\n")
-    afile = write(tmp_path / "afile", "x")
-    def base(*more):  # each flag once: a flag given twice is itself an error
-        flags = {"--model": "smollm2-135m", "--tasks": "perplexity", "--lengths": "64", "--out": str(tmp_path / "o")}
-        for flag, value in zip(more[::2], more[1::2]):
-            flags[flag] = value
-        return [x for kv in flags.items() for x in kv]
-
-    return {
-        "missing config": (["--config", str(tmp_path / "nope.yaml")], "config file not found"),
-        "invalid yaml": (["--config", str(bad_yaml)], "invalid YAML"),
-        "yaml not a mapping": (["--config", str(listy)], "must hold a mapping"),
-        "unknown key": (["--config", str(typo)], "did you mean lengths"),
-        "empty grid": (["--config", str(empty), "--out", str(tmp_path / "o")], "empty grid"),
-        "zero length": (base("--lengths", "0"), "not positive"),
-        "negative length": (base("--lengths", "-5"), "not positive"),
-        "non-integer length": (base("--lengths", "2.5"), "not an integer"),
-        "text length": (base("--lengths", "abc"), "not an integer"),
-        "bad factor": (base("--factors", "-2"), "not a positive number"),
-        "unwritable out": (base("--out", str(afile / "sub")), "cannot write to --out"),
-        "unknown flag": (base("--lenghts", "5"), "unrecognized arguments"),
-        "bad seed": (base("--seed", "x"), "invalid integer"),
-        "unknown method": (base("--methods", "yarm"), "did you mean yarn"),
-        "unknown task": (base("--tasks", "passky"), "did you mean passkey"),
-        "unknown corpus": (base("--corpus", "sotuu"), "did you mean sotu"),
-        "unknown model": (base("--model", "smollm2-136m"), "did you mean smollm2-135m"),
-        "missing model dir": (base("--model", str(tmp_path / "no-model")), "not a model directory"),
-        "unknown method option": (base("--methods", "yarn", "-o", "yarn.beta_fats=3"), "did you mean beta_fast"),
-        "unknown task option": (base("-t", "perplexity.num_doc=2"), "did you mean num_docs"),
-    }
-
-
-def test_bad_input_exits_2_with_one_line(tmp_path):
-    cases = _bad_cases(tmp_path)
-    with ThreadPoolExecutor(4) as pool:  # most cases fail before torch is imported; a few need the registries
-        done = dict(zip(cases, pool.map(lambda argv: cli(*argv), [argv for argv, _ in cases.values()])))
-    failures = []
-    for name, p in done.items():
-        err = p.stderr
-        lines = err.strip().splitlines()
-        expect = cases[name][1]
-        if not (p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0]
-                and "Traceback" not in err and " — " in lines[0]):
-            failures.append(f"{name}: rc={p.returncode} stderr={err!r}")
-    assert not failures, "\n".join(failures)
-    assert len(cases) >= 10
 
 
 # ---------------------------------------------------------------------------------------------- machinery

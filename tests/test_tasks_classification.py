@@ -11,16 +11,6 @@ from tasks.data import load_corpus
 from tasks.scoring import continuation_logprobs
 
 
-@pytest.fixture(scope="module")
-def tok(smollm2_tokenizer):
-    return smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny(tok):
-    return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
-
-
 @pytest.mark.parametrize("label", ["era", "party"])
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_no_president_on_both_sides_of_the_split(label, seed):
@@ -79,7 +69,8 @@ def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, 
     skipped = {r["length"]: r["task_options"]["skipped_short"] for r in recs}
     n = {r["length"]: r["n"] for r in recs if r["doc"] is None}
     assert skipped[512] == 0 and n[512] == 30
-    assert skipped[4096] > 0 and {r["metric"] for r in recs} >= {"accuracy", "macro_f1", "chance"}
+    assert skipped[4096] > 0
+    assert {r["metric"] for r in recs} == {"accuracy", "macro_f1", "accuracy_norm", "macro_f1_norm", "chance"}
 
 
 def test_many_shot_packs_demonstrations_to_exactly_L(tiny, tok, monkeypatch):
@@ -92,7 +83,15 @@ def test_many_shot_packs_demonstrations_to_exactly_L(tiny, tok, monkeypatch):
     text = tok.decode(prompts[-1])
     assert text.count("\nParty: Democratic\n") >= 2 and text.count("\nParty: Republican\n") >= 2
     assert text.endswith("\nParty:")
-    assert {r["task_options"]["demos_per_prompt"] for r in recs} and recs[0]["task_options"]["mode"] == "many-shot"
+    # demos_per_prompt is the mean number of labelled demonstrations in that length's prompts
+    labelled = {}
+    for p in prompts:
+        prompt = tok.decode(p)
+        demos = prompt.count("\nParty: Democratic\n") + prompt.count("\nParty: Republican\n")
+        labelled.setdefault(len(p), []).append(demos)
+    recorded = {r["length"]: r["task_options"]["demos_per_prompt"] for r in recs}
+    assert recorded == {L: round(sum(c) / len(c), 1) for L, c in labelled.items()} == {1024: 3.0, 3000: 11.0}
+    assert {r["task_options"]["mode"] for r in recs} == {"many-shot"}
 
 
 def test_pack_demos_keeps_labels():

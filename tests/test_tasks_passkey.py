@@ -2,20 +2,9 @@
 import random
 
 import pytest
-from conftest import tiny_llama
 
 from tasks import TaskError, passkey
 from tasks.passkey import FILLER, build_prompt, haystack_sentences
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_tokenizer):
-    return smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny(tok):
-    return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
 
 
 def needle_depth(text, key):

@@ -3,21 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_llama
 
 import tasks
 from tasks import TaskError, perplexity
 from tasks.scoring import token_nll
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_tokenizer):
-    return smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny(tok):
-    return tiny_llama(max_position_embeddings=512, vocab_size=len(tok))
 
 
 def by(records, **keys):

@@ -1,0 +1,64 @@
+"""Sweep configuration, last stage: every name and value against the layer that owns its rule — methods, factors
+and options (`extend.registry.check_method`), model specs and devices (`extend.loading`), suites and their options
+(`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`). The sweep adds only what is its own: `-o KEY=VALUE`
+without a method, and suite arguments it sets itself. All before a model loads."""
+from __future__ import annotations
+
+from extend import registry
+from extend.loading import check_device, check_model_spec
+from tasks.checks import check_task
+from tasks.data import check_corpus
+
+from .config import ConfigError
+from .resolve import TASK_SWEEP_KEYS
+
+SET_BY_SWEEP = ("seed", "progress")  # suite arguments the sweep passes itself
+
+
+def check_registries(cfg: dict) -> None:
+    """Methods, tasks, corpora, models and the device of a resolved config. Mutates cfg: drops `-o KEY=VALUE`
+    options from the methods that do not take KEY, and runs a method at factor 1 alone where its factor does
+    nothing (plain) or must stay 1 with its options (registry fact `factor_applies`)."""
+    check_methods(cfg)
+    check_tasks(cfg)
+    for corpus in sorted(corpora(cfg), key=str):
+        check_corpus(corpus)  # empty files, an unreachable hub: once, before the model
+    for spec in cfg["model"]:
+        check_model_spec(spec)
+    check_device(cfg["device"])
+
+
+def check_methods(cfg: dict) -> None:
+    broadcast, taken = set(), set()
+    for m in cfg["methods"]:
+        method = registry.get(m["method"])
+        valid = set(registry.describe(m["method"])["options"])
+        keys = m.pop("_broadcast", set())  # -o KEY=VALUE without a method: only where it applies
+        broadcast |= keys
+        taken |= keys & valid
+        m["options"] = {k: v for k, v in m["options"].items() if k in valid or k not in keys}
+        if not method.factor_applies(m["options"]):
+            m["factors"] = [1.0]
+        for factor in m["factors"]:
+            registry.check_method(m["method"], factor, m["options"])
+    if broadcast - taken:
+        key = min(broadcast - taken)
+        raise ConfigError(f"--option {key}=...: no method of the grid takes option {key!r} — check the name "
+                          f"(extend.describe(method) lists options)")
+
+
+def check_tasks(cfg: dict) -> None:
+    for name, t in cfg["tasks"].items():
+        for key in SET_BY_SWEEP:
+            if key in t["options"]:
+                raise ConfigError(f"tasks.{name}.{key} is set by the sweep — use the top-level {key}: / --{key}")
+        check_task(name, t["options"], caller_keys=TASK_SWEEP_KEYS)
+
+
+def corpora(cfg: dict) -> set:
+    """Every corpus the grid names: the top-level ones and any a task sets itself."""
+    names = set(cfg["corpus"])
+    for t in cfg["tasks"].values():
+        own = t["options"].get("corpus")
+        names.update(own if isinstance(own, list) else [own] if own is not None else [])
+    return names

@@ -1,0 +1,142 @@
+"""A whole sweep from a resolved config: check every name, build the grid, dry-run or take the run directory
+(lock, --fresh, resume), run this rank's share of the cells, and let rank 0 summarise the grid."""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import grid as G
+from . import rundir
+from .checks import check_registries
+from .config import ConfigError
+from .dist import Dist
+from .plugins import import_plugins
+from .resolve import check_writable
+from .run import WriteFailure, run_cells, say
+from .summary import show_grid, summarize
+
+
+def sweep(args, cfg: dict) -> int:
+    """Run the sweep `args` (the parsed flags) and `cfg` (their resolved config) describe; the exit code."""
+    check_writable(cfg["out"])
+    import_plugins(cfg["plugins"])
+    check_registries(cfg)  # names, option values, suite options, corpora, models: all before a model loads
+    out = Path(cfg["out"])
+    rundir.check_out(out)
+    inherits_demo = not args.config and bool(args.model or args.corpus)
+    if args.dry_run:
+        return _dry_run(cfg, out, fresh=args.fresh, inherits_demo=inherits_demo)
+    dist = Dist()
+    device = dist.device(cfg["device"])
+    cells = _cells(cfg, device)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = rundir.RunLock(out, dist.shard_rank)
+    completed = False
+    try:
+        lock.acquire()
+        if inherits_demo and dist.main:
+            show_grid(cfg)  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
+        code = _run(args, cfg, cells, dist, device, out)
+        completed = True
+        return code
+    finally:
+        lock.release()
+        if created and not completed and not any(out.glob("records*.jsonl")):
+            shutil.rmtree(out, ignore_errors=True)  # stopped before any record (e.g. the model is rejected)
+
+
+def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
+    """The grid's cells. Fixes cfg's device and dtype first: as extend.load decides them (the dtype is part of
+    every cell's key)."""
+    import tasks
+    from extend.loading import default_device, default_dtype
+    from tasks.checks import suite_options
+
+    cfg["resolved_device"] = device or default_device()
+    if cfg["dtype"] is None:
+        cfg["dtype"] = str(default_dtype(cfg["resolved_device"])).removeprefix("torch.")
+
+    def takes(task, option):
+        known, takes_any = suite_options(tasks.SUITES[task])
+        return takes_any or option in known
+
+    cells = G.build(cfg, takes)
+    if not cells:
+        raise ConfigError("empty grid: no cells — check methods, factors, tasks and lengths")
+    return cells
+
+
+def _dry_run(cfg: dict, out: Path, *, fresh: bool, inherits_demo: bool) -> int:
+    import results
+
+    if inherits_demo:
+        show_grid(cfg)
+    cells = _cells(cfg, cfg["device"])
+    finished = set() if fresh else results.finished_cells(out)
+    for c in cells:
+        print(f"{c.key}  {'done' if c.key in finished else 'todo'}  {c.model}  {c.label()}")
+    print(f"{len(cells)} cells, {len(finished & {c.key for c in cells})} finished; out: {out}")
+    return 0
+
+
+def _trained_context(spec: str, trust_remote_code: bool) -> int | None:
+    """The model's trained context from its config alone; None when unknown (the report then draws no line)."""
+    from extend.loading import trained_context_of
+
+    try:
+        return trained_context_of(spec, trust_remote_code)
+    except Exception:  # noqa: BLE001 - best effort: the config may not say (the cells still run)
+        return None
+
+
+def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) -> int:
+    quiet = args.quiet
+    show = not quiet and dist.main
+    if not show:  # transformers' own bars ("Loading weights") and reminders
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    if args.fresh and dist.main:
+        rundir.fresh(out)
+    rundir.clean_stray_temps(out, dist.shard_rank)
+    dist.wait()
+
+    import results
+
+    finished = results.finished_cells(out)
+    mine = G.shard(cells, dist.rank, dist.world)
+    todo = [c for c in mine if c.key not in finished]
+    cfg["trained_context"] = {m: _trained_context(m, cfg["trust_remote_code"]) for m in cfg["model"]}
+    writer = results.RecordWriter(out, rank=dist.shard_rank)
+    manifest_config = {k: v for k, v in cfg.items() if k != "trained_context"}
+    manifest_config["cells"] = {c.key: c.definition() for c in cells}
+    try:
+        writer.write_manifest(config=manifest_config, seed=cfg["seed"], device=cfg["resolved_device"],
+                              extra={"trained_context": cfg["trained_context"], "rank": dist.rank,
+                                     "world_size": dist.world, "cells_total": len(cells), "cells_mine": len(mine),
+                                     "cells_todo": len(todo)})
+    except OSError as e:
+        raise WriteFailure(f"cannot write {writer.manifest_path}: {e.strerror or e} — free space (or fix the "
+                           f"directory), then rerun the same command") from e
+    where = f"rank {dist.rank} of {dist.world}: " if dist.world > 1 else ""
+    say(f"{len(cells)} cells ({sum(c.key in finished for c in cells)} already finished); {where}{len(todo)} to run "
+        f"-> {out}", quiet)
+    t0 = time.perf_counter()
+    ok, failed = run_cells(todo, cfg, writer, run=out.name, device=device, show=show, rank=dist.rank)
+    try:
+        writer.finish()
+    except OSError as e:  # every record is on disk; only the end time is missing
+        say(f"warning: could not record the end time in {writer.manifest_path}: {e.strerror or e}", False)
+    if dist.world > 1:
+        print(f"rank {dist.rank}: {ok} cells ok, {failed} failed in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr)
+    dist.wait()
+    if not dist.main:
+        return 0  # rank 0 reports (and sets the exit code) for the whole grid
+    code = summarize(cfg, cells)
+    say(f"sweep time {time.perf_counter() - t0:.0f} s", quiet)
+    return code

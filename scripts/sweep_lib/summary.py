@@ -1,0 +1,77 @@
+"""What a sweep prints: the grid it will run (when it inherits the demo's suite options) and, at the end, the main
+tables, the report and the failed cells."""
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+from . import grid as G
+from .run import describe_error
+
+MAIN_TABLES = (("perplexity", "ppl", "perplexity (lower is better)"),
+               ("perplexity", "ppl_tail", "perplexity of the tokens since the previous length (lower is better)"),
+               ("passkey", "correct", "passkey retrieval accuracy"),
+               ("classification", "accuracy", "classification accuracy"))
+
+
+def show_grid(cfg: dict) -> None:
+    """What the numbers will rest on: per task, the lengths and every suite option (set or default), e.g. the
+    demo's num_docs: 1 that a run overriding only --model or --corpus inherits."""
+    import tasks
+    from tasks.checks import suite_options
+
+    print(f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr)
+    for name, t in cfg["tasks"].items():
+        defaults, _ = suite_options(tasks.SUITES[name])
+        effective = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}
+        effective.update(t["options"])
+        effective.pop("corpus", None)
+        opts = ", ".join(f"{k}={v}" for k, v in effective.items())
+        print(f"  {name}: lengths {t['lengths']}; {opts}", file=sys.stderr)
+    print(f"  corpus {', '.join(cfg['corpus'])}; seed {cfg['seed']}; methods "
+          f"{', '.join(m['method'] for m in cfg['methods'])}", file=sys.stderr)
+
+
+def summarize(cfg: dict, cells: list[G.Cell]) -> int:
+    """Tables to stdout, report.md, failed cells; returns the exit code (1 if any cell of the grid failed)."""
+    import results
+
+    out = Path(cfg["out"])
+    df = results.load(out)
+    in_grid = df[df["cell"].isin({c.key for c in cells})]
+    ok = in_grid[in_grid["status"] == "ok"]
+    contexts = {m: cfg.get("trained_context", {}).get(m) for m in cfg["model"]}
+    single = next(iter(contexts.values())) if len(contexts) == 1 else None
+    if not ok.empty:
+        try:  # the report's first table: what each setting reaches, every value with its interval and n
+            print("\n## summary — value [95% interval] n (details and paired differences in report.md)\n")
+            print(results.to_markdown(results.summary(ok, trained_context=single)).rstrip())
+        except results.ResultsError as e:
+            print(f"(no summary: {e})")
+    for task, metric, caption in MAIN_TABLES:
+        if ((ok["task"] == task) & (ok["metric"] == metric)).any():
+            try:
+                t = results.table(in_grid, task, metric, with_ci=True)
+                print(f"\n## {caption} — {task}/{metric}, mean [95% interval] n\n")
+                print(results.to_markdown(t).rstrip())
+            except results.ResultsError as e:
+                print(f"(no {task} table: {e})")
+    try:
+        report = results.report(out, trained_context=single)
+    except Exception as e:  # noqa: BLE001 - the records are safe; say so instead of a traceback at the very end
+        report = None
+        print(f"\nreport failed: {describe_error(e)} — rebuild it with `python -m results report {out}`")
+    finished = set(ok["cell"])
+    failed = [c for c in cells if c.key not in finished]
+    print()
+    if failed:
+        errors = in_grid[in_grid["status"] == "error"].drop_duplicates("cell").set_index("cell")["error"]
+        print(f"FAILED cells ({len(failed)} of {len(cells)}; tracebacks in {out / 'logs'}):")
+        for c in failed:
+            print(f"  {c.key}  {c.model}  {c.label()}: {errors.get(c.key, 'not run (interrupted?)')}")
+    else:
+        print(f"all {len(cells)} cells finished")
+    if report is not None:
+        print(f"report: {report}")
+    return 1 if failed or report is None else 0

