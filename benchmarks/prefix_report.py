@@ -152,7 +152,7 @@ def section(data: dict, full_json: dict | None) -> str:
         lines += ["", data["note"]]
     lines += ["", "### Perplexity targets restated against their floors", ""]
     lines += perplexity_restated(full_json)
-    lines += ["", ("Protocols: see benchmarks/prefix_sharing.py (docstring). Scorer: tasks/prefix_cache.py — prompts "
+    lines += ["", ("Protocols: see benchmarks/prefix_sharing.py (docstring). Scorer: extend/prefix_cache.py — prompts "
                    "of a cell in lexicographic token order (a depth-first walk of their token trie), one transformers "
                    "`DynamicCache` cropped to the prefix the next prompt shares; a prompt sharing fewer than "
                    "`MIN_SHARED` tokens starts from an empty cache (SDPA's causal kernel is cheaper than a masked "

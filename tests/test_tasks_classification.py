@@ -173,7 +173,7 @@ def test_shared_prefix_under_a_dynamic_method(tok, monkeypatch):
 def test_many_shot_shared_prefix_on_smollm2(smollm2, monkeypatch):
     """Real model, float32: many-shot scores with the demonstrations computed once equal the unshared ones
     (within 1e-4), so the predictions are the same; the queries after the first run only their own tokens."""
-    from tasks import prefix_cache
+    from extend import prefix_cache
 
     model, tok = smollm2
     caches = []

@@ -109,7 +109,7 @@ def test_shared_prefix_same_prompts_and_answers(tiny, tok, monkeypatch, haystack
 def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
     """The real model (float32) answers every prompt of a passkey grid the same with and without sharing, and
     sharing prefills fewer tokens."""
-    from tasks import prefix_cache
+    from extend import prefix_cache
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 16)  # short prompts here: share even a short haystack
