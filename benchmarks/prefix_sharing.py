@@ -23,7 +23,7 @@ DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 def _spy_caches(module):
     """Patch module.PrefixCache so every cache the suite makes is kept (for its token counters)."""
-    from tasks import prefix_cache
+    from extend import prefix_cache
 
     made = []
 
