@@ -88,12 +88,12 @@ def total_estimate(args) -> float:
 
 # --- parent side ----------------------------------------------------------------------------------
 
-def spawn(args, name: str, repeat: int) -> dict:
+def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
     cmd = [sys.executable, str(HERE / "run.py"), "--child", name, "--model-dir", str(args.model_dir),
            "--lengths", *map(str, args.lengths), "--window", str(args.window), "--rolling-tokens",
            str(args.rolling_tokens), "--passkey-length", str(args.passkey_length), "--repeat-index", str(repeat),
            "--dtype", args.prefix_dtype if name == "prefix_sharing" else args.dtype,
-           "--prefix-json", json.dumps(prefix_options(args))]
+           "--prefix-json", json.dumps(prefix if prefix is not None else prefix_options(args))]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
@@ -104,6 +104,23 @@ def spawn(args, name: str, repeat: int) -> dict:
     out = json.loads(lines[-1][len(MARK):])
     out["child_wall"] = time.perf_counter() - t0
     return out
+
+
+def spawn_prefix(args, repeat: int, saved=lambda run: None) -> dict:
+    """The prefix-sharing measurements of one repeat, one child per part (prefix_sharing.PARTS), merged into
+    one run; `saved(run)` after each part, so a long run keeps every part that finished."""
+    from prefix_sharing import PARTS
+
+    run, t0 = {}, time.perf_counter()
+    for part in PARTS:
+        t = time.perf_counter()
+        out = spawn(args, "prefix_sharing", repeat, prefix={**prefix_options(args), "parts": [part]})
+        run.update({k: v for k, v in out.items() if k != "child_wall"})
+        run.setdefault("part_seconds", {})[part] = time.perf_counter() - t
+        saved(run)
+        print(f"    prefix sharing, {part}: {time.perf_counter() - t:.0f} s", flush=True)
+    run["child_wall"] = time.perf_counter() - t0
+    return run
 
 
 def model_snapshot(args) -> Path:
@@ -172,7 +189,7 @@ def run_all(args, out: Path, command: str) -> None:
             if name == "prefix_sharing" and r >= args.prefix_repeats:  # long: its own repeat count
                 continue
             t0 = time.perf_counter()
-            rep[name] = spawn(args, name, r)
+            rep[name] = spawn_prefix(args, r) if name == "prefix_sharing" else spawn(args, name, r)
             print(f"  repeat {r + 1}/{args.repeats} {name:18s} {time.perf_counter() - t0:7.1f} s "
                   f"(est. {est:.0f} s)", flush=True)
         runs.append(rep)
@@ -195,12 +212,15 @@ def run_prefix_only(args, out: Path, command: str) -> None:
           f"{args.repeats} repeat(s); estimated {args.repeats * prefix_estimate(args) / 60:.1f} min on a quiet "
           "2-core CPU", flush=True)
     args.model_dir = model_snapshot(args)
-    data = {**started(command), "dtype": args.prefix_dtype, "options": prefix_options(args), "runs": []}
+    data = {**started(command), "dtype": args.prefix_dtype, "options": prefix_options(args), "runs": [],
+            "complete": False}
+    saved = out.with_name("BENCHMARKS.prefix.json")
     for r in range(args.repeats):
         t0 = time.perf_counter()
-        data["runs"].append(spawn(args, "prefix_sharing", r))
+        run = spawn_prefix(args, r, lambda part_run: save_json(saved, {**data, "runs": data["runs"] + [part_run]}))
+        data["runs"].append(run)
         print(f"  repeat {r + 1}/{args.repeats} prefix_sharing {time.perf_counter() - t0:7.1f} s", flush=True)
-    saved = out.with_name("BENCHMARKS.prefix.json")
+    data["complete"] = True
     save_json(saved, data)
     full_path = out.with_suffix(".json")
     full = json.loads(full_path.read_text()) if full_path.is_file() else None

@@ -134,7 +134,13 @@ def section(data: dict, full_json: dict | None) -> str:
                    f"many-shot {ms['shared']['computed']} shared vs {ms['unshared']['computed']} unshared; passkey "
                    f"{pk['shared']['computed']} vs {pk['unshared']['computed']} (answers correct: "
                    f"{pk['shared']['correct']:.0f} vs {pk['unshared']['correct']:.0f} of {pk['n']}); zero-shot "
-                   f"{zs['shared']['computed']} vs {zs['unshared']['computed']}."),
+                   f"{zs['shared']['computed']} vs {zs['unshared']['computed']}."
+                   + (f" The passkey prompts' token trie has {pk['trie_tokens']} nodes, "
+                      f"{pk['trie_tokens'] / pk['unshared']['computed']:.3f} of the unshared tokens: exact reuse of a "
+                      "prefix's keys and values cannot compute fewer (a token's keys depend on every token before "
+                      "it, and each prompt's haystack past its needle follows a different needle), and the tokens "
+                      "past a needle sit late in the prompt, where attention costs the most, so the wall floor lies "
+                      "above that fraction." if "trie_tokens" in pk else "")),
               (f"Wall per cell at {first['length']}: passkey ({pk['n']} prompts) {pk['shared']['seconds']:.0f} s "
                f"shared, {pk['unshared']['seconds']:.0f} s unshared; many-shot ({ms['n']} queries) "
                f"{ms['shared']['seconds']:.0f} s shared, {ms['unshared']['seconds']:.0f} s unshared (first repeat)."),

@@ -19,6 +19,9 @@ import time
 from unittest import mock
 
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+# What one child measures; the orchestrator runs each part in its own child and saves after each, so a long
+# run (~50 min at 8192 on a 2-core CPU) keeps what finished.
+PARTS = ("many_shot", "passkey", "nothing_to_share", "speed")
 
 
 def _spy_caches(module):
@@ -32,6 +35,15 @@ def _spy_caches(module):
         return made[-1]
 
     return mock.patch.object(module, "PrefixCache", make), made
+
+
+def trie_tokens(prompts) -> int:
+    """Nodes of the prompts' token trie: the tokens any exact prefix reuse must still compute (each node's keys
+    and values depend on every token before it, so it runs at least once)."""
+    from extend.prefix_cache import common_prefix
+
+    ordered = sorted(map(list, prompts))
+    return sum(len(p) - (common_prefix(ordered[i - 1], p) if i else 0) for i, p in enumerate(ordered))
 
 
 def _timed(fn):
@@ -51,6 +63,7 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     opts = prefix or {}
     L, queries = int(opts.get("length", 8192)), int(opts.get("queries", 24))
     trials, zero_queries = int(opts.get("trials", 4)), int(opts.get("zero_shot_queries", 4))
+    parts = opts.get("parts") or PARTS
     model, tok = figures.load(model_dir, dtype)
     from tasks.data import iter_corpus
 
@@ -108,25 +121,28 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     def summary(side):
         return {k: side[k] for k in ("seconds", "computed", "reused", "tokens")}
 
-    shared, unshared = pair(lambda share: classify("many-shot", queries, share))
-    out["many_shot"] = {"shared": summary(shared), "unshared": summary(unshared),
-                        **compare_scores(shared, unshared), "n": len(shared["scores"])}
-    shared, unshared = pair(key)
-    out["passkey"] = {"shared": {**summary(shared), "correct": shared["correct"]},
-                      "unshared": {**summary(unshared), "correct": unshared["correct"]},
-                      "same_prompts": shared["answers"].keys() == unshared["answers"].keys(),
-                      "same_answers": shared["answers"] == unshared["answers"], "n": len(shared["answers"])}
-    shared, unshared = pair(lambda share: classify("zero-shot", zero_queries, share))
-    out["nothing_to_share"] = {"shared": summary(shared), "unshared": summary(unshared),
-                               **compare_scores(shared, unshared), "n": len(shared["scores"])}
-
-    # the model's own speed: one bare body forward of L tokens; and the one-pass perplexity at L
-    ids = torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        _, bare = _timed(lambda: model.model(input_ids=ids, use_cache=False))
-    with extend.patched(model, figures.METHOD, factor=figures.FACTOR):
-        _, ppl_secs = _timed(lambda: tasks.perplexity.run(model, tok, lengths=[L], corpus="sotu", num_docs=1,
-                                                             seed=figures.SEED, progress=False))
-    out["bare_seconds"], out["perplexity_seconds"] = bare, ppl_secs
-    out["perplexity_tokens"] = L
+    if "many_shot" in parts:
+        shared, unshared = pair(lambda share: classify("many-shot", queries, share))
+        out["many_shot"] = {"shared": summary(shared), "unshared": summary(unshared),
+                            **compare_scores(shared, unshared), "n": len(shared["scores"])}
+    if "passkey" in parts:
+        shared, unshared = pair(key)
+        out["passkey"] = {"shared": {**summary(shared), "correct": shared["correct"]},
+                          "unshared": {**summary(unshared), "correct": unshared["correct"]},
+                          "same_prompts": shared["answers"].keys() == unshared["answers"].keys(),
+                          "same_answers": shared["answers"] == unshared["answers"], "n": len(shared["answers"]),
+                          "trie_tokens": trie_tokens(shared["answers"])}
+    if "nothing_to_share" in parts:
+        shared, unshared = pair(lambda share: classify("zero-shot", zero_queries, share))
+        out["nothing_to_share"] = {"shared": summary(shared), "unshared": summary(unshared),
+                                   **compare_scores(shared, unshared), "n": len(shared["scores"])}
+    if "speed" in parts:  # the model's own speed: one bare body forward of L tokens; the one-pass perplexity at L
+        ids = torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            _, bare = _timed(lambda: model.model(input_ids=ids, use_cache=False))
+        with extend.patched(model, figures.METHOD, factor=figures.FACTOR):
+            _, ppl_secs = _timed(lambda: tasks.perplexity.run(model, tok, lengths=[L], corpus="sotu", num_docs=1,
+                                                                 seed=figures.SEED, progress=False))
+        out["bare_seconds"], out["perplexity_seconds"] = bare, ppl_secs
+        out["perplexity_tokens"] = L
     return out

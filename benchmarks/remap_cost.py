@@ -95,13 +95,14 @@ def main() -> None:
         row = run_cell(model, ids, method, factor, options)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    base = (rows[0]["seconds"] + rows[-1]["seconds"]) / 2
+    plain_rows = [r for r in (rows[0], rows[-1]) if r["method"] == "plain"]  # --plain-once: the first only
+    base = sum(r["seconds"] for r in plain_rows) / len(plain_rows)
     if args.layers:
         print("(perplexity columns: truncated model, not meaningful)")
-    print(f"\nplain forward: {rows[0]['seconds']:.1f} s before, {rows[-1]['seconds']:.1f} s after\n")
+    print("\nplain forward: " + ", ".join(f"{r['seconds']:.1f} s" for r in plain_rows) + " (first, last run)\n")
     print("| cell | resolved | forward (s) | x plain | peak RSS above start | ppl | first 4k loss | last 4k loss |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for row in rows:  # plain first and last
+    for row in rows:  # plain first (and last)
         label = f"{row['method']} x{row['factor']:g}" + "".join(f" {k}={v}" for k, v in row["options"].items())
         print(f"| {label} | {row['resolved'] or ''} | {row['seconds']:.1f} | {row['seconds'] / base:.2f} | "
               f"{row['peak_bytes'] / 2**20:.0f} MB | {row['ppl']:.3f} | {row['first4k']:.3f} | {row['last4k']:.3f} |")

@@ -345,7 +345,8 @@ class RopebenchLM(HFLM):
         if cache is None or context.shape[0] != 1 or (mask is not None and not bool(mask.all())):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         past, _ = cache.reuse(context[0].tolist())
-        out = super()._model_generate(context, max_length, stop, past_key_values=past, **generation_kwargs)
+        with prefix_cache.native_gqa(self.model):
+            out = super()._model_generate(context, max_length, stop, past_key_values=past, **generation_kwargs)
         cache.settle()  # back to the prompt: the next one may share it
         return out
 

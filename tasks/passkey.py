@@ -20,7 +20,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from extend.prefix_cache import PrefixCache, cell_length, sharing_order
+from extend.prefix_cache import PrefixCache, cell_length, native_gqa, sharing_order
 
 from .common import check_choice, check_lengths, check_positive, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
@@ -222,7 +222,8 @@ def _generate(model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cach
     past, _ = cache.reuse(ids)
     x = torch.tensor([ids], device=device_of(model))
     # generate prefills only what the cache lacks (its cache_position starts at the cache length)
-    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
-                         past_key_values=past)
+    with native_gqa(model):
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
+                             past_key_values=past)
     cache.settle()
     return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 # The model-execution pieces live in the core (the lm-eval model uses them too); importable from here as before.
 from extend.forward import body, device_of, logit_postprocess
-from extend.prefix_cache import PrefixCache
+from extend.prefix_cache import PrefixCache, native_gqa
 
 from .errors import TaskError
 
@@ -76,7 +76,8 @@ def continuation_logprobs(model, prefix_ids, continuations: list[list[int]], *, 
         lp = [first[cont[0]].item()]
         if len(cont) > 1:
             rest = torch.tensor([cont[:-1]], dtype=torch.long, device=dev)
-            h = body(model)(input_ids=rest, past_key_values=cache.cache, use_cache=True).last_hidden_state
+            with native_gqa(model):
+                h = body(model)(input_ids=rest, past_key_values=cache.cache, use_cache=True).last_hidden_state
             logp = torch.log_softmax(head_logits(model, h[0]), -1)
             lp += logp[torch.arange(len(cont) - 1), torch.tensor(cont[1:], device=dev)].tolist()
             cache.settle()  # back to the prefix (every layer of the prefix cache can be cropped)

@@ -1,6 +1,7 @@
 """extend.prefix_cache: the sharing order, and a continued forward equal to one forward over the whole prompt on
 tiny models of many families (sliding-window layers with prompts longer than the window included)."""
 import itertools
+import os
 
 import pytest
 import torch
@@ -114,3 +115,44 @@ def test_dynamic_method_needs_and_gets_one_length_per_cell():
         same = (scores(True, True) - scores(False, True)).abs().max()
         stale = (scores(True, False) - scores(False, False)).abs().max()
     assert same <= 1e-5 < stale  # (a random tiny model is flat: the stale difference is ~1e-4 here)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3"])
+def test_native_gqa_is_bit_identical_and_copies_no_heads(family, monkeypatch):
+    """A forward continued on a cache passes SDPA a mask; transformers then copies the grouped key/value heads
+    out to every query head unless told that the (CPU) kernel can take both. Under `native_gqa` it does not
+    copy, and the float32 numbers are the same bits; the variable is restored afterwards."""
+    from transformers.integrations import sdpa_attention
+
+    from extend.prefix_cache import FORCE_GQA, native_gqa
+
+    model = build(family)
+    if model.config.num_key_value_heads == model.config.num_attention_heads:
+        model.config.num_key_value_heads = 1  # make it grouped: rebuild with one key/value head
+        model = type(model)(model.config).eval()
+    monkeypatch.delenv(FORCE_GQA, raising=False)
+    copies = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or real(x, n))
+    prefix, rest = prompts_sharing(n_shared=40, tails=(7,))[0][:40], [5, 9, 11, 13]
+
+    def continued():
+        cache = PrefixCache(model, min_shared=1, share=True)
+        cache.prefill(prefix)
+        with torch.no_grad():
+            return body_hidden(model, rest, cache)
+
+    plain = continued()
+    assert copies  # the masked continuation copied heads
+    copies.clear()
+    with native_gqa(model):
+        native = continued()
+    assert copies == [] and FORCE_GQA not in os.environ
+    assert torch.equal(native, plain)
+
+
+def body_hidden(model, ids, cache):
+    from extend.forward import body
+
+    x = torch.tensor([ids])
+    return body(model)(input_ids=x, past_key_values=cache.cache, use_cache=True).last_hidden_state

@@ -425,3 +425,18 @@ def test_accelerate_two_processes_equal_one(e2e_one, tiny_dir, tmp_path):
         assert ta.index.equals(tb.index) and ta.columns.equals(tb.columns)
         assert ((ta - tb).abs() <= 1e-6 * ta.abs().clip(lower=1)).all().all()
     assert sorted(a["cell"].unique()) == sorted(b["cell"].unique())
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "demo-remap.yaml"])
+def test_shipped_embedded_configs_resolve_to_their_grid(name, tmp_path, capsys):
+    """The configs that run on the embedded model pass every check and list their cells (dry run: nothing
+    runs); demo-remap adds the position-remapping methods to the demo's grid, DCA at factor 1."""
+    cfg = Path(__file__).resolve().parents[1] / "scripts" / "configs" / name
+    assert sweep_lib.main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--dry-run", "--quiet"]) == 0
+    listed = capsys.readouterr().out
+    cells = {tuple(line.split()[3:6]) for line in listed.splitlines() if "  todo  " in line}
+    methods = [("plain", "x1"), ("ntk", "x2"), ("yarn", "x2")]
+    if name == "demo-remap.yaml":
+        methods += [("self-extend", "x2"), ("rerope", "x2"), ("dca", "x1")]
+    assert cells == {(m, f, t) for m, f in methods for t in ("perplexity", "passkey", "classification")}
+    assert not (tmp_path / "o").exists()
