@@ -140,7 +140,8 @@ def section(data: dict, full_json: dict | None) -> str:
                       "prefix's keys and values cannot compute fewer (a token's keys depend on every token before "
                       "it, and each prompt's haystack past its needle follows a different needle), and the tokens "
                       "past a needle sit late in the prompt, where attention costs the most, so the wall floor lies "
-                      "above that fraction." if "trie_tokens" in pk else "")),
+                      "above that fraction (priced with this model's forward times: `benchmarks/passkey_floor.py`, "
+                      "Notes item 6)." if "trie_tokens" in pk else "")),
               (f"Wall per cell at {first['length']}: passkey ({pk['n']} prompts) {pk['shared']['seconds']:.0f} s "
                f"shared, {pk['unshared']['seconds']:.0f} s unshared; many-shot ({ms['n']} queries) "
                f"{ms['shared']['seconds']:.0f} s shared, {ms['unshared']['seconds']:.0f} s unshared (first repeat)."),
@@ -162,7 +163,9 @@ def section(data: dict, full_json: dict | None) -> str:
                    "of a cell in lexicographic token order (a depth-first walk of their token trie), one transformers "
                    "`DynamicCache` cropped to the prefix the next prompt shares; a prompt sharing fewer than "
                    "`MIN_SHARED` tokens starts from an empty cache (SDPA's causal kernel is cheaper than a masked "
-                   "continuation of a short prefix)."), END, ""]
+                   "continuation of a short prefix); a continuation runs in blocks of `CONTINUE_BLOCK` tokens (a "
+                   "masked forward also computes the triangle the mask hides) and, on CPU, attends grouped key/value "
+                   "heads without copying them (`native_gqa`)."), END, ""]
     return "\n".join(lines)
 
 

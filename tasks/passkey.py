@@ -219,9 +219,9 @@ def _generate(model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cach
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
                               eos_token_id=tokenizer.eos_token_id)
     cache = prefix_cache if prefix_cache is not None else PrefixCache(model, share=False)
-    past, _ = cache.reuse(ids)
+    past = cache.prime(ids)
     x = torch.tensor([ids], device=device_of(model))
-    # generate prefills only what the cache lacks (its cache_position starts at the cache length)
+    # generate runs only what the cache lacks, the last prompt token (its cache_position starts at the cache length)
     with native_gqa(model):
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
                              past_key_values=past)

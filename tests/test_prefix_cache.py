@@ -8,6 +8,7 @@ import torch
 import transformers as T
 from test_patching import build
 
+from extend import prefix_cache
 from extend.prefix_cache import PrefixCache, common_prefix, sharing_order
 from tasks.scoring import continuation_logprobs
 
@@ -36,8 +37,10 @@ def prompts_sharing(n_shared=30, tails=(5, 12, 9), seed=0):
     return [shared + torch.randint(3, 128, (k,), generator=g).tolist() for k in tails]
 
 
+@pytest.mark.parametrize("block", [512, 4])  # 4: every continuation runs in several blocks
 @pytest.mark.parametrize("family", FAMILIES)
-def test_continued_forward_equals_one_forward(family):
+def test_continued_forward_equals_one_forward(family, block, monkeypatch):
+    monkeypatch.setattr(prefix_cache, "CONTINUE_BLOCK", block)
     model = build(family)
     if hasattr(model.config, "sliding_window") and family in ("mistral", "gemma2"):
         model.config.sliding_window = 8
@@ -54,8 +57,10 @@ def test_continued_forward_equals_one_forward(family):
     assert cache.reused == 2 * 30 and cache.computed == 30 + 5 + 12 + 9  # the shared 30 tokens ran once
 
 
+@pytest.mark.parametrize("block", [512, 4])
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma3_text"])
-def test_generation_from_a_shared_prefix_equals_plain_generate(family):
+def test_generation_from_a_shared_prefix_equals_plain_generate(family, block, monkeypatch):
+    monkeypatch.setattr(prefix_cache, "CONTINUE_BLOCK", block)
     model = build(family)
     if family == "mistral":
         model.config.sliding_window = 8
@@ -64,7 +69,8 @@ def test_generation_from_a_shared_prefix_equals_plain_generate(family):
     for p in prompts_sharing():
         x = torch.tensor([p])
         want = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
-        past, _ = cache.reuse(p)
+        past = cache.prime(p)
+        assert past.get_seq_length() == len(p) - 1  # generate runs the last prompt token itself
         got = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
                              past_key_values=past)
         cache.settle()
