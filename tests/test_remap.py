@@ -146,13 +146,14 @@ def naive_logits(model, ids, rel, **kwargs):
         model.config._attn_implementation = saved
 
 
-def generate_steps(model, ids, prompt):
-    """Logits of a cached run: the prompt in one forward, then one token at a time."""
+def generate_steps(model, ids, prompt, step=1):
+    """Logits of a cached run: the prompt in one forward, then `step` tokens at a time (1: generation; more: a
+    prompt continued on a cached prefix, as extend.prefix_cache runs it)."""
     with torch.no_grad():
         out = model(ids[:, :prompt], use_cache=True)
         past, steps = out.past_key_values, [out.logits]
-        for t in range(prompt, ids.shape[1]):
-            out = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+        for t in range(prompt, ids.shape[1], step):
+            out = model(ids[:, t:t + step], past_key_values=past, use_cache=True)
             past = out.past_key_values
             steps.append(out.logits)
     return torch.cat(steps, 1)
@@ -179,6 +180,8 @@ def test_beyond_window_matches_naive_prefill_and_generation(family, case, monkey
         monkeypatch.setattr(remap_attention, "QUERY_BLOCK", 32)
         torch.testing.assert_close(generate_steps(model, ids, 90), want, atol=2e-5, rtol=0,
                                    msg=f"{family}/{case}: cached generation")
+        torch.testing.assert_close(generate_steps(model, ids, 90, step=13), want, atol=2e-5, rtol=0,
+                                   msg=f"{family}/{case}: continued on a cache in blocks")
     assert model.config._attn_implementation == "sdpa"
 
 
