@@ -43,7 +43,7 @@ FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 # every query, the masked triangle of the new tokens included; a fresh forward uses the causal kernel, which skips
 # it. So a continuation runs in blocks of this many tokens (waste <= block^2 / 2 per block). SmolLM2, fp32, AVX2
 # AMD EPYC: a 6144-token tail on a 2048-token prefix took 41.1 s in one forward, 27.4 s in 512-token blocks
-# (fresh 8192-token forward: 32.9 s), bit-identical (benchmarks/BENCHMARKS.md, prefix cache).
+# (fresh 8192-token forward: 32.9 s), bit-identical (benchmarks/NOTES.md item 6).
 CONTINUE_BLOCK = 512
 
 
@@ -113,7 +113,7 @@ class PrefixCache:
     def prefill(self, ids, *, keep_at_most: int | None = None) -> tuple[torch.Tensor, int]:
         """Run prompt `ids` on the cache: (final hidden states of positions [start, len(ids)), start)."""
         _, start = self.reuse(ids, keep_at_most=keep_at_most)
-        return self._run(self.ids[start:], fresh=start == 0), start
+        return self._run(self.ids[start:]), start
 
     @torch.inference_mode()
     def prime(self, ids) -> DynamicCache:
@@ -121,18 +121,18 @@ class PrefixCache:
         so generate runs only the last token and its new ones; call `settle()` after it."""
         _, start = self.reuse(ids)
         if start < len(self.ids) - 1:
-            self._run(self.ids[start:-1], fresh=start == 0)
+            self._run(self.ids[start:-1])
         return self.cache
 
-    def _run(self, new_ids, *, fresh: bool) -> torch.Tensor:
+    def _run(self, new_ids) -> torch.Tensor:
         """Final hidden states of `new_ids` run on the cache: one forward when the cache is empty (SDPA's causal
         kernel), else blocks of CONTINUE_BLOCK tokens."""
         x = torch.tensor([list(new_ids)], dtype=torch.long, device=device_of(self.model))
-        step = x.shape[1] if fresh else CONTINUE_BLOCK
+        step = CONTINUE_BLOCK if self.cache.get_seq_length() else x.shape[1]
         with native_gqa(self.model):
-            hidden = [body(self.model)(input_ids=x[:, i:i + step], past_key_values=self.cache,
-                                       use_cache=True).last_hidden_state[0] for i in range(0, x.shape[1], step)]
-        return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
+            return torch.cat([body(self.model)(input_ids=x[:, i:i + step], past_key_values=self.cache,
+                                               use_cache=True).last_hidden_state[0]
+                              for i in range(0, x.shape[1], step)])
 
     def settle(self) -> None:
         """Drop what ran after the prompt (continuations, generated tokens): the cache holds the prompt again."""
