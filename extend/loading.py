@@ -184,12 +184,13 @@ def load_config(spec: str, trust_remote_code: bool = False):
         raise ExtendError(f"could not read the config of {spec!r}: {first} — check the id or path") from e
 
 
-def trained_context_of(spec: str, trust_remote_code: bool = False) -> int:
+def trained_context_of(spec: str, trust_remote_code: bool = False, start_from: str | None = None) -> int:
     """The trained context of the model `spec` names, from its config alone (no weights; as
-    `extend.trained_context(model)` with the default start_from="pretrained")."""
-    from .shipped import context_for, shipped_ropes
+    `extend.trained_context(model, start_from)`, default start_from="shipped": the context methods extend from)."""
+    from .shipped import DEFAULT_START_FROM, check_start_from, context_for, shipped_ropes
 
-    return context_for(shipped_ropes(load_config(spec, trust_remote_code)), "pretrained")
+    policy = check_start_from(start_from or DEFAULT_START_FROM)
+    return context_for(shipped_ropes(load_config(spec, trust_remote_code)), policy)
 
 
 def load(spec: str, device: str | None = None, dtype=None, attn_implementation: str | None = None,

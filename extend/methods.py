@@ -48,8 +48,9 @@ def dynamic_scale(factor: float, seq_len: int, original: int, rule: str) -> floa
 
 @register("plain", uses_factor=False)
 def plain(rope: RopeBase, *, factor: float):
-    """No extension (the baseline). `factor` is ignored. With start_from="pretrained" (default) this is the
-    pretrained RoPE (a model's shipped scaling removed); with start_from="shipped" the model unchanged."""
+    """No extension (the baseline). `factor` is ignored. With start_from="shipped" (default) this is the model
+    as loaded, bit-identical (its shipped RoPE scaling kept); with start_from="pretrained" the pretrained RoPE (a
+    model's shipped scaling removed)."""
     return rope.inv_freq, 1.0
 
 

@@ -3,8 +3,8 @@
 `patch(model, method, factor, **options)` swaps `model.base_model.rotary_emb` for a thin wrapper and sets
 the wrapped module's inverse frequencies / attention scaling to the method's, per layer type. Options common
 to every method (besides the method's own):
-- start_from: "pretrained" (default; the unscaled theta and the pretraining context) or "shipped" (stack on
-  the RoPE scaling the model ships, with the context it reaches) — see extend/shipped.py;
+- start_from: "shipped" (default; stack on the RoPE the model ships, with the context it reaches: `plain` is the
+  model as loaded) or "pretrained" (the unscaled theta and the pretraining context) — see extend/shipped.py;
 - layer_types: the layer types to extend (default: those whose attention span can exceed the trained
   context: the global layers of Gemma3/OLMo3; sliding layers with a shorter window keep their frequencies);
 - temperature: where an attention temperature (YaRN, LongRoPE) goes — "logits" multiplies every logit by it
@@ -30,6 +30,7 @@ from .errors import ExtendError
 from .families import family, rotary_module
 from .registry import Rope, RopeBase
 from .shipped import (
+    DEFAULT_START_FROM,
     Shipped,
     check_start_from,
     context_for,
@@ -43,15 +44,16 @@ from .shipped import (
 TEMPERATURES = ("logits", "rotary")
 
 
-def trained_context(model: nn.Module, start_from: str = "pretrained") -> int:
-    """The context the model was trained with, read from the global layer type's RoPE parameters:
-    "pretrained" (original_max_position_embeddings; linear without it: max_position_embeddings / factor; else
-    max_position_embeddings) or "shipped" (the context its shipped scaling reaches). Needs only `model.config`."""
+def trained_context(model: nn.Module, start_from: str = DEFAULT_START_FROM) -> int:
+    """The context the model was trained with, read from the global layer type's RoPE parameters: "shipped"
+    (default: the context its shipped scaling reaches; max_position_embeddings for unscaled RoPE) or
+    "pretrained" (original_max_position_embeddings; else the family's published pretraining context; linear
+    without either: max_position_embeddings / factor; else max_position_embeddings). Needs only `model.config`."""
     return context_for(shipped_ropes(model.config), check_start_from(start_from))
 
 
 def rope_bases(model: nn.Module, rotary: nn.Module, original: int | None = None,
-               start_from: str = "pretrained") -> dict[str | None, RopeBase]:
+               start_from: str = DEFAULT_START_FROM) -> dict[str | None, RopeBase]:
     """The model's pretrained RoPE parameters, one per layer type (key None for single-type modules), with
     the trained context L of `start_from` (or `original`)."""
     config = model.config
@@ -316,7 +318,7 @@ def _watch_cache(model: nn.Module, wrapper: PatchedRotary):
 
 
 def _check_common(options: dict, shipped: dict, model) -> tuple[str, list | None, str | None, int | None]:
-    start_from = check_start_from(options.pop("start_from", "pretrained"))
+    start_from = check_start_from(options.pop("start_from", DEFAULT_START_FROM))
     original = options.pop("original_max_position_embeddings", None)
     if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
         raise ExtendError(f"original_max_position_embeddings must be a positive integer, got {original!r}")

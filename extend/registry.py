@@ -25,7 +25,7 @@ from .errors import ExtendError, closest
 
 ENTRY_POINT_GROUP = "ropebench.methods"
 # Options every method takes (handled by extend.patching; defaults in COMMON_DEFAULTS).
-COMMON_DEFAULTS = {"original_max_position_embeddings": None, "start_from": "pretrained", "layer_types": None,
+COMMON_DEFAULTS = {"original_max_position_embeddings": None, "start_from": "shipped", "layer_types": None,
                    "temperature": None}
 COMMON_OPTIONS = tuple(COMMON_DEFAULTS)
 

@@ -9,14 +9,17 @@ through `AttentionMaskInterface`). undo() restores the implementation name.
 The family's attention module rotates q and k at their plain positions and caches k as usual; this function
 rotates them further by (remapped position - plain position) with the family's own `apply_rotary_pos_emb` and
 cos/sin from the model's own rotary module (so half/interleaved layouts, partial rotary dims and per-layer-type
-frequencies are respected; RoPE rotations compose). Queries go in blocks of QUERY_BLOCK; for each block and
+frequencies are respected; RoPE rotations compose; where the attention module slices partial rotary dims
+itself, as Phi and StableLM do, only those dims turn). Queries go in blocks of QUERY_BLOCK; for each block and
 piece the keys are cut into tiles that are wholly inside the piece (one unmasked call for the whole run),
 causal, or mixed (a tile-sized mask), each through the CPU flash-attention kernel, which returns the
 log-sum-exp used to merge the pieces. No L x L matrix is built: memory is O(L x block) at most.
 
 Falls through to the original attention function, unchanged (bit-identical), when every pair of the forward
 sees plain positions (sequences within the method's window), for layers that are not extended (Gemma3's
-sliding layers) and for unpatched models sharing the process.
+sliding layers) and for unpatched models sharing the process. An extended layer with a sliding window (Mistral
+v0.1, Gemma2, layer_types chosen by hand) keeps its window: the remapped pairs are those it attends.
+Soft-capped logits (Gemma2's attn_logit_softcapping) are refused at patch time: the flash kernel cannot cap.
 """
 
 from __future__ import annotations
@@ -78,22 +81,18 @@ def remap_attention(module, query, key, value, attention_mask, scaling=None, dro
         return state.original_function(module)(module, query, key, value, attention_mask, scaling=scaling,
                                                dropout=dropout, **kwargs)
     if kwargs.get("softcap") or getattr(module.config, "attn_logit_softcapping", None):
-        raise ExtendError(f"{state.method} is not supported for {family(module)}: its attention logits are "
-                          f"soft-capped (attn_logit_softcapping), which the blockwise flash kernel cannot apply")
-    if kwargs.get("sliding_window") is not None:
-        raise ExtendError(f"{state.method}: layer {module.layer_idx} of {family(module)} has a sliding window "
-                          f"({kwargs['sliding_window']}) and is extended — not supported; load the model with "
-                          f"sliding_window=None, or extend only the global layers (layer_types=...)")
+        raise ExtendError(_softcap_message(state.method, family(module)))
+    window = kwargs.get("sliding_window")  # keys j with i - j < window only, as transformers' sliding mask
     keep = None
     if attention_mask is not None:
         mask = attention_mask[:, :, :, :kv_len]
         keep = mask if mask.dtype == torch.bool else mask == 0  # eager masks: 0 keeps, dtype min masks
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     if len(set(offsets)) == 1:
-        out = _attend(state, lt, query, key, value, keep, offsets[0], scale)
+        out = _attend(state, lt, query, key, value, keep, offsets[0], scale, window)
     else:  # left padding: every row has its own positions
         out = torch.cat([_attend(state, lt, query[b:b + 1], key[b:b + 1], value[b:b + 1],
-                                 None if keep is None else keep[b:b + 1], off, scale)
+                                 None if keep is None else keep[b:b + 1], off, scale, window)
                          for b, off in enumerate(offsets)])
     return out.transpose(1, 2).contiguous(), None
 
@@ -119,6 +118,10 @@ def _rotate(state: _State, x: torch.Tensor, delta: torch.Tensor, lt) -> torch.Te
     if scaling != 1.0:  # q and k carry it from their plain rotation already
         cos, sin = cos / scaling, sin / scaling
     x32 = x.float()
+    dims = cos.shape[-1]
+    if dims < x32.shape[-1]:  # partial rotary: Phi and StableLM pass only these dims to apply_rotary_pos_emb
+        turned = state.apply_rotary(x32[..., :dims], x32[..., :dims], cos, sin)[0]
+        return torch.cat([turned, x32[..., dims:]], -1).to(x.dtype)
     return state.apply_rotary(x32, x32, cos, sin)[0].to(x.dtype)
 
 
@@ -134,10 +137,10 @@ def _rotated(state: _State, x, positions, fn, lt, key: tuple):
     return _rotate(state, x, delta, lt)
 
 
-def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int) -> list:
+def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int, window: int | None = None) -> list:
     """Per query block (a, b): [(piece index, t0, t1, kind, lo, hi)] with kind full/causal/mixed; lo/hi are
-    the piece's key interval per query (cache indices)."""
-    key = ("plan", q_len, kv_len, off, block)
+    the piece's key interval per query (cache indices), cut to the layer's sliding `window` when it has one."""
+    key = ("plan", q_len, kv_len, off, block, window)
     if key in state.cache:
         return state.cache[key]
     q_pos = torch.arange(kv_len - q_len, kv_len) - off
@@ -148,6 +151,8 @@ def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int) -> list:
         for index, piece in enumerate(state.remap.pieces):
             lo, hi = piece.keys(q_pos[a:b])
             lo, hi = (lo + off).clamp(0, kv_len), (hi + off).clamp(0, kv_len)
+            if window:  # transformers' sliding mask keeps cache index j > i - window
+                lo = torch.maximum(lo, torch.arange(kv_len - q_len + a, kv_len - q_len + b) - window + 1)
             if not (hi > lo).any():
                 continue
             first, last = int(lo[hi > lo].min()), int(hi.max())
@@ -176,7 +181,7 @@ def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int) -> list:
     return blocks
 
 
-def _attend(state: _State, lt, q, k, v, keep, off: int, scale: float) -> torch.Tensor:
+def _attend(state: _State, lt, q, k, v, keep, off: int, scale: float, window: int | None = None) -> torch.Tensor:
     batch, heads, q_len, dim = q.shape
     kv_len, groups = k.shape[2], heads // k.shape[1]
     q_pos = torch.arange(kv_len - q_len, kv_len) - off
@@ -196,7 +201,7 @@ def _attend(state: _State, lt, q, k, v, keep, off: int, scale: float) -> torch.T
             keys[id(fn)] = expand(_rotated(state, k, k_pos, fn, lt, ("k", i, kv_len, off)))
     out = torch.empty_like(q)
     block = QUERY_BLOCK
-    for a, b, calls in _plan(state, q_len, kv_len, off, block):
+    for a, b, calls in _plan(state, q_len, kv_len, off, block, window):
         acc = lse_acc = None
         for index, t0, t1, kind, lo, hi in calls:
             piece = state.remap.pieces[index]
@@ -256,7 +261,7 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
     """extend.patch for a method registered with remap=True. extend.patching.patch calls it and passes its own
     `rope_bases` and `patch_plain(**common_options) -> Patch`, so this module does not import patching back."""
     from .registry import COMMON_OPTIONS
-    from .shipped import check_start_from, global_type, shipped_ropes
+    from .shipped import DEFAULT_START_FROM, check_start_from, global_type, shipped_ropes
 
     own = {k: v for k, v in options.items() if k not in COMMON_OPTIONS}
     common = {k: v for k, v in options.items() if k in COMMON_OPTIONS}
@@ -264,7 +269,7 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
         raise ExtendError(f"{spec.name} keeps RoPE's frequencies and has no attention temperature — drop the "
                           f"temperature option")
     rotary = rotary_module(model)
-    start_from = check_start_from(common.get("start_from", "pretrained"))
+    start_from = check_start_from(common.get("start_from", DEFAULT_START_FROM))
     bases = rope_bases(model, rotary, common.get("original_max_position_embeddings"), start_from)
     remap = spec.fn(bases[global_type(shipped_ropes(model.config))], factor=factor,
                     **dict(spec.options_with_defaults(), **own))
@@ -280,6 +285,8 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
     if not identity and apply is None:
         raise ExtendError(f"{spec.name} is not supported for {family(model)}: its modeling code has no "
                           f"apply_rotary_pos_emb")
+    if not identity and getattr(model.config, "attn_logit_softcapping", None):
+        raise ExtendError(_softcap_message(spec.name, family(model)))
     handle = patch_plain(**common)  # frequencies as plain leaves them
     if not identity:
         layered = bool(layer_types(rotary))
@@ -294,6 +301,12 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
     resolved = {k: v for k, v in handle.options.items() if k != "temperature"}  # plain's; no temperature here
     handle.options = dict(own, **resolved, **remap.resolved)
     return handle
+
+
+def _softcap_message(method: str, name: str) -> str:
+    return (f"{method} is not supported for {name}: its attention logits are soft-capped "
+            f"(attn_logit_softcapping), which the blockwise flash kernel cannot apply — use a frequency method "
+            f"(e.g. yarn), or set config.attn_logit_softcapping=None if your model does without it")
 
 
 def _switch(model: nn.Module, state: _State, handle) -> None:

@@ -3,12 +3,13 @@ context its shipped scaling reaches, each layer type's attention window, and its
 statelessly for a given length (transformers' own dynamic/longrope update depends on call history).
 
 Two starting points ("start_from", recorded with every patch):
+- "shipped" (default): methods stack on what the model ships (their effect multiplies the shipped frequencies)
+  with L the context the shipped scaling reaches (max_position_embeddings when the config raises it above the
+  pretraining context, else L_pretrained x factor); `plain` is the model unchanged (bit-identical).
 - "pretrained": methods start from the unscaled theta and the pretraining context L (original_max_position_
-  embeddings; for `linear` without it max_position_embeddings / factor; else max_position_embeddings).
-  `plain` is then the pretrained RoPE: shipped scaling removed.
-- "shipped": methods stack on what the model ships (their effect multiplies the shipped frequencies) with L the
-  context the shipped scaling reaches (max(max_position_embeddings, L_pretrained x factor)); `plain` is the model
-  unchanged.
+  embeddings; else the family's published pretraining context, PRETRAINING_CONTEXT; for `linear` without
+  either max_position_embeddings / factor; else max_position_embeddings). `plain` is then the pretrained RoPE:
+  shipped scaling removed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from .errors import ExtendError
 
 START_FROM = ("pretrained", "shipped")
+DEFAULT_START_FROM = "shipped"  # the baseline is the model as loaded (registry.COMMON_DEFAULTS says the same)
+
+# Published pretraining contexts of families whose configs ship scaling without original_max_position_embeddings
+# (config.model_type -> tokens). Used only for scaled RoPE; unscaled RoPE's context is max_position_embeddings.
+PRETRAINING_CONTEXT = {
+    # Gemma 3 technical report (Gemma Team 2025, arXiv:2503.19786, "Long context"): pretrained on 32K
+    # sequences, then the 4B/12B/27B models scaled to 128K (RoPE linear factor 8 on the global layers); their
+    # configs say max_position_embeddings 131072 and nothing about the 32K.
+    "gemma3_text": 32768,
+}
 
 
 @dataclass(frozen=True)
@@ -74,22 +85,32 @@ def _contexts(config, params: dict) -> tuple[int, int]:
     max_positions = int(config.max_position_embeddings)
     rope_type = params.get("rope_type", "default")
     factor = params.get("factor")
+    published = PRETRAINING_CONTEXT.get(getattr(config, "model_type", None))
     if params.get("original_max_position_embeddings"):
         pretrained = int(params["original_max_position_embeddings"])
+    elif published and rope_type != "default" and published < max_positions:
+        pretrained = published
     elif rope_type == "linear" and factor:  # linear fine-tunes often only raise max_position_embeddings
         pretrained = max(1, round(max_positions / float(factor)))
     else:
         pretrained = max_positions
     if rope_type == "default":
         return pretrained, pretrained
-    shipped = max(max_positions, round(pretrained * float(factor))) if factor else max_positions
-    return pretrained, shipped
+    # A config that raises max_position_embeddings states the reach (Llama 3.1/3.2, Gemma3, Phi-3 128k);
+    # one that keeps the pretraining value (Qwen2.5 + yarn) reaches pretrained x factor.
+    if max_positions > pretrained or not factor:
+        return pretrained, max_positions
+    return pretrained, round(pretrained * float(factor))
 
 
 def config_layer_types(config) -> list[str]:
-    """Layer types with their own RoPE parameters (Gemma3, OLMo3: rope_parameters per layer type), else []."""
+    """Layer types with their own RoPE parameters (Gemma3, OLMo3: rope_parameters per layer type) that the
+    model has (transformers builds buffers only for the types in config.layer_types), else []."""
     params = getattr(config, "rope_parameters", None) or {}
-    return sorted(params) if params and all(isinstance(v, dict) for v in params.values()) else []
+    if not params or not all(isinstance(v, dict) for v in params.values()):
+        return []
+    present = getattr(config, "layer_types", None)
+    return sorted(lt for lt in params if not present or lt in present)
 
 
 def shipped_ropes(config) -> dict[str | None, Shipped]:
@@ -153,6 +174,6 @@ def pretrained_frequencies(theta: float, dim: int, device) -> torch.Tensor:
 
 def check_start_from(value) -> str:
     if value not in START_FROM:
-        raise ExtendError(f"start_from must be 'pretrained' (restart from the unscaled theta and pretraining "
-                          f"context) or 'shipped' (stack on the model's shipped RoPE scaling), got {value!r}")
+        raise ExtendError(f"start_from must be 'shipped' (default: stack on the RoPE the model ships) or "
+                          f"'pretrained' (restart from the unscaled theta and pretraining context), got {value!r}")
     return value

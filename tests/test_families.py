@@ -35,12 +35,18 @@ CHECKPOINTS = {
         "sliding_window": 1024, "max_position_embeddings": 131072, "layer_types": GEMMA3_TYPES,
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}},
-        {"types": {"sliding_attention": (1e4, 256), "full_attention": (1e6, 256)}, "L": (16384, 131072)}),
+        # Gemma 3 report (arXiv:2503.19786): pretrained on 32K, scaled to 128K with linear x8 on global layers
+        {"types": {"sliding_attention": (1e4, 256), "full_attention": (1e6, 256)}, "L": (32768, 131072)}),
     "llama-3.1-8b": (T.LlamaConfig, T.LlamaForCausalLM, {
         "head_dim": 128, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 128, "max_position_embeddings": 131072,
         "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
         {"types": {None: (5e5, 128)}, "L": (8192, 131072)}),
+    "llama-3.2-1b": (T.LlamaConfig, T.LlamaForCausalLM, {  # llama3 x32 from 8192, published reach 131072
+        "head_dim": 64, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 64, "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+        {"types": {None: (5e5, 64)}, "L": (8192, 131072)}),
     "qwen2.5-7b-yarn": (T.Qwen2Config, T.Qwen2ForCausalLM, {
         "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 128, "max_position_embeddings": 32768,
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
@@ -114,13 +120,14 @@ def installed(model):
 def test_trained_context_and_length_dependence(name):
     model = build(name)
     expect = CHECKPOINTS[name][3]
-    assert extend.trained_context(model) == expect["L"][0]
-    assert extend.trained_context(model, "shipped") == expect["L"][1]
+    assert extend.trained_context(model, "pretrained") == expect["L"][0]
+    assert extend.trained_context(model) == extend.trained_context(model, "shipped") == expect["L"][1]
     assert extend.length_dependent(model) is expect.get("length_dependent", False)
-    with extend.patched(model, "plain"):  # the pretrained RoPE: never length-dependent
+    with extend.patched(model, "plain", start_from="pretrained"):  # the pretrained RoPE: never length-dependent
         assert not extend.length_dependent(model)
-    with extend.patched(model, "plain", start_from="shipped"):
+    with extend.patched(model, "plain") as handle:  # default: the model as loaded
         assert extend.length_dependent(model) is expect.get("length_dependent", False)
+    assert handle.options["start_from"] == "shipped" and handle.options["trained_context"] == expect["L"][1]
     with extend.patched(model, "dynamic-yarn", factor=2.0):
         assert extend.length_dependent(model)
 
@@ -132,7 +139,7 @@ def test_yarn_frequencies_per_layer_type(name):
     model = build(name)
     expect = CHECKPOINTS[name][3]
     context = expect["L"][0]
-    with extend.patched(model, "yarn", factor=2.0) as handle:
+    with extend.patched(model, "yarn", factor=2.0, start_from="pretrained") as handle:
         got = installed(model)
         attention = {id(m): m.scaling for m in model.modules() if isinstance(getattr(m, "scaling", None), float)}
     assert handle.options["trained_context"] == context
@@ -166,7 +173,7 @@ def test_gemma3_layer_types_can_be_chosen():
 
 
 def test_shipped_linear_gemma3_policy():
-    """Gemma3 4B ships linear x8 on its global layers only: pretrained L = 131072 / 8; stacking pi x2 on what
+    """Gemma3 4B ships linear x8 on its global layers only: pretrained L = 32K (published); stacking pi x2 on what
     ships divides the shipped (already / 8) global frequencies by 2 and leaves the sliding ones."""
     model = build("gemma3-4b-linear8")
     with extend.patched(model, "pi", factor=2.0, start_from="shipped") as handle:
@@ -174,9 +181,9 @@ def test_shipped_linear_gemma3_policy():
     assert handle.options["shipped_rope"] == "linear x8" and handle.options["trained_context"] == 131072
     torch.testing.assert_close(got["full_attention"][0], ref_base(1e6, 256) / 16, rtol=1e-6, atol=0)
     torch.testing.assert_close(got["sliding_attention"][0], ref_base(1e4, 256), rtol=1e-6, atol=0)
-    with extend.patched(model, "plain") as handle:
+    with extend.patched(model, "plain", start_from="pretrained") as handle:
         got = installed(model)
-    assert handle.options["base_theta"] == 1e6 and handle.options["trained_context"] == 16384
+    assert handle.options["base_theta"] == 1e6 and handle.options["trained_context"] == 32768
     torch.testing.assert_close(got["full_attention"][0], ref_base(1e6, 256), rtol=1e-6, atol=0)
 
 
@@ -194,6 +201,65 @@ def test_factor_one_identity(name):
             with extend.patched(model, method, factor=1.0, start_from=start_from):
                 assert torch.equal(logits(model), plain), f"{name}/{method}/{start_from}"
     assert torch.equal(logits(model), ref)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_default_plain_is_the_model_as_loaded(name):
+    """The baseline is the model as loaded: `plain` with the default start_from is bit-identical to the
+    unpatched model, within the pretraining context and beyond it (Phi-3's long factors), and records it."""
+    model = build(name)
+    pretrained = CHECKPOINTS[name][3]["L"][0]
+    far = torch.arange(pretrained + 100, pretrained + 124)[None]  # past the pretraining context
+    ref, ref_far = logits(model), logits(model, far)
+    with extend.patched(model, "plain") as handle:
+        assert torch.equal(logits(model), ref) and torch.equal(logits(model, far), ref_far), name
+    assert handle.options["start_from"] == "shipped"
+    with extend.patched(model, "plain", start_from="pretrained") as handle:
+        assert handle.options["start_from"] == "pretrained"  # the explicit option is recorded too
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2.5-7b-yarn", "gemma3-4b-linear8"])
+def test_methods_stack_on_the_shipped_rope_by_default(name):
+    """Default start_from: yarn x2 multiplies the model's own shipped frequencies by YaRN's ratio at the
+    context the shipped scaling reaches, and its temperature multiplies the shipped one."""
+    model = build(name)
+    expect = CHECKPOINTS[name][3]
+    lt = "full_attention" if "gemma3" in name else None
+    theta, dim = expect["types"][lt]
+    rotary = model.base_model.rotary_emb
+    prefix = f"{lt}_" if lt else ""
+    own = getattr(rotary, f"{prefix}original_inv_freq").double().clone()  # what transformers built: as shipped
+    own_scaling = float(getattr(rotary, f"{prefix}attention_scaling"))
+    with extend.patched(model, "yarn", factor=2.0) as handle:
+        inv, scaling = installed(model)[lt]
+    ref_inv, ref_t = ref_yarn(theta, dim, expect["L"][1], 2.0)
+    assert handle.options["trained_context"] == expect["L"][1]
+    torch.testing.assert_close(inv, own * ref_inv / ref_base(theta, dim), rtol=1e-5, atol=0)
+    assert abs(scaling - own_scaling * ref_t) < 1e-6
+
+
+def _sliding_only_gemma3():
+    torch.manual_seed(0)
+    config = T.Gemma3TextConfig(vocab_size=128, intermediate_size=64, num_hidden_layers=2, head_dim=16,
+                                num_attention_heads=1, num_key_value_heads=1, hidden_size=64, sliding_window=16,
+                                max_position_embeddings=64, layer_types=["sliding_attention"] * 2)
+    return T.Gemma3ForCausalLM(config).eval()
+
+
+def test_gemma3_without_global_layers_patches_the_types_present():
+    """transformers builds rotary buffers only for the layer types in config.layer_types: a Gemma3 with
+    sliding layers only has no full_attention_inv_freq, so only the sliding type is patched."""
+    model = _sliding_only_gemma3()
+    ref = logits(model, n=40)
+    with extend.patched(model, "yarn", factor=2.0) as handle:  # window 16 < 64: nothing to extend
+        assert torch.equal(logits(model, n=40), ref)
+    assert handle.options["layer_types"] == []
+    with extend.patched(model, "pi", factor=4.0, layer_types=["sliding_attention"]):
+        got = installed(model)
+    torch.testing.assert_close(got["sliding_attention"][0], ref_base(1e4, 16) / 4, rtol=1e-6, atol=0)
+    with pytest.raises(extend.ExtendError, match="layer_types must be"):
+        extend.patch(model, "pi", factor=2.0, layer_types=["full_attention"])
+    assert "full_attention" not in extend.inspect(model)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
@@ -333,7 +399,7 @@ def test_inspect_shows_layer_types_and_what_a_method_changes(tmp_path, capsys):
     model = build("gemma3-4b-linear8")
     text = extend.inspect(model)
     assert "full_attention: rotary dims 256 of head_dim 256, theta 1e+06, shipped linear x8" in text
-    assert "sliding_attention" in text and "window 1024" in text and "16384 pretrained" in text
+    assert "sliding_attention" in text and "window 1024" in text and "32768 pretrained" in text
     text = extend.inspect(model, "yarn", factor=2.0)
     assert "full_attention: extended" in text and "sliding_attention: kept; 0 of 128" in text
     assert extend.current(model) is None

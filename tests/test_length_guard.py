@@ -39,6 +39,9 @@ def test_rows_record_the_patch_policy_theta_and_context():
     record = {"task": "fake", "corpus": None, "length": 16, "metric": "score", "value": 1.0, "n": 1, "seconds": 0.0}
     with extend.patched(model, "yarn", factor=2.0, beta_fast=16) as patch:
         rows = R.ok_rows(cell, "run", [record], dict(cell.options, **patch.options))
-    assert rows[0]["options"] == {"beta_fast": 16, "start_from": "pretrained", "trained_context": 128,
+    assert rows[0]["options"] == {"beta_fast": 16, "start_from": "shipped", "trained_context": 128,
                                   "base_theta": 10000.0, "shipped_rope": "none", "temperature": "rotary"}
     assert R.ok_rows(cell, "run", [record])[0]["options"] == {"beta_fast": 16}
+    with extend.patched(model, "yarn", factor=2.0, start_from="pretrained") as patch:  # the explicit choice too
+        rows = R.ok_rows(cell, "run", [record], dict(cell.options, **patch.options))
+    assert rows[0]["options"]["start_from"] == "pretrained"

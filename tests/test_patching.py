@@ -71,6 +71,10 @@ def test_factor_one_identity_and_undo(family):
             opts = {"scale_base": 1e30}  # decay 1 to float precision: only the rotation remains
         if method == "longrope":  # identity needs all-ones factors, long ones used only beyond the context
             opts = {"short_factor": [1.0] * (rotary_dim(model) // 2), "long_factor": opts["long_factor"]}
+        if family == "gemma2" and method == "dca":  # DCA remaps at factor 1 too; Gemma2 soft-caps its logits
+            with pytest.raises(extend.ExtendError, match="soft-capped"):
+                extend.patch(model, method, factor=1.0, **opts)
+            continue
         with extend.patched(model, method, factor=1.0, **opts):
             assert torch.equal(logits(model), ref), f"{family}/{method} at factor 1 changed the logits"
         assert torch.equal(logits(model), ref), f"{family}/{method}: undo did not restore the model"
@@ -112,8 +116,9 @@ def test_two_models_are_independent():
 
 
 def test_native_scaled_model_follows_the_start_from_policy():
-    """A model shipped with scaling (here Llama-3 style): every method, `plain` included, starts from the
-    pretrained RoPE by default; start_from="shipped" keeps (and stacks on) what ships. Recorded in options."""
+    """A model shipped with scaling (here Llama-3 style): by default every method, `plain` included, starts from
+    the shipped RoPE (plain = the model as loaded; methods stack on it); start_from="pretrained" restarts from
+    the pretrained RoPE. Recorded in options."""
     shipped = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     model = tiny_llama(rope_parameters=shipped)
@@ -121,15 +126,16 @@ def test_native_scaled_model_follows_the_start_from_policy():
     default = tiny_llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     default.load_state_dict(model.state_dict())
     with extend.patched(model, "plain") as handle:
+        assert torch.equal(logits(model), ref)
+        assert handle.options == {"start_from": "shipped", "trained_context": 256, "base_theta": 10000.0,
+                                  "shipped_rope": "llama3 x8", "temperature": "rotary"}  # 256: max_position_embeddings
+    with extend.patched(model, "plain", start_from="pretrained") as handle:
         assert torch.equal(logits(model), logits(default))
         assert handle.options == {"start_from": "pretrained", "trained_context": 32, "base_theta": 10000.0,
                                   "shipped_rope": "llama3 x8", "temperature": "rotary"}
-    with extend.patched(model, "pi", factor=1.0):
+    with extend.patched(model, "pi", factor=1.0, start_from="pretrained"):
         assert torch.equal(logits(model), logits(default))
-    with extend.patched(model, "plain", start_from="shipped") as handle:
-        assert torch.equal(logits(model), ref)
-        assert handle.options["trained_context"] == 256  # max(max_position_embeddings, 32 x 8)
-    with extend.patched(model, "pi", factor=2.0, start_from="shipped"):  # stacked: shipped frequencies / 2
+    with extend.patched(model, "pi", factor=2.0):  # stacked by default: shipped frequencies / 2
         stacked = logits(model)
     with extend.patched(default, "llama3", factor=8.0, original_max_position_embeddings=32):
         halved = default.base_model.rotary_emb.rotary.inv_freq.clone() / 2
@@ -209,6 +215,16 @@ def test_describe_every_method():
         info = extend.describe(name)
         assert info["doc"] and "original_max_position_embeddings" in info["options"]
     assert extend.describe("longrope")["required"] == ["long_factor", "short_factor"]
+def test_the_default_policy_is_the_model_as_loaded():
+    """One default everywhere: describe(), patch(), trained_context() and the shipped module agree on "shipped"."""
+    import inspect
+
+    assert extend.describe("plain")["options"]["start_from"] == "shipped" == extend.shipped.DEFAULT_START_FROM
+    assert inspect.signature(extend.trained_context).parameters["start_from"].default == "shipped"
+    with extend.patched(tiny_llama(), "yarn", factor=2.0) as handle:
+        assert handle.options["start_from"] == "shipped"
+
+
     assert extend.describe("yarn")["options"]["beta_fast"] == 32.0
 
 
@@ -236,7 +252,7 @@ BAD = [
      "positive integer"),
     ("bad llama3 factors", lambda m: extend.patch(m, "llama3", factor=2, low_freq_factor=4, high_freq_factor=1),
      "high_freq_factor > low_freq_factor"),
-    ("bad xpos option", lambda m: extend.patch(m, "xpos", factor=1, scale_base=-1), "scale_base > 0"),
+    ("bad xpos option", lambda m: extend.patch(m, "xpos", factor=1, scale_base=-1), "scale_base( of method 'xpos' must be)? > 0"),
     ("xpos in fp16", lambda m: extend.patch(m.half(), "xpos", factor=1), "float32 or bfloat16"),
     ("non-RoPE model", lambda m: extend.patch(_gpt2(), "yarn", factor=2), "'gpt2' has no rotary"),
     ("unknown alias / missing path", lambda m: extend.load("./no/such/dir"), "not a model directory"),
