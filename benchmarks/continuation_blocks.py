@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 import extend
-from extend.forward import body
+from extend.forward import body, with_cache
 from extend.prefix_cache import native_gqa
 
 model, tok = extend.load("smollm2-135m", device="cpu", dtype="float32")
@@ -25,16 +25,17 @@ B = body(model)
 with torch.inference_mode():
     B(input_ids=ids[:, :64])
     c0 = DynamicCache()
-    B(input_ids=ids[:, :a], past_key_values=c0, use_cache=True)
+    B(input_ids=ids[:, :a], use_cache=True, **with_cache(B, c0))
 
     def run(chunk):
         c = DynamicCache()
-        B(input_ids=ids[:, :a], past_key_values=c, use_cache=True)
+        B(input_ids=ids[:, :a], use_cache=True, **with_cache(B, c))
         t = time.perf_counter()
         hs = []
         with native_gqa(model):
             for s in range(a, L, chunk):
-                hs.append(B(input_ids=ids[:, s:min(L, s + chunk)], past_key_values=c, use_cache=True).last_hidden_state)
+                hs.append(B(input_ids=ids[:, s:min(L, s + chunk)], use_cache=True,
+                            **with_cache(B, c)).last_hidden_state)
         return time.perf_counter() - t, torch.cat(hs, 1)
     t = time.perf_counter()
     full = B(input_ids=ids, use_cache=False).last_hidden_state

@@ -23,6 +23,7 @@ from prefix_sharing import DEPTHS
 from transformers import DynamicCache
 
 import extend
+from extend.forward import with_cache
 from extend.prefix_cache import CONTINUE_BLOCK, MIN_SHARED, common_prefix, sharing_order
 from tasks import passkey
 
@@ -51,7 +52,7 @@ def timed_forward(model, ids, cache=None, block=None) -> float:
     start = time.perf_counter()
     step = block or ids.shape[1]
     for i in range(0, ids.shape[1], step):
-        model.model(input_ids=ids[:, i:i + step], past_key_values=cache, use_cache=cache is not None)
+        model.model(input_ids=ids[:, i:i + step], use_cache=cache is not None, **with_cache(model.model, cache))
     return time.perf_counter() - start
 
 

@@ -59,6 +59,7 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
 
     import extend
     import tasks
+    from extend.forward import with_cache
     from tasks import classification, passkey
 
     opts = prefix or {}
@@ -73,7 +74,7 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     # forward here), which would land on whichever side runs first
     with torch.inference_mode():
         model.model(input_ids=torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(1)),
-                    past_key_values=transformers.DynamicCache(), use_cache=True)
+                    use_cache=True, **with_cache(model.model, transformers.DynamicCache()))
     out = {"length": L, "queries": queries, "trials": trials, "depths": DEPTHS, "zero_shot_queries": zero_queries,
            "threads": torch.get_num_threads(), "model": figures.model_facts(model), "method": figures.METHOD,
            "factor": figures.FACTOR}

@@ -48,7 +48,7 @@ from packaging.version import Version
 import extend
 from extend import prefix_cache  # looked up at call time: tests swap prefix_cache.PrefixCache for a spy
 from extend.errors import ExtendError, RopebenchError
-from extend.forward import body, logit_postprocess
+from extend.forward import body, logit_postprocess, with_cache
 from extend.registry import COMMON_OPTIONS, check_factor, check_options
 from extend.registry import get as get_method
 
@@ -341,12 +341,20 @@ class RopebenchLM(HFLM):
             self._generation_cache = None
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        """Stock generation; a length-dependent (dynamic) method runs the whole call under
+        `extend.fixed_length(model, max_length)` (prompt + new tokens, as the suites do), so the cached steps keep
+        the frequencies the prompt's keys were rotated with. With prefix sharing (never for those methods), the
+        prompt prefills only what it does not share with the previous one."""
+        if extend.length_dependent(self.model):
+            with extend.fixed_length(self.model, int(max_length)):
+                return super()._model_generate(context, max_length, stop, **generation_kwargs)
         cache, mask = self._generation_cache, generation_kwargs.get("attention_mask")
         if cache is None or context.shape[0] != 1 or (mask is not None and not bool(mask.all())):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         past = cache.prime(context[0].tolist())
         with prefix_cache.native_gqa(self.model):
-            out = super()._model_generate(context, max_length, stop, past_key_values=past, **generation_kwargs)
+            out = super()._model_generate(context, max_length, stop, **with_cache(self.model, past),
+                                          **generation_kwargs)
         cache.settle()  # back to the prompt: the next one may share it
         return out
 

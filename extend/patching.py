@@ -307,11 +307,14 @@ def _attention_modules(model: nn.Module, layer_types: list) -> dict:
 
 
 def _watch_cache(model: nn.Module, wrapper: PatchedRotary):
-    """Tell the wrapper whether a forward continues a filled KV cache (xPos then keeps its centre)."""
+    """Tell the wrapper whether a forward continues a filled KV cache (xPos then keeps its centre). The cache
+    comes under either keyword (`cache` from transformers 5.24 on, `past_key_values` before; see
+    extend.forward.CACHE_KEYWORDS) or positionally."""
+    from .forward import passed_cache  # imported here: this function is the only user in this module
 
     def note(module, args, kwargs):
-        cache = kwargs.get("past_key_values")
-        length = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        cache = passed_cache(args, kwargs)
+        length = cache.get_seq_length() if cache is not None else 0
         wrapper.continuing = bool(length)
 
     return model.base_model.register_forward_pre_hook(note, with_kwargs=True)

@@ -24,7 +24,7 @@ import os
 import torch
 from transformers import DynamicCache
 
-from .forward import body, device_of
+from .forward import body, device_of, with_cache
 from .patching import fixed_length
 
 # Below this many shared tokens a prompt starts from an empty cache: a continued forward attends with an
@@ -130,8 +130,9 @@ class PrefixCache:
         x = torch.tensor([list(new_ids)], dtype=torch.long, device=device_of(self.model))
         step = CONTINUE_BLOCK if self.cache.get_seq_length() else x.shape[1]
         with native_gqa(self.model):
-            return torch.cat([body(self.model)(input_ids=x[:, i:i + step], past_key_values=self.cache,
-                                               use_cache=True).last_hidden_state[0]
+            decoder = body(self.model)
+            return torch.cat([decoder(input_ids=x[:, i:i + step], use_cache=True,
+                                      **with_cache(decoder, self.cache)).last_hidden_state[0]
                               for i in range(0, x.shape[1], step)])
 
     def settle(self) -> None:

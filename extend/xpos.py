@@ -4,8 +4,11 @@ k's under the id of that cos tensor; the family's `apply_rotary_pos_emb` is wrap
 through for every other call, so unpatched models in the same process are unaffected).
 
 Range: zeta^x must stay a normal float32/bfloat16 number (|x ln zeta| <= EXPONENT_LIMIT, with headroom for the
-size of q and k themselves), so the positions one forward (or one cached generation) spans around its centre are
-bounded; `check_span` raises ExtendError naming that bound instead of letting inf/NaN through.
+size of q and k themselves). That bounds two things: the distance of every position from the centre (q and k), and
+the span of the positions one forward runs — its attention scores every (query m, key n) pair, q.k ~ zeta^((m-n)/sb),
+and eager attention (or SDPA given a mask) also computes the masked future pairs n > m, which grow instead of decay
+and would overflow to inf and NaN. `check_span` raises ExtendError naming the bound instead of letting inf/NaN
+through, so xPos is finite under every attention implementation.
 """
 
 from __future__ import annotations
@@ -29,17 +32,25 @@ _APPLY_WRAPPED: dict[str, list] = {}
 
 
 def max_offset(zeta: torch.Tensor, scale_base: float) -> float:
-    """Largest |position - centre| whose scalings stay representable."""
+    """Largest distance (position - centre, or between a query and a key of one forward) whose scaling stays
+    representable."""
     return EXPONENT_LIMIT * scale_base / abs(math.log(float(zeta.min())))
 
 
 def check_span(low: int, high: int, centre: float, zeta: torch.Tensor, scale_base: float, fixed: bool) -> None:
+    """ExtendError unless one forward over positions low..high with this centre stays finite: q and k within
+    max_offset of the centre, and every (query, key) pair of the forward, masked ones included, within max_offset
+    of each other."""
     limit = max_offset(zeta, scale_base)
+    if high - low > limit:
+        raise ExtendError(f"xpos (scale_base {scale_base:g} after the factor) keeps every q.k finite (masked pairs "
+                          f"included) only for positions at most {int(limit)} apart in one forward; positions "
+                          f"{low}..{high} go beyond — use shorter lengths, a larger factor or scale_base")
     if max(centre - low, high - centre) > limit:
         hint = "" if fixed else ", or run the whole call inside extend.fixed_length(model, total_length)"
-        raise ExtendError(f"xpos (scale_base {scale_base:g} after the factor) keeps q and k finite over at most "
-                          f"{int(2 * limit)} positions around its centre; positions {low}..{high} with centre "
-                          f"{centre:g} go beyond — use shorter lengths, a larger factor or scale_base{hint}")
+        raise ExtendError(f"xpos (scale_base {scale_base:g} after the factor) keeps q and k finite at most "
+                          f"{int(limit)} positions from its centre; positions {low}..{high} with centre {centre:g} "
+                          f"go beyond — use shorter lengths, a larger factor or scale_base{hint}")
 
 
 def scale_cos_sin(cos, sin, position_ids, zeta, scale_base: float, centre: float, layout: str, hits: list):

@@ -20,6 +20,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from extend.forward import with_cache
 from extend.prefix_cache import PrefixCache, cell_length, native_gqa, sharing_order
 
 from .common import check_choice, check_lengths, check_positive, prefix_options, record, special_prefix
@@ -224,6 +225,6 @@ def _generate(model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cach
     # generate runs only what the cache lacks, the last prompt token (its cache_position starts at the cache length)
     with native_gqa(model):
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
-                             past_key_values=past)
+                             **with_cache(model, past))
     cache.settle()
     return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 # The model-execution pieces live in the core (the lm-eval model uses them too); importable from here as before.
-from extend.forward import body, device_of, logit_postprocess
+from extend.forward import body, device_of, logit_postprocess, with_cache
 from extend.prefix_cache import PrefixCache, native_gqa
 
 from .errors import TaskError
@@ -77,7 +77,8 @@ def continuation_logprobs(model, prefix_ids, continuations: list[list[int]], *, 
         if len(cont) > 1:
             rest = torch.tensor([cont[:-1]], dtype=torch.long, device=dev)
             with native_gqa(model):
-                h = body(model)(input_ids=rest, past_key_values=cache.cache, use_cache=True).last_hidden_state
+                decoder = body(model)
+                h = decoder(input_ids=rest, use_cache=True, **with_cache(decoder, cache.cache)).last_hidden_state
             logp = torch.log_softmax(head_logits(model, h[0]), -1)
             lp += logp[torch.arange(len(cont) - 1), torch.tensor(cont[1:], device=dev)].tolist()
             cache.settle()  # back to the prefix (every layer of the prefix cache can be cropped)

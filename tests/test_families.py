@@ -373,7 +373,7 @@ def test_xpos_range_is_finite_or_a_clear_error():
         for start in (45000, 65535 - 8, 131072 - 8):  # far from the trained context: centred on the span
             assert torch.isfinite(model(ids, position_ids=torch.arange(start, start + 8)[None]).logits).all()
         wide = torch.tensor([[0, 1, 2, 3, 4, 5, 6, int(2 * limit) + 10]])
-        with pytest.raises(extend.ExtendError, match=f"at most {int(2 * limit)} positions"):
+        with pytest.raises(extend.ExtendError, match=f"at most {int(limit)} apart"):  # masked pairs, one forward
             model(ids, position_ids=wide)
         with extend.fixed_length(model, int(2 * limit) + 10), pytest.raises(extend.ExtendError, match="at most"):
             model(ids)  # the whole call's span is fixed and too wide: refused before any step runs

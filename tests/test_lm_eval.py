@@ -346,3 +346,42 @@ def test_prefix_sharing_gives_stock_numbers(smollm2, monkeypatch):
     assert got_text == expected_text and all(t.strip() for t in got_text)
     scoring, generating = caches
     assert scoring.reused > 0 and generating.reused > 0  # the shared prefixes did not run again
+
+
+@pytest.mark.parametrize("method", ["dynamic-ntk", "xpos"])
+def test_generate_until_keeps_one_set_of_frequencies(tok, monkeypatch, method):
+    """generate_until with a length-dependent method runs under extend.fixed_length(model, prompt + max_gen_toks):
+    every cached step's logits are a full forward's at that length (unfixed, each step used its own length's
+    frequencies against keys rotated for the prompt's: ~5e-4 logit drift per step on SmolLM2, up to 4 here). xPos
+    (length-independent; its centre kept on the prefix cache and through generate's `cache=`) must match too.
+    Tolerance: sqrt(float32 eps) of the logits' scale, as in tests/test_transformers_api.py."""
+    from conftest import tiny_llama
+    from lm_eval.api.instance import Instance
+
+    import extend
+    from extend.lm_eval import RopebenchLM
+
+    # trained context 32, prompt ~40 + 8 new tokens: dynamic-ntk's frequencies change at every step
+    model = tiny_llama(max_position_embeddings=32, vocab_size=len(tok), initializer_range=0.3)
+    calls = []
+
+    def spy_generate(**kwargs):  # the real generate, keeping its per-step logits
+        out = type(model).generate(model, **kwargs, output_logits=True, return_dict_in_generate=True)
+        calls.append((out.sequences, torch.cat(out.logits), kwargs["input_ids"].shape[1], kwargs["max_length"]))
+        return out.sequences
+
+    monkeypatch.setattr(model, "generate", spy_generate)
+    prompt = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 2
+    request = [Instance(request_type="generate_until", doc={}, idx=0,
+                        arguments=(prompt, {"until": ["<never>"], "max_gen_toks": 8, "do_sample": False}))]
+    lm = RopebenchLM(pretrained=model, tokenizer=tok, method=method, factor=2, batch_size=1)
+    try:
+        lm.generate_until(request, disable_tqdm=True)
+        (sequence, steps, prompt_len, max_length), = calls
+        assert 32 < prompt_len and steps.shape[0] > 1
+        with extend.fixed_length(model, max_length), torch.no_grad():
+            full = model(sequence[:, :-1]).logits[0, prompt_len - 1:]
+    finally:
+        lm.close()
+    scale = float(full.abs().max())
+    torch.testing.assert_close(steps, full, atol=torch.finfo(torch.float32).eps ** 0.5 * scale, rtol=0)

@@ -9,6 +9,7 @@ import transformers as T
 from test_patching import build
 
 from extend import prefix_cache
+from extend.forward import with_cache
 from extend.prefix_cache import PrefixCache, common_prefix, sharing_order
 from tasks.scoring import continuation_logprobs
 
@@ -72,7 +73,7 @@ def test_generation_from_a_shared_prefix_equals_plain_generate(family, block, mo
         past = cache.prime(p)
         assert past.get_seq_length() == len(p) - 1  # generate runs the last prompt token itself
         got = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
-                             past_key_values=past)
+                             **with_cache(model, past))
         cache.settle()
         assert torch.equal(got, want) and cache.cache.get_seq_length() == len(p)
     assert cache.reused == 60
@@ -161,4 +162,4 @@ def body_hidden(model, ids, cache):
     from extend.forward import body
 
     x = torch.tensor([ids])
-    return body(model)(input_ids=x, past_key_values=cache.cache, use_cache=True).last_hidden_state
+    return body(model)(input_ids=x, use_cache=True, **with_cache(body(model), cache.cache)).last_hidden_state
