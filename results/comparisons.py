@@ -1,5 +1,6 @@
 """``compare``: each setting against a baseline method on the same documents / prompts, with a paired
-bootstrap interval, and a mark where that interval excludes "no difference"."""
+interval (paired t over documents; Newcombe's paired score interval for 0/1 outcomes) and a mark where the
+difference is significant (see :class:`results.stats.Paired`)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,10 @@ def paired_differences(df: pd.DataFrame, task: str, metric: str, baseline: str =
                        how: str | None = None, seed: int = 0, **where: Any) -> pd.DataFrame:
     """Long form of :func:`compare`: one row per (rows x cols) cell with ``estimate`` (difference or ratio to
     the baseline), ``lo``/``hi`` (95%), ``n`` (pairs), ``informative`` (pairs that differ), ``interval``
-    (how it was computed), ``significant`` (interval excludes 0 — 1 for ratios — with enough differing
-    pairs), ``how`` and ``baseline``. The baseline's own rows carry the null value and ``interval="baseline"``.
+    (how it was computed), ``p`` (the exact McNemar p-value for paired 0/1 outcomes, else NaN),
+    ``significant`` (interval excludes 0 — 1 for ratios — with at least 6 differing pairs, and McNemar's
+    p < 0.05 where it applies), ``how`` and ``baseline``. The baseline's own rows carry the null value and
+    ``interval="baseline"``.
     """
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     if "method" not in rows_l:
@@ -96,7 +99,7 @@ def paired_differences(df: pd.DataFrame, task: str, metric: str, baseline: str =
         else:
             res = _pair(g, groups[base_key], metric, how, seed)
         out.append({**dict(zip(keys, key)), "estimate": res.estimate, "lo": res.lo, "hi": res.hi, "n": res.n,
-                    "informative": res.informative, "interval": res.method, "significant": res.significant,
+                    "informative": res.informative, "interval": res.method, "p": res.p, "significant": res.significant,
                     "how": how, "baseline": baseline})
     return pd.DataFrame(out)
 
@@ -109,13 +112,15 @@ def compare(df: pd.DataFrame, task: str, metric: str, baseline: str = "plain", *
 
     ``how``: "ratio" (value / baseline; the default for perplexities) or "delta" (value - baseline; the
     default otherwise). Numeric pivot by default (baseline rows 1.0 / 0). ``with_ci=True``: strings
-    "estimate [lo, hi] n=pairs" from a seeded paired bootstrap over the shared units, ending in " *" when
-    the interval excludes the null (0, or 1 for ratios) and at least 6 pairs differ; rates known only as
-    totals get Newcombe's unpaired interval. See :func:`paired_differences` for the long form.
+    "estimate [lo, hi] n=pairs" over the shared units (a paired t on per-document log ratios for
+    perplexities, from 3 pairs; Newcombe's paired score interval for 0/1 outcomes), ending in " *" when the
+    interval excludes the null (0, or 1 for ratios), at least 6 pairs differ and, for 0/1 outcomes, the exact
+    McNemar test gives p < 0.05; rates known only as totals get Newcombe's unpaired interval. See
+    :func:`paired_differences` for the long form.
     """
     long = paired_differences(df, task, metric, baseline, rows=rows, cols=cols, how=how, seed=seed, **where)
     cols_l = _as_list(cols)
-    keys = [c for c in long.columns if c not in ("estimate", "lo", "hi", "n", "informative", "interval",
+    keys = [c for c in long.columns if c not in ("estimate", "lo", "hi", "n", "informative", "interval", "p",
                                                  "significant", "how", "baseline")]
     rows_l = [k for k in keys if k not in cols_l]
     if with_ci:

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from .comparisons import SIGNIFICANT_MARK, paired_differences
-from .reach import check_rules, effective_length, ratio_to, trained_context_of
+from .reach import check_rules, effective_length, ratio_to, setting_rows, trained_context_of
 from .stats import Interval
 from .store import ResultsError
 from .tables import cell_interval, fmt_interval, select
@@ -73,10 +73,11 @@ def summary(df: pd.DataFrame, *, trained_context: int | Mapping[str, int] | None
     with the lengths when every setting shares them); ``with_ci=False``: numeric columns ``<name>``,
     ``<name>_lo``, ``<name>_hi``, ``<name>_n``, ``<name>_length`` for every quantity.
 
-    ``trained_context``: an int or {model: int}; else ``trained_context`` from task_options; perplexity at
-    the trained context uses the longest tested length not beyond it. Effective lengths as in
-    :func:`results.effective_length` (passkey: Wilson lower bound >= ``threshold``; perplexity: ppl_tail
-    within ``tolerance`` of its value at the trained context).
+    ``trained_context``: an int or {model: int}; else what each setting's rows record (the patch's resolved
+    ``trained_context`` in options, else task_options); perplexity at the trained context uses the longest
+    tested length not beyond it. Effective lengths as in :func:`results.effective_length` (passkey: Wilson
+    lower bound >= ``threshold``; perplexity: the upper bound of the ppl_tail ratio to its value at the trained
+    context within ``tolerance``).
     """
     check_rules(threshold, tolerance)
     ok = df[df["status"].isna() | (df["status"] == "ok")]
@@ -102,7 +103,7 @@ def summary(df: pd.DataFrame, *, trained_context: int | Mapping[str, int] | None
                 diffs[task] = None
     rows = []
     for s in settings:
-        tc = trained_context_of(_of(ok, {"model": s["model"]}), trained_context, s["model"])
+        tc = trained_context_of(setting_rows(ok, s), trained_context, s["model"])  # the rows' own, per setting
         r: dict[str, Any] = {"model": s["model"], "method": s["method"], "factor": s["factor"], "options": s["options"]}
         ppl_lengths = _lengths(ok, "perplexity", "ppl", s)
         at_tc = max((L for L in ppl_lengths if tc and L <= tc), default=None)

@@ -105,7 +105,7 @@ def _klabel(x: int) -> str:
 
 def _points(df: pd.DataFrame, task: str, metric: str, sub: pd.DataFrame, seed: int = 0, **where: Any) -> pd.DataFrame:
     """One point per (method x factor label, length): the cell estimate (as in the tables) with ``lo``/``hi``
-    (its 95% interval: bootstrap over documents, Wilson for rates) and ``n``."""
+    (its 95% interval: t over documents, Wilson for rates) and ``n``."""
     rows = select(df, task, metric, units=True, **where)
     rows = rows[rows["length"].notna() & rows["model"].isin(sub["model"].unique())].copy()
     rows["label"] = _label_series(rows)
@@ -136,7 +136,7 @@ def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
 def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "ppl", task: str = "perplexity",
                     trained_context: int | None = None, seed: int = 0, **where: Any) -> Plot:
     """Perplexity vs length, one line per method (x factor), log y, dashed line at the trained context; the
-    band is the 95% interval of a bootstrap over documents (none with a single document)."""
+    band is the 95% t interval over documents on the log scale (none below 3 documents)."""
     sub = _subset(df, task, metric, "plot_perplexity", **where)
     model = _single(sub, "model", "plot_perplexity")
     corpus = _single(sub, "corpus", "plot_perplexity")
@@ -150,7 +150,7 @@ def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = 
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     _length_axis(ax, data["length"])
-    # the argument, else a trained_context in task_options; unknown: no line rather than a guessed one
+    # the argument, else the rows' own (patch options, then task_options); unknown or several: no line, no guess
     ctx = trained_context_of(sub, trained_context, model)
     if ctx:
         ax.axvline(ctx, color="0.3", linestyle="--", linewidth=1.2, label=f"trained context ({_klabel(ctx)})")
@@ -158,7 +158,7 @@ def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = 
     ax.set_ylabel(f"{metric} (log scale, lower is better)")
     n = _n_range(data)
     ax.set_title(f"Perplexity vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
-                 f"{n} documents, band: 95% bootstrap interval")
+                 f"{n} documents, band: 95% t interval")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()

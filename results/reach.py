@@ -1,19 +1,29 @@
 """``effective_length``: how far each model x method x factor really reaches, claiming only tested lengths.
 
-Rules (all read lengths in ascending order and stop at the first failure, so a lucky longer length after a
-failure is never counted):
-- 0/1 rates (passkey ``correct``): a length passes when the lower bound of its 95% Wilson interval is at or
-  above ``threshold`` (default 0.8), or with ``rule="trained"`` (RULER's idea: the model's own score at its
-  trained context is the bar) at or above the baseline method's lower bound at the trained context.
-- perplexities (``ppl_tail``): a length passes when the value is within ``tolerance`` (default +10%) of the
-  setting's own value at the trained context (the longest tested length not beyond it).
+A length *passes* only when the bound of its 95% interval on the unfavourable side clears a real bar; it
+*fails* when the estimate itself misses the bar; otherwise it is *not established* (the interval straddles the
+bar: n too small, or no interval at all). Lengths are read in ascending order and the walk stops at the first
+length that does not pass, so a lucky longer length is never counted. The rules (``RULES``, by metric kind and
+rule name; a rule is one small function):
+- 0/1 rates (passkey ``correct``), ``rule="threshold"``: the Wilson lower bound is at or above ``threshold``
+  (default 0.8).
+- 0/1 rates, ``rule="trained"`` (RULER's idea: the model's own score at its trained context is the bar): at or
+  above the baseline method's Wilson lower bound at the trained context — when that bound is itself at least
+  ``MIN_BAR``; a baseline that does not do the task at its trained context sets no bar, and no reach is claimed.
+- perplexities (``ppl_tail``): the upper bound of the paired ratio to the setting's own value at the trained
+  context (the longest tested length not beyond it; same documents) is within ``tolerance`` (default +10%).
+
+The trained context of a setting is the argument when given, else the one its rows record (the patch's
+resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
+``trained_context`` in ``task_options``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -23,6 +33,11 @@ from .store import ResultsError
 from .tables import IDENTITY, cell_interval, is_unit, select, unit_key
 
 PREFERRED_METRICS = ("ppl_tail", "ppl", "correct", "accuracy", "exact_match")
+# The "trained" rule's bar is the baseline's own Wilson lower bound at its trained context; below this it does not
+# retrieve more often than not even there, and "as good as the baseline" would claim every length (0/16 -> bar 0).
+MIN_BAR = 0.5
+PASS, FAIL, OPEN = "pass", "failed", "not established"
+NOT_ESTABLISHED = "not established (n too small)"
 
 
 def default_metric(df: pd.DataFrame, task: str) -> str:
@@ -34,34 +49,57 @@ def default_metric(df: pd.DataFrame, task: str) -> str:
                        f"pass metric=... naming a 0/1 rate or a perplexity")
 
 
+def _recorded(rows: pd.DataFrame, column: str) -> set[int]:
+    found = set()
+    if column not in rows.columns:
+        return found
+    for text in rows[column].dropna().unique():
+        try:
+            v = json.loads(text).get("trained_context") if isinstance(text, str) else None
+        except (json.JSONDecodeError, AttributeError):
+            v = None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            found.add(int(v))
+    return found
+
+
+def recorded_contexts(rows: pd.DataFrame) -> set[int]:
+    """Every trained context the rows record: the patch's resolved values in ``options`` (they follow
+    ``original_max_position_embeddings`` and ``start_from``), else ``trained_context`` in task_options."""
+    return _recorded(rows, "options") or _recorded(rows, "task_options")
+
+
+def recorded_trained_context(rows: pd.DataFrame) -> int | None:
+    """The one trained context the rows record (see :func:`recorded_contexts`); None when absent or ambiguous."""
+    found = recorded_contexts(rows)
+    return found.pop() if len(found) == 1 else None
+
+
 def trained_context_of(rows: pd.DataFrame, given: int | Mapping[str, int] | None, model: Any) -> int | None:
-    """The argument (an int, or a dict by model), else a ``trained_context`` recorded in task_options."""
+    """The argument (an int, or a dict by model), else what the rows record (see
+    :func:`recorded_trained_context`)."""
     if isinstance(given, Mapping):
         given = given.get(model)
     if given:
         return int(given)
-    found = set()
-    for opts in rows["task_options"].dropna().unique():
-        try:
-            v = json.loads(opts).get("trained_context")
-        except (json.JSONDecodeError, AttributeError):
-            v = None
-        if v:
-            found.add(int(v))
-    return found.pop() if len(found) == 1 else None
+    return recorded_trained_context(rows)
 
 
-def claim(effective: float, first_failure: float, shortest: int) -> str:
-    """What may be said: "≥ L" when the longest tested length passed (the true reach may be longer),
-    "L" when a longer tested length failed, "< L" when already the shortest failed."""
+def claim(effective: float, first_failure: float, stopped: str | None, shortest: int) -> str:
+    """What may be said: "≥ L" when L passed and no longer tested length failed (the true reach may be longer),
+    "L" when a longer tested length failed, "< L" when already the shortest failed, and "not established (n
+    too small)" when the shortest length neither passed nor failed (its interval straddles the bar)."""
     if pd.isna(effective):
-        return f"< {shortest}" if not pd.isna(first_failure) else "–"
+        if not stopped:
+            return "–"
+        return NOT_ESTABLISHED if stopped == OPEN else f"< {shortest}"
     return f"≥ {int(effective)}" if pd.isna(first_failure) else str(int(effective))
 
 
 def ratio_to(at: pd.DataFrame, ref: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval | Paired:
-    """value(L) / value(reference length) of one setting: a paired bootstrap over the documents both lengths
-    share when per-document rows exist, else the bare ratio of the cell estimates (no interval)."""
+    """value(L) / value(reference length) of one setting: a paired t over the documents both lengths share
+    (per-document log ratios) when per-document rows exist, else the bare ratio of the cell estimates (no
+    interval)."""
     ua, ub = at[is_unit(at) & at["value"].notna()], ref[is_unit(ref) & ref["value"].notna()]
     if len(ua) and len(ub):
         ua, ub = ua.assign(_key=unit_key(ua)), ub.assign(_key=unit_key(ub))  # the key holds no length: same doc
@@ -88,37 +126,125 @@ def _no_reference(tc: int | None, metric: str) -> str:
     return f"not computed: no {metric} at a tested length ≤ the trained context {tc}"
 
 
-def _first_failure(checks: dict[int, tuple[bool, Any]]) -> dict[str, Any]:
-    """Walk the tested lengths upwards and stop at the first that fails: the effective length, the first
-    failure, and the statistic (estimate / lo / hi / n) at each."""
-    effective = first_failure = pd.NA
-    for L in sorted(checks):
-        if not checks[L][0]:
-            first_failure = L
+def at_least(ci: Interval | Paired, bar: float) -> str:
+    """A rate's verdict: its lower bound clears the bar, its estimate misses it, or neither (n too small)."""
+    if math.isfinite(ci.lo) and ci.lo >= bar:
+        return PASS
+    return FAIL if ci.estimate < bar else OPEN
+
+
+def at_most(ci: Interval | Paired, bar: float) -> str:
+    """A ratio's verdict: its upper bound stays within the bar, its estimate exceeds it, or neither."""
+    if math.isfinite(ci.hi) and ci.hi <= bar:
+        return PASS
+    return FAIL if ci.estimate > bar else OPEN
+
+
+def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
+    """Walk the tested lengths upwards and stop at the first that does not pass: the effective length, where
+    and why the walk stopped, the first length beyond the reach that failed outright, and the statistic
+    (estimate / lo / hi / n) at the reach and at the stop."""
+    lengths = sorted(checks)
+    effective = stopped_at = pd.NA
+    stopped = None
+    for L in lengths:
+        if checks[L][0] != PASS:
+            stopped_at, stopped = L, checks[L][0]
             break
         effective = L
-    row = {"effective_length": effective, "first_failure": first_failure,
-           "claim": claim(effective, first_failure, min(checks))}
-    for prefix, L in (("at", effective), ("fail", first_failure)):
+    failures = [L for L in lengths if checks[L][0] == FAIL and (pd.isna(stopped_at) or L >= stopped_at)]
+    first_failure = failures[0] if failures else pd.NA
+    row = {"effective_length": effective, "first_failure": first_failure, "stopped_at": stopped_at,
+           "stopped": stopped or "", "claim": claim(effective, first_failure, stopped, lengths[0])}
+    for prefix, L in (("at", effective), ("fail", stopped_at)):
         s = None if pd.isna(L) else checks[L][1]
         row.update({f"{prefix}_value": s.estimate if s else math.nan, f"{prefix}_lo": s.lo if s else math.nan,
                     f"{prefix}_hi": s.hi if s else math.nan, f"{prefix}_n": s.n if s else pd.NA})
     return row
 
 
+# -- the rules: one function each, looked up by (metric kind, rule name) ----------------------------------------
+@dataclass
+class Setting:
+    """What a rule sees of one setting: its cells by length, the trained context, and the parameters."""
+    info: dict
+    cells: dict[int, tuple[pd.DataFrame, Interval]]
+    sub: pd.DataFrame          # every row of the task/metric (the baseline's too)
+    metric: str
+    tc: int | None
+    ref_len: int | None
+    threshold: float
+    tolerance: float
+    baseline: str
+    seed: int
+
+
+@dataclass
+class Verdicts:
+    rule: str                  # the bar, in words (shown in the report)
+    checks: dict[int, tuple[str, Any]] | None = None   # None: not computed (``rule`` says why)
+    reference_length: int | None = None
+    reference_value: float = math.nan
+
+
+def _rate_threshold(s: Setting) -> Verdicts:
+    return Verdicts(f"Wilson lower bound ≥ {s.threshold:g}",
+                    {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()})
+
+
+def _rate_trained(s: Setting) -> Verdicts:
+    if s.ref_len is None:
+        return Verdicts(_no_reference(s.tc, s.metric))
+    base = s.sub[(s.sub["method"] == s.baseline) & (s.sub["length"] == s.ref_len)
+                 & (s.sub["model"] == s.info["model"]) & (s.sub["corpus"].astype(str) == str(s.info["corpus"]))]
+    who = s.baseline if len(base) else "own"
+    # the bar is the reference's own lower bound: plain passes at its trained context by construction
+    bar = cell_interval(base if len(base) else s.cells[s.ref_len][0], s.metric, seed=s.seed).lo
+    if not (math.isfinite(bar) and bar >= MIN_BAR):
+        return Verdicts(f"not computed: {who}'s Wilson lower bound at the trained context {s.ref_len} is "
+                        f"{bar:.3f} < {MIN_BAR:g}, no bar to pass (more trials, or rule='threshold')",
+                        reference_length=s.ref_len, reference_value=bar)
+    return Verdicts(f"Wilson lower bound ≥ {who}'s at {s.ref_len} ({bar:.3f})",
+                    {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}, s.ref_len, bar)
+
+
+def _ppl_tolerance(s: Setting) -> Verdicts:
+    if s.ref_len is None:
+        return Verdicts(_no_reference(s.tc, s.metric))
+    ref_rows, ref_ci = s.cells[s.ref_len]
+    bar = 1 + s.tolerance
+    checks = {}
+    for L, (g, _) in s.cells.items():
+        if L >= s.ref_len:
+            ratio = ratio_to(g, ref_rows, s.metric, seed=s.seed)
+            checks[L] = (at_most(ratio, bar), ratio)
+    return Verdicts(f"upper bound of {s.metric} / its value at {s.ref_len} ≤ {bar:g}", checks, s.ref_len,
+                    ref_ci.estimate)
+
+
+RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
+    ("rate", "threshold"): _rate_threshold,
+    ("rate", "trained"): _rate_trained,
+    ("log", "threshold"): _ppl_tolerance,
+    ("log", "trained"): _ppl_tolerance,  # a perplexity's own value at the trained context is already the bar
+}
+
+
 def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, threshold: float = 0.8,
                      rule: str = "threshold", tolerance: float = 0.10, trained_context: int | Mapping | None = None,
                      baseline: str = "plain", seed: int = 0, **where: Any) -> pd.DataFrame:
     """One row per model x method x factor x options x corpus: ``effective_length`` (a tested length, or NA),
-    ``claim`` ("≥ 16384", "8192", "< 2048"), ``rule``, ``reference_length`` / ``reference_value``,
-    ``first_failure`` and, at the effective length and at the first failure, value / lo / hi / n
-    (``at_*`` and ``fail_*`` columns: the accuracy and its Wilson interval, or the ratio to the reference
-    and its paired bootstrap interval over documents when per-document rows exist).
+    ``claim`` ("≥ 16384", "8192", "< 2048", "not established (n too small)"), ``rule`` (the bar, in words),
+    ``reference_length`` / ``reference_value``, ``stopped_at`` / ``stopped`` (the first length that did not pass,
+    and whether it "failed" or was "not established"), ``first_failure`` (the first length from there on that
+    failed: it makes the claim "L" rather than "≥ L") and, at the effective length and where the walk stopped, value / lo / hi / n (``at_*`` and ``fail_*`` columns: the
+    accuracy and its Wilson interval, or the ratio to the reference and its paired t interval over documents).
 
     ``rule``: "threshold" (Wilson lower bound >= ``threshold``) or "trained" (>= the ``baseline`` method's
-    Wilson lower bound at the trained context, RULER-style; the setting's own when the baseline did not run)
-    for rates; perplexities use ``tolerance``. Rows: per model, the baseline first.
-    ``trained_context``: an int or {model: int}; default: ``trained_context`` in the rows' task_options.
+    Wilson lower bound at the trained context, RULER-style, when that is >= ``MIN_BAR``; the setting's own when
+    the baseline did not run) for rates; perplexities use ``tolerance`` on the upper bound of the ratio.
+    Rows: per model, the baseline first. ``trained_context``: an int or {model: int}; default: what the rows
+    record (see the module doc).
     """
     check_rules(threshold, tolerance)
     metric = metric or default_metric(df, task)
@@ -138,33 +264,26 @@ def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, 
     for setting, s_rows in settings:
         info = dict(zip(setting_cols, setting))
         cells = {int(L): (g, cell_interval(g, metric, seed=seed)) for L, g in s_rows.groupby("length", sort=True)}
-        tc = trained_context_of(df[df["model"] == info["model"]], trained_context, info["model"])
+        tc = trained_context_of(setting_rows(df, info), trained_context, info["model"])
+        ref_len = max((L for L in cells if tc and L <= tc), default=None)
         row = {**info, "metric": metric, "effective_length": pd.NA, "claim": "–", "rule": "",
                "reference_length": pd.NA, "reference_value": math.nan, "longest_tested": max(cells),
-               "first_failure": pd.NA, "trained_context": tc if tc else pd.NA,
+               "first_failure": pd.NA, "stopped_at": pd.NA, "stopped": "", "trained_context": tc if tc else pd.NA,
                **{f"{p}_{k}": math.nan for p in ("at", "fail") for k in ("value", "lo", "hi")},
                "at_n": pd.NA, "fail_n": pd.NA}
-        ref_len = max((L for L in cells if tc and L <= tc), default=None)
-        if kind == "rate" and rule == "threshold":
-            row["rule"] = f"Wilson lower bound ≥ {threshold:g}"
-            checks = {L: (ci.lo >= threshold, ci) for L, (_, ci) in cells.items()}
-        elif ref_len is None:
-            out.append({**row, "rule": _no_reference(tc, metric)})
-            continue
-        elif kind == "rate":
-            base = sub[(sub["method"] == baseline) & (sub["length"] == ref_len) & (sub["model"] == info["model"])
-                       & (sub["corpus"].astype(str) == str(info["corpus"]))]
-            who = baseline if len(base) else "own"
-            # the bar is the reference's own lower bound: plain passes at its trained context by construction
-            bar = cell_interval(base if len(base) else cells[ref_len][0], metric, seed=seed).lo
-            row.update(reference_length=ref_len, reference_value=bar,
-                       rule=f"Wilson lower bound ≥ {who}'s at {ref_len} ({bar:.3f})")
-            checks = {L: (ci.lo >= bar, ci) for L, (_, ci) in cells.items()}
-        else:
-            ref_rows, ref_ci = cells[ref_len]
-            row.update(reference_length=ref_len, reference_value=ref_ci.estimate,
-                       rule=f"{metric} ≤ {1 + tolerance:g} × its value at {ref_len}")
-            checks = {L: (ci.estimate / ref_ci.estimate <= 1 + tolerance, ratio_to(g, ref_rows, metric, seed=seed))
-                      for L, (g, ci) in cells.items() if L >= ref_len}
-        out.append({**row, **_first_failure(checks)})
+        v = RULES[(kind, rule)](Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed))
+        row.update(rule=v.rule, reference_length=v.reference_length if v.reference_length else pd.NA,
+                   reference_value=v.reference_value)
+        out.append({**row, **_walk(v.checks)} if v.checks else row)
     return pd.DataFrame(out)
+
+
+def setting_rows(df: pd.DataFrame, info: dict) -> pd.DataFrame:
+    """Every row of one model x method x factor x options (any task): where its trained context is recorded; the
+    model's rows when the setting's own record none (e.g. a trained_context only in another task's options)."""
+    model_rows = df[df["model"].astype(str) == str(info["model"])]
+    mask = pd.Series(True, index=model_rows.index)
+    for k in ("method", "factor", "options"):
+        mask &= model_rows[k].astype(str) == str(info[k])
+    own = model_rows[mask]
+    return own if recorded_trained_context(own) else model_rows

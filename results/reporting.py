@@ -18,7 +18,8 @@ from .comparisons import compare, paired_differences
 from .frame import load
 from .overview import short_model, summary
 from .plots import plot_classification, plot_passkey, plot_perplexity
-from .reach import check_rules, effective_length
+from .reach import MIN_BAR, check_rules, effective_length, recorded_contexts
+from .stats import MIN_T_UNITS
 from .store import ResultsError, atomic_write_text
 from .tables import fmt_interval, fmt_number, select, table, to_csv, to_latex, to_markdown
 
@@ -43,10 +44,15 @@ def _manifests(paths: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def _trained_context_for(model: str | None, given: int | None, manifests: list[dict]) -> int | None:
-    """Argument first, else ``trained_context`` recorded by the sweep in a manifest (int, or dict by model)."""
+def _trained_context_for(model: str | None, given: int | None, manifests: list[dict],
+                         rows: pd.DataFrame) -> int | None:
+    """Argument first; else None when the model's rows record a trained context (the patch's resolved value:
+    it follows ``-o original_max_position_embeddings``, per setting, so the rows decide); else the
+    ``trained_context`` the sweep read from the model's config into a manifest (int, or dict by model)."""
     if given:
         return given
+    if recorded_contexts(rows[rows["model"] == model]):
+        return None
     for m in manifests:
         for section in (m.get("extra") or {}, m.get("config") or {}):
             tc = section.get("trained_context")
@@ -112,7 +118,8 @@ def _perplexity(r: _Report, ok: pd.DataFrame, tc: dict, manifests: list[dict], s
     metric = "ppl" if "ppl" in metrics else min(metrics)
     r.md += ["## Perplexity", ""]
     r.add_table(f"perplexity_{metric}", f"Perplexity ({metric}) by method and length — lower is better; "
-                f"[95% interval] from a bootstrap over documents (token-weighted), n = documents",
+                f"[95% interval]: t over documents on the log scale (token-weighted; none below "
+                f"{MIN_T_UNITS} documents), n = documents",
                 table(ok, "perplexity", metric, with_ci=True, seed=seed), table(ok, "perplexity", metric))
     if "ppl_tail" in metrics:
         r.add_table("perplexity_ppl_tail", "Perplexity of only the tokens between the previous length and this "
@@ -173,12 +180,15 @@ def _summary(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float
     except ResultsError as e:
         r.md += [f"_No summary: {e}_", ""]
         return
-    r.add_table("summary", "One row per setting: value [95% interval] n. Perplexity: bootstrap over documents "
-                "(a value without interval: recorded only aggregated, n = scored tokens); accuracies: Wilson. Reach = longest tested length that still passes (≥: the longest tested "
-                f"length passed, the true reach may be longer; <: the shortest already failed) — ppl: ppl_tail "
-                f"within +{tolerance:.0%} of its value at the trained context; passkey: Wilson lower bound ≥ "
-                f"{threshold:g}. * = paired difference to plain at that length excludes 0 (paired bootstrap, "
-                "≥ 6 differing pairs) — see the next section", shown, numeric)
+    r.add_table("summary", "One row per setting: value [95% interval] n. Perplexity: t over documents on the "
+                f"log scale (no interval below {MIN_T_UNITS} documents, or when recorded only aggregated: n = "
+                "scored tokens); accuracies: Wilson. Reach = longest tested length whose interval clears the bar "
+                "(≥: no longer tested length failed, the true reach may be longer; <: the shortest already "
+                "failed; not established: the interval straddles the bar) — ppl bar: upper bound of the paired "
+                f"ppl_tail ratio to the trained context ≤ {1 + tolerance:g}; passkey bar: Wilson lower bound ≥ "
+                f"{threshold:g}. * = paired difference to plain at that length significant (interval excludes "
+                "no-difference, ≥ 6 differing pairs, exact McNemar p < 0.05 for 0/1 outcomes) — see the next "
+                "section", shown, numeric)
 
 
 def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
@@ -195,8 +205,10 @@ def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
         except ResultsError:
             continue
         kinds = set(paired_differences(ok, task, metric, "plain", seed=seed)["interval"]) - {"baseline"}
-        how = {"paired bootstrap": ("paired bootstrap over the shared units, n = pairs; * = excludes "
-                                    "no-difference with ≥ 6 differing pairs"),
+        how = {"paired t": (f"paired t over the shared documents' log ratios (from {MIN_T_UNITS}), n = pairs; "
+                            "* = excludes no-difference with ≥ 6 differing pairs"),
+               "paired score + McNemar": ("Newcombe's paired score interval, n = pairs; * = excludes 0 and the "
+                                          "exact McNemar test gives p < 0.05"),
                "newcombe (unpaired)": "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0",
                "none": "none: a single unit"}
         r.add_table(f"{task}_{metric}_vs_plain", f"{caption}: estimate [95% interval: "
@@ -206,11 +218,14 @@ def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
 def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
     r.md += ["## Effective context length", ""]
     for task, rule, caption in (
-            ("perplexity", "threshold", (f"Perplexity reach: ppl_tail within +{tolerance:.0%} of its value at "
-                                         "the trained context; ratio to that value at the reach / first failure")),
-            ("passkey", "threshold", f"Passkey reach: Wilson lower bound ≥ {threshold:g}; accuracy [95% interval]"),
-            ("passkey", "trained", ("Passkey reach, RULER-style: Wilson lower bound ≥ plain's own lower bound at "
-                                    "the trained context; accuracy [95% interval]"))):
+            ("perplexity", "threshold", (f"Perplexity reach — bar: the upper bound of the paired ppl_tail ratio "
+                                         f"to its value at the trained context ≤ {1 + tolerance:g}; ratio "
+                                         "[95% paired t interval] at the reach / where it stopped")),
+            ("passkey", "threshold", (f"Passkey reach — bar: Wilson lower bound ≥ {threshold:g}; accuracy [95% "
+                                      "interval]")),
+            ("passkey", "trained", ("Passkey reach, RULER-style — bar: plain's own Wilson lower bound at the "
+                                    f"trained context, when that is ≥ {MIN_BAR:g} (else no bar, no reach); "
+                                    "accuracy [95% interval]"))):
         if not (ok["task"] == task).any():
             continue
         try:
@@ -224,9 +239,11 @@ def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, 
             "reach": e["claim"],
             "at reach": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
                          for v, lo, hi, n in zip(e["at_value"], e["at_lo"], e["at_hi"], e["at_n"])],
+            "stopped at": [f"{int(x)} ({why})" if not pd.isna(x) else "–" for x, why in zip(e["stopped_at"],
+                                                                                         e["stopped"])],
+            "there": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                      for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])],
             "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
-            "at failure": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
-                           for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])],
             "rule": e["rule"]})
         if shown["model"].nunique() == 1:
             shown = shown.drop(columns="model")
@@ -262,9 +279,10 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
 
     ``out`` defaults to the first run directory. ``trained_context`` (the model's original context) draws
     the dashed line in perplexity plots and is the reference of the summary and the effective lengths;
-    without it the value recorded by the sweep (task_options or manifest ``trained_context``) is used.
-    The report opens with :func:`results.summary`, then the paired differences to plain, the effective
-    lengths, and per-suite tables with n and 95% intervals (bootstraps seeded with ``seed``).
+    without it each setting's rows decide (the patch's resolved ``trained_context``, which follows
+    ``original_max_position_embeddings``), and only for rows that record none the manifest's (the model
+    config's). The report opens with :func:`results.summary`, then the paired differences to plain, the
+    effective lengths, and per-suite tables with n and 95% intervals (closed-form: ``seed`` changes nothing).
     """
     check_rules(threshold, tolerance)
     paths = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(p) for p in run_dirs]
@@ -285,7 +303,7 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
                     f"torch {v.get('torch')}, transformers {v.get('transformers')}"
                     + (f", commit {git[:10]}" if git else "") + "  ")
     r.md.append("")
-    tc = {m: _trained_context_for(m, trained_context, manifests) for m in ok["model"].dropna().unique()}
+    tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
     tc = {m: v for m, v in tc.items() if v}
     tasks = list(ok["task"].dropna().unique())
     if any(t in tasks for t in KNOWN_ORDER):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .stats import Interval, metric_kind, wilson
+from .stats import Interval, metric_kind, t975, wilson
 from .stats import cell_interval as stats_cell_interval
 from .store import ResultsError
 
@@ -24,13 +24,6 @@ from .store import ResultsError
 IDENTITY = ("model", "method", "factor", "options", "corpus")
 # A row with any of these set is one unit (a document, a prompt); rows with none set are aggregates.
 UNIT_COLUMNS = ("doc", "depth", "trial")
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042]
-
-
-def _t975(dof: int) -> float:
-    return _T975[dof - 1] if dof <= len(_T975) else 1.96
 
 
 def is_unit(rows: pd.DataFrame) -> pd.Series:
@@ -49,8 +42,8 @@ def cell_interval(rows: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval
     """Estimate, n and 95% interval of one table cell.
 
     Per-unit rows present: the cell statistic over units (perplexities token-weighted on the log scale) with
-    a Wilson interval for 0/1 outcomes, else a seeded bootstrap over the units. Only aggregated rows: a
-    rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other aggregate has no
+    a Wilson interval for 0/1 outcomes, else a t interval over the units (none below 3 units). Only aggregated
+    rows: a rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other aggregate has no
     interval (n = its own ``n``); several (e.g. runs with different seeds) get a Student-t interval.
     """
     rows = rows[rows["value"].notna()]
@@ -73,7 +66,7 @@ def cell_interval(rows: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval
         n = rows["n"].iloc[0]
         return Interval(float(values[0]), math.nan, math.nan, 1 if pd.isna(n) else int(n), "none")
     mean = float(values.mean())
-    half = _t975(len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
+    half = t975(len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
     return Interval(mean, mean - half, mean + half, len(values), "t")
 
 
@@ -139,7 +132,7 @@ def summarize(df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str] 
               seed: int = 0, **where: Any) -> pd.DataFrame:
     """Long form: one row per group with ``mean`` (the cell estimate), ``n`` (units behind it: documents,
     prompts, queries), ``lo``/``hi`` (95% interval, see :func:`cell_interval`), ``half`` (half-width) and
-    ``interval`` (how it was computed: wilson, bootstrap, t or none)."""
+    ``interval`` (how it was computed: wilson, t or none)."""
     sub = select(df, task, metric, units=True, **where)
     by = _auto_rows(sub, _as_list(by), [])
     out = []
@@ -177,7 +170,8 @@ def table(df: pd.DataFrame, task: str, metric: str, rows: str | Sequence[str] = 
 
     ``stat`` picks the cell value: "mean" (default), "n", "lo", "hi" or "half" (95% half-width).
     ``with_ci=True`` returns strings "mean [lo, hi] n=N" (no brackets where no interval exists) ready to
-    render: Wilson intervals for 0/1 rates, a seeded bootstrap over documents / prompts otherwise. Columns
+    render: Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities on the
+    log scale, from 3 units on). Columns
     such as factor/model/corpus are added to the rows when they vary, so different settings are never
     averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
     """

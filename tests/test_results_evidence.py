@@ -16,7 +16,7 @@ import pytest
 
 import results
 from results.frame import normalize
-from results.stats import BOOTSTRAP_DRAWS, newcombe, wilson
+from results.stats import newcombe, wilson
 from results.synthetic import synthetic_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,10 +28,33 @@ def _frame(rows):
     return normalize(pd.DataFrame([{**base, **r} for r in rows]))
 
 
-def _bootstrap(stat, m, seed=0):
-    """The documented bootstrap, written out: unit indices from numpy's default_rng(seed), 2.5/97.5%."""
-    idx = np.random.default_rng(seed).integers(0, m, size=(BOOTSTRAP_DRAWS, m))
-    return tuple(np.quantile([stat(i) for i in idx], [0.025, 0.975]))
+T975 = {2: 4.3027, 6: 2.4469}  # Student's t 0.975 quantiles as printed in statistical tables
+
+
+def _wilson(k, n):
+    """Wilson's score interval, written out (Wilson 1927)."""
+    p, z2 = k / n, Z * Z
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return centre - half, centre + half
+
+
+def _newcombe_paired(e, f, g, h):
+    """Newcombe (1998) method 10 for paired rates as Fagerland et al. (2017, ch. 8) print it: table e (both),
+    f (first only), g (second only), h (neither); continuity-corrected phi."""
+    n = e + f + g + h
+    p1, p2 = (e + f) / n, (e + g) / n
+    (l1, u1), (l2, u2) = _wilson(e + f, n), _wilson(e + g, n)
+    a = e * h - f * g
+    prod = (e + f) * (g + h) * (e + g) * (f + h)
+    psi = 0.0 if prod == 0 else ((a - n / 2) / math.sqrt(prod) if a > n / 2 else (0.0 if a >= 0 else a / math.sqrt(prod)))
+    d = p1 - p2
+    return (d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2)),
+            d + math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1)))
+
+
+def _t_half(x, w, dof):
+    """Half-width of the documented t interval of a weighted mean: t * s * sqrt(sum w^2) / sum w."""
+    return T975[dof] * np.std(x, ddof=1) * math.sqrt((w * w).sum()) / w.sum()
 
 
 def _prompts(method, correct, n=10):
@@ -40,17 +63,16 @@ def _prompts(method, correct, n=10):
 
 
 # ------------------------------------------------------------------------------------------ paired differences
-def test_paired_bootstrap_difference_by_hand():
-    plain, ext = np.zeros(10), np.ones(10)
-    plain[:3] = 1  # plain right on prompts 0-2, the extension on all ten: 7 prompts differ
+def test_paired_rate_difference_by_hand():
+    # plain right on prompts 0-2, the extension on all ten: 7 prompts differ, all one way
     frame = _frame(_prompts("plain", {0, 1, 2}) + _prompts("ext", set(range(10))))
     long = results.paired_differences(frame, "t", "correct", cols="length")
     row = long[long["method"] == "ext"].iloc[0]
     assert row["estimate"] == pytest.approx(0.7) and row["n"] == 10 and row["informative"] == 7
-    # units are paired in the order of their key (doc|depth|trial|seed): depth 0.0, 0.1, ... here
-    want = _bootstrap(lambda i: ext[i].mean() - plain[i].mean(), 10)
+    want = _newcombe_paired(3, 7, 0, 0)
     assert (row["lo"], row["hi"]) == pytest.approx(want, abs=1e-12)
-    assert row["interval"] == "paired bootstrap" and row["significant"] and row["lo"] > 0
+    # exact McNemar: 7 discordant pairs all one way, p = 2 / 2**7 < 0.05
+    assert row["interval"] == "paired score + McNemar" and row["significant"] and row["lo"] > 0
     base = long[long["method"] == "plain"].iloc[0]
     assert base["interval"] == "baseline" and base["estimate"] == 0.0
     shown = results.compare(frame.sample(frac=1.0, random_state=1), "t", "correct", cols="length", with_ci=True)
@@ -58,8 +80,8 @@ def test_paired_bootstrap_difference_by_hand():
 
 
 def test_too_few_differing_pairs_are_not_marked():
-    # 4 of 10 prompts differ: the bootstrap interval excludes 0 (P(no differing prompt drawn) = 0.6^10 < 2.5%),
-    # but an exact sign test over 4 pairs can not reach p < 0.05, so no mark
+    # 4 of 10 prompts differ, all one way: the score interval excludes 0, but the exact McNemar test over 4
+    # discordant pairs can not reach p < 0.05 (2 / 2**4), so no mark
     frame = _frame(_prompts("plain", set(range(6))) + _prompts("ext", set(range(10))))
     row = results.paired_differences(frame, "t", "correct", cols="length").query("method == 'ext'").iloc[0]
     assert row["lo"] > 0 and row["informative"] == 4 and not row["significant"]
@@ -77,12 +99,13 @@ def test_paired_perplexity_ratio_by_hand():
     row = long[long["method"] == "ext"].iloc[0]
     assert row["how"] == "ratio" and row["n"] == 7
 
-    def ratio(i):
-        return math.exp((loss_e[i] * tokens[i]).sum() / tokens[i].sum() - (loss_p[i] * tokens[i]).sum() / tokens[i].sum())
-
-    assert row["estimate"] == pytest.approx(ratio(np.arange(7)), rel=1e-12)
-    assert (row["lo"], row["hi"]) == pytest.approx(_bootstrap(ratio, 7), rel=1e-12)
-    assert row["significant"] == (row["lo"] > 1 or row["hi"] < 1)
+    log_ratio = (loss_e * tokens).sum() / tokens.sum() - (loss_p * tokens).sum() / tokens.sum()
+    assert row["estimate"] == pytest.approx(math.exp(log_ratio), rel=1e-12)
+    # paired t over the documents' log ratios, token-weighted (Kish): 6 degrees of freedom
+    half = _t_half(loss_e - loss_p, tokens, 6)
+    assert (math.log(row["lo"]), math.log(row["hi"])) == pytest.approx((log_ratio - half, log_ratio + half),
+                                                                       abs=1e-4 * half)
+    assert row["interval"] == "paired t" and row["significant"] == (row["lo"] > 1 or row["hi"] < 1)
 
 
 def test_rates_without_units_use_newcombe():
@@ -94,7 +117,8 @@ def test_rates_without_units_use_newcombe():
     paired = normalize(pd.DataFrame(synthetic_records("r", per_query=True)))
     row = results.paired_differences(paired, "classification", "accuracy").query(
         "method == 'yarn' and factor == 2.0 and length == 16384").iloc[0]
-    assert row["interval"] == "paired bootstrap" and row["informative"] == 6 and row["estimate"] == pytest.approx(0.3)
+    assert row["interval"] == "paired score + McNemar" and row["informative"] == 6
+    assert row["estimate"] == pytest.approx(0.3) and row["p"] == pytest.approx(2 / 2**6)
 
 
 # ------------------------------------------------------------------------------------------ effective length
@@ -110,10 +134,13 @@ def _by_setting(e):
 
 def test_passkey_effective_length_uses_the_wilson_lower_bound(syn):
     e = _by_setting(results.effective_length(syn, "passkey"))
-    assert wilson(18, 18)[0] >= 0.8 > wilson(17, 18)[0]  # 18/18 passes, 17/18 (0.944) does not
-    assert (e[("plain", 1.0)].effective_length, e[("plain", 1.0)].first_failure) == (4096, 8192)
-    assert e[("plain", 1.0)].claim == "4096" and e[("plain", 1.0)].fail_value == pytest.approx(17 / 18)
-    assert e[("linear", 2.0)].claim == "8192" and e[("linear", 2.0)].first_failure == 16384
+    assert wilson(18, 18)[0] >= 0.8 > wilson(17, 18)[0]  # 18/18 passes; 17/18 (0.944) is not established
+    plain = e[("plain", 1.0)]
+    assert (plain.effective_length, plain.stopped_at, plain.stopped) == (4096, 8192, "not established")
+    # 0/18 at 16384 is a failure: the reach is 4096, not "≥ 4096"
+    assert plain.claim == "4096" and plain.first_failure == 16384 and plain.fail_value == pytest.approx(17 / 18)
+    linear = e[("linear", 2.0)]  # 17/18 at 16384, nothing longer failed: at least 8192
+    assert linear.claim == "≥ 8192" and pd.isna(linear.first_failure) and linear.stopped_at == 16384
     assert e[("yarn", 4.0)].claim == "≥ 16384" and pd.isna(e[("yarn", 4.0)].first_failure)  # never beyond tested
     assert e[("yarn", 4.0)].at_lo == pytest.approx(wilson(18, 18)[0])
     loose = _by_setting(results.effective_length(syn, "passkey", threshold=0.7))
@@ -199,20 +226,21 @@ def test_real_sweep_perplexity_intervals_by_hand(real_sweep):
     agg = df[(df["metric"] == "ppl") & df["doc"].isna() & (df["method"] == "yarn") & (df["length"] == 256)]
     # the token-weighted estimate over the suite's per-document rows is the suite's own aggregate
     assert t.loc["yarn", 256] == pytest.approx(float(agg["value"].iloc[0]), rel=1e-9)
-    want = _bootstrap(lambda i: math.exp((loss[i] * tokens[i]).sum() / tokens[i].sum()), 3)
-    assert (results.table(df, "perplexity", "ppl", stat="lo").loc["yarn", 256],
-            results.table(df, "perplexity", "ppl", stat="hi").loc["yarn", 256]) == pytest.approx(want, rel=1e-9)
-    # paired ratio yarn / plain over the same three documents
+    # t over the 3 documents' losses (2 degrees of freedom), exp'd back
+    centre, half = (loss * tokens).sum() / tokens.sum(), _t_half(loss, tokens, 2)
+    got = (results.table(df, "perplexity", "ppl", stat="lo").loc["yarn", 256],
+           results.table(df, "perplexity", "ppl", stat="hi").loc["yarn", 256])
+    assert (math.log(got[0]), math.log(got[1])) == pytest.approx((centre - half, centre + half), abs=1e-4 * half)
+    # paired ratio yarn / plain over the same three documents: t over the per-document log ratios
     plain = df[(df["metric"] == "loss") & df["doc"].notna() & (df["method"] == "plain") & (df["length"] == 256)]
     plain = plain.set_index("doc").loc[docs["doc"]]
     lp, tp = plain["value"].to_numpy(float), plain["n"].to_numpy(float)
-
-    def ratio(i):
-        return math.exp((loss[i] * tokens[i]).sum() / tokens[i].sum() - (lp[i] * tp[i]).sum() / tp[i].sum())
-
+    log_ratio = (loss * tokens).sum() / tokens.sum() - (lp * tp).sum() / tp.sum()
     row = results.paired_differences(df, "perplexity", "ppl").query("method == 'yarn' and length == 256").iloc[0]
-    assert row["estimate"] == pytest.approx(ratio(np.arange(3)), rel=1e-9)
-    assert (row["lo"], row["hi"]) == pytest.approx(_bootstrap(ratio, 3), rel=1e-9)
+    assert row["estimate"] == pytest.approx(math.exp(log_ratio), rel=1e-9)
+    half = _t_half(loss - lp, (tokens + tp) / 2, 2)
+    assert (math.log(row["lo"]), math.log(row["hi"])) == pytest.approx((log_ratio - half, log_ratio + half),
+                                                                       abs=1e-4 * half)
     assert not row["significant"]  # 3 documents can not make a difference significant
 
 
@@ -228,16 +256,23 @@ def test_real_sweep_passkey_classification_and_reach(real_sweep):
     assert len(per_query) == acc["n"] and per_query["value"].sum() == pytest.approx(acc["value"] * acc["n"])
     cell = results.summarize(df, "classification", "accuracy").query("method == 'yarn'").iloc[0]
     assert cell["n"] == acc["n"] and (cell["lo"], cell["hi"]) == pytest.approx(wilson(acc["value"] * acc["n"], acc["n"]))
-    # perplexity reach by hand from the aggregated ppl_tail (trained context 128, recorded by the sweep)
+    # perplexity reach by hand from the per-document ppl_tail (trained context 128, recorded by the sweep in the
+    # manifest and by the patch in every row): 256 passes when the upper bound of its paired ratio to 128 is
+    # within +10%, fails when the ratio itself is not
     trained = json.loads((out / "manifest.json").read_text())["extra"]["trained_context"]
     assert set(trained.values()) == {128}
-    e = results.effective_length(df, "perplexity", trained_context=128).set_index("method")
+    assert {json.loads(o)["trained_context"] for o in df["options"].dropna().unique()} == {128}
+    e = results.effective_length(df, "perplexity").set_index("method")
     for method in ("plain", "yarn"):
-        tail = df[(df["metric"] == "ppl_tail") & (df["method"] == method) & df["doc"].isna()].set_index("length")["value"]
-        ok = [L for L in (128, 256) if tail[L] <= 1.1 * tail[128]]
-        want = 256 if ok == [128, 256] else 128
-        assert e.loc[method, "effective_length"] == want and e.loc[method, "reference_length"] == 128
-        assert e.loc[method, "claim"] == (f"≥ {want}" if want == 256 else "128")
+        tail = df[(df["metric"] == "ppl_tail") & (df["method"] == method) & df["doc"].notna()]
+        at, ref = (tail[tail["length"] == L].sort_values("doc") for L in (256, 128))
+        d = np.log(at["value"].to_numpy(float)) - np.log(ref["value"].to_numpy(float))
+        w = (at["n"].to_numpy(float) + ref["n"].to_numpy(float)) / 2
+        ratio = math.exp((np.log(at["value"].to_numpy(float)) * at["n"].to_numpy(float)).sum() / at["n"].sum()
+                         - (np.log(ref["value"].to_numpy(float)) * ref["n"].to_numpy(float)).sum() / ref["n"].sum())
+        upper = ratio * math.exp(_t_half(d, w, 2))
+        want = "≥ 256" if upper <= 1.1 else ("128" if ratio > 1.1 else "≥ 128")
+        assert e.loc[method, "reference_length"] == 128 and e.loc[method, "claim"] == want
     md = (out / "report.md").read_text()
     assert md.index("## Summary") < md.index("## Differences to plain") < md.index("## Effective context length") \
         < md.index("## Perplexity")
@@ -266,3 +301,56 @@ def test_no_length_within_the_trained_context_is_said_not_guessed(syn, tmp_path)
                                      if r["task"] != "passkey" or r["length"] == 16384])
     md = results.report(run).read_text()
     assert "not computed: no correct at a tested length ≤ the trained context 8192" in md
+
+
+# ------------------------------------------------------------------------------------------ reach claims need a bar
+def _passkey_rows(method, correct, trials, lengths=(4096, 8192, 16384), options="{}"):
+    return [{"method": method, "metric": "correct", "task": "passkey", "length": L, "depth": 0.5, "trial": t,
+             "value": float(correct(L, t)), "options": options, "corpus": "filler"}
+            for L in lengths for t in range(trials)]
+
+
+def test_too_few_trials_establish_no_reach_and_are_no_failure():
+    # 3/3 everywhere: nothing failed, but even 3/3 has a Wilson lower bound of 0.44 < 0.8
+    frame = _frame(_passkey_rows("plain", lambda L, t: 1, 3))
+    row = results.effective_length(frame, "passkey").iloc[0]
+    assert _wilson(3, 3)[0] < 0.8
+    assert row["claim"] == "not established (n too small)" and pd.isna(row["first_failure"])
+    assert (row["stopped_at"], row["stopped"]) == (4096, "not established")
+    # a real failure at the shortest length still reads "< 4096"
+    failed = results.effective_length(_frame(_passkey_rows("plain", lambda L, t: 0, 3)), "passkey").iloc[0]
+    assert failed["claim"] == "< 4096" and failed["first_failure"] == 4096
+
+
+def test_ruler_rule_needs_a_baseline_that_does_the_task():
+    # every passkey 0/16: plain's lower bound at its trained context is 0, which every length "meets"
+    rows = [r for m in ("plain", "yarn") for r in _passkey_rows(m, lambda L, t: 0, 16, options='{"trained_context": 8192}')]
+    e = results.effective_length(_frame(rows), "passkey", rule="trained")
+    assert not e["claim"].str.startswith("≥").any() and e["effective_length"].isna().all()
+    assert e["rule"].str.contains("no bar to pass").all() and (e["reference_value"] == 0).all()
+    # a baseline that retrieves 16/16 at 8192 sets the bar Wilson(16, 16).lo: yarn's 16/16 at 16384 meets it
+    rows = _passkey_rows("plain", lambda L, t: L <= 8192, 16, options='{"trained_context": 8192}') + \
+        _passkey_rows("yarn", lambda L, t: 1, 16, options='{"trained_context": 8192}')
+    e = _by_setting(results.effective_length(_frame(rows), "passkey", rule="trained"))
+    assert e[("yarn", 1.0)].reference_value == pytest.approx(_wilson(16, 16)[0]) and _wilson(16, 16)[0] >= 0.5
+    assert e[("yarn", 1.0)].claim == "≥ 16384" and e[("plain", 1.0)].claim == "8192"
+
+
+def test_perplexity_reach_from_one_document_is_not_established(syn):
+    one = syn[(syn["task"] != "perplexity") | syn["doc"].isna() | (syn["doc"] == "doc0")]
+    e = _by_setting(results.effective_length(one, "perplexity"))
+    # one document: no interval for the ratio, so not even the reference length is established; yarn x4 at
+    # +3.7% would have read "≥ 16384" from the point estimate
+    assert e[("yarn", 4.0)].claim == "not established (n too small)"
+    assert e[("plain", 1.0)].claim == "not established (n too small)" and e[("plain", 1.0)].first_failure == 16384
+
+
+def test_trained_context_comes_from_the_rows_patch_options(syn):
+    # -o original_max_position_embeddings=4096: every row's resolved options say 4096, the task_options 8192
+    rows = syn.assign(options=syn["options"].map(lambda o: json.dumps({**json.loads(o), "trained_context": 4096},
+                                                                      sort_keys=True)))
+    e = results.effective_length(rows, "perplexity")
+    assert set(e["reference_length"]) == {4096} and set(e["trained_context"]) == {4096}
+    s = results.summary(rows, with_ci=False)
+    assert set(s["ppl @ trained_length"]) == {4096}
+    assert set(results.effective_length(rows, "perplexity", trained_context=8192)["reference_length"]) == {8192}

@@ -158,7 +158,8 @@ def test_cli_table(run, capsys):
     assert main(["table", str(run), "--task", "perplexity", "--metric", "ppl", "--baseline", "plain",
                  "--format", "csv"]) == 0
     assert "0.026" in capsys.readouterr().out
-    for task, metric, cell in (("perplexity", "ppl", "| 560.0 [5"), ("passkey", "correct", "| 0.833 [0.436, 0.970] n=6 |"),
+    # plain at 16384: 3 documents at 560 x exp(-0.1, 0, +0.1): t(2 dof) = 4.303 on the log scale, s = 0.1
+    for task, metric, cell in (("perplexity", "ppl", "| 560.0 [436.8, 717.9] n=3 |"), ("passkey", "correct", "| 0.833 [0.436, 0.970] n=6 |"),
                                ("classification", "accuracy", "| 0.500 [0.299, 0.701] n=20 |")):
         assert main(["table", str(run), "--task", task, "--metric", metric, "--ci"]) == 0  # --ci for every task
         assert cell in capsys.readouterr().out
@@ -188,3 +189,31 @@ def test_cli_subprocess_no_traceback(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: run directory not found") and "Traceback" not in proc.stderr
+
+
+def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(tmp_path):
+    """After -o original_max_position_embeddings=4096 every row records 4096 (the patch's resolved options), while
+    the manifest holds the model config's 8192: the report's line, labels and reach use 4096 and say their bar."""
+    settings = (("plain", 1.0, {"trained_context": 4096}), ("yarn", 2.0, {"trained_context": 4096}))
+    d = tmp_path / "run"
+    w = RecordWriter(d)
+    w.write_manifest(config={"grid": "synthetic"}, seed=0, device="cpu",
+                     extra={"trained_context": {"smollm2-135m": 8192}})
+    w.write(synthetic_records("run", settings=settings, tasks=("perplexity", "passkey"), trials=6))
+    w.finish()
+    md = results.report(d).read_text()
+    assert "ppl @ 4096 (trained)" in md and "(trained)" not in md.replace("ppl @ 4096 (trained)", "")
+    assert "of ppl_tail / its value at 4096 ≤ 1.1" in md and "at 8192 ≤" not in md
+    assert "bar: Wilson lower bound ≥ 0.8" in md and "bar: plain's own Wilson lower bound" in md
+    df = results.load(d)
+    plot = results.plot_perplexity(df, tmp_path / "ppl.png")
+    dashed = [ln for ln in plot.figure.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert [ln.get_xdata()[0] for ln in dashed] == [4096]
+    # rows without a recorded trained context fall back to the manifest's
+    bare = tmp_path / "bare"
+    w = RecordWriter(bare)
+    w.write_manifest(config={}, seed=0, device="cpu", extra={"trained_context": {"smollm2-135m": 4096}})
+    rows = synthetic_records("bare", tasks=("perplexity",))
+    w.write([{**r, "task_options": {}} for r in rows])
+    w.finish()
+    assert "ppl @ 4096 (trained)" in results.report(bare).read_text()

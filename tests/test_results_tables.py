@@ -11,7 +11,7 @@ import pytest
 
 import results
 from results.frame import normalize
-from results.stats import BOOTSTRAP_DRAWS, newcombe, wilson
+from results.stats import newcombe, wilson
 from results.store import RecordWriter
 from results.synthetic import synthetic_records
 
@@ -85,42 +85,41 @@ def _frame(rows):
     return normalize(pd.DataFrame([{**base, **r} for r in rows]))
 
 
-def _percentile_bootstrap(stat, m, seed=0):
-    """The documented bootstrap, written out: resample m units with numpy's default_rng(seed), 2.5/97.5%."""
-    idx = np.random.default_rng(seed).integers(0, m, size=(BOOTSTRAP_DRAWS, m))
-    return tuple(np.quantile([stat(i) for i in idx], [0.025, 0.975]))
+T975 = {2: 4.3027, 3: 3.1824}  # Student's t 0.975 quantiles as printed in statistical tables (2, 3 degrees of freedom)
 
 
-def test_bootstrap_interval_over_units_by_hand():
+def test_t_interval_over_units_by_hand():
     values = [1.0, 2.0, 3.0, 4.0]
     frame = _frame([{"trial": i, "value": v} for i, v in enumerate(values)])
     s = results.summarize(frame, "t", "m", by=["method"])
-    assert s.loc[0, "mean"] == 2.5 and s.loc[0, "n"] == 4 and s.loc[0, "interval"] == "bootstrap"
-    want = _percentile_bootstrap(lambda i: np.mean(np.array(values)[i]), 4)
-    assert (s.loc[0, "lo"], s.loc[0, "hi"]) == pytest.approx(want, rel=1e-12)
-    assert results.summarize(frame, "t", "m", by=["method"]).equals(s)  # seeded: same rows, same interval
-    single = results.summarize(frame[frame["trial"] == 0], "t", "m", by=["method"])
-    assert math.isnan(single.loc[0, "half"])  # one unit: no interval, not a zero-width one
+    assert s.loc[0, "mean"] == 2.5 and s.loc[0, "n"] == 4 and s.loc[0, "interval"] == "t"
+    half = T975[3] * np.std(values, ddof=1) / math.sqrt(4)
+    assert s.loc[0, "half"] == pytest.approx(half, rel=1e-4) and s.loc[0, "lo"] + s.loc[0, "half"] == pytest.approx(2.5)
+    assert results.summarize(frame.sample(frac=1.0, random_state=2), "t", "m", by=["method"]).equals(s)
+    for m in (1, 2):  # below 3 units: no interval, not a zero-width or a +-12.7 s.e. one
+        few = results.summarize(frame[frame["trial"] < m], "t", "m", by=["method"])
+        assert math.isnan(few.loc[0, "half"]) and few.loc[0, "interval"] == "none" and few.loc[0, "n"] == m
 
 
-def test_perplexity_bootstrap_is_over_documents_token_weighted():
-    # three documents of different lengths: the cell is exp(sum n_i loss_i / sum n_i), resampled by document
+def test_perplexity_interval_is_t_over_documents_token_weighted():
+    # three documents of different lengths: the cell is exp(sum n_i loss_i / sum n_i); the interval is t on the
+    # per-document losses with Kish's variance s^2 sum(n^2) / sum(n)^2, exp'd back
     docs = [("d0", 2.0, 100), ("d1", 3.0, 300), ("d2", 2.5, 50)]
     frame = _frame([{"metric": "ppl", "doc": d, "value": math.exp(loss), "n": n} for d, loss, n in docs])
     loss, n = np.array([d[1] for d in docs]), np.array([d[2] for d in docs], float)
     s = results.summarize(frame, "t", "ppl", by=["method"])
-    assert s.loc[0, "mean"] == pytest.approx(math.exp((loss * n).sum() / n.sum()), rel=1e-12)
-    want = _percentile_bootstrap(lambda i: math.exp((loss[i] * n[i]).sum() / n[i].sum()), 3)
-    assert (s.loc[0, "lo"], s.loc[0, "hi"]) == pytest.approx(want, rel=1e-12)
-    # with 3 documents all-d0 / all-d1 resamples have probability 1/27 > 2.5%: the interval is the extremes
-    assert (s.loc[0, "lo"], s.loc[0, "hi"]) == pytest.approx((math.exp(2.0), math.exp(3.0)), rel=1e-12)
+    centre = (loss * n).sum() / n.sum()  # 2.7222...
+    assert s.loc[0, "mean"] == pytest.approx(math.exp(centre), rel=1e-12) and s.loc[0, "interval"] == "t"
+    half = T975[2] * 0.5 * math.sqrt(100**2 + 300**2 + 50**2) / 450  # s = 0.5 (losses 2, 3, 2.5)
+    assert (math.log(s.loc[0, "lo"]), math.log(s.loc[0, "hi"])) == pytest.approx((centre - half, centre + half),
+                                                                              abs=1e-4 * half)
 
 
 def test_t_interval_over_several_aggregate_rows():
     frame = _frame([{"run": f"r{i}", "value": v} for i, v in enumerate([1.0, 2.0, 3.0, 4.0])])
     s = results.summarize(frame, "t", "m", by=["method"])
     assert s.loc[0, "interval"] == "t" and s.loc[0, "n"] == 4
-    assert s.loc[0, "half"] == pytest.approx(3.182 * 1.2909944 / 2, rel=1e-4)
+    assert s.loc[0, "half"] == pytest.approx(T975[3] * 1.2909944 / 2, rel=1e-4)
 
 
 def test_rates_known_only_as_totals_get_wilson(df):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -440,3 +441,35 @@ def test_shipped_embedded_configs_resolve_to_their_grid(name, tmp_path, capsys):
         methods += [("self-extend", "x2"), ("rerope", "x2"), ("dca", "x1")]
     assert cells == {(m, f, t) for m, f in methods for t in ("perplexity", "passkey", "classification")}
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path, capsys):
+    """--model or --corpus without --config inherits the demo's grid, but not its num_docs: 1 (n = 1, no interval):
+    each suite's num_docs below the suite's own default takes that default; -t TASK.num_docs and a --config file
+    keep theirs; the grid printed first says so."""
+    import inspect
+
+    from sweep_lib.config import raise_demo_num_docs
+
+    import tasks
+
+    default = inspect.signature(tasks.perplexity.run).parameters["num_docs"].default
+    assert C.read_yaml(C.DEMO_CONFIG)["tasks"]["perplexity"]["num_docs"] == 1 < default == 4
+    args = parser().parse_args(["--model", "smollm2-135m", "--corpus", "sotu"])
+    cfg = load_config(args)
+    assert raise_demo_num_docs(cfg, args)["perplexity"] == [1, default]
+    assert cfg["tasks"]["perplexity"]["options"]["num_docs"] == default
+    args = parser().parse_args(["--corpus", "sotu", "-t", "perplexity.num_docs=2"])
+    cfg = load_config(args)
+    assert "perplexity" not in raise_demo_num_docs(cfg, args) and cfg["tasks"]["perplexity"]["options"]["num_docs"] == 2
+
+    assert sweep_lib.main(["--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(rf"perplexity: lengths \[.*\]; .*num_docs={default},", err)
+    assert f"perplexity 1 -> {default}" in err
+    # the demo itself (and a --config file) keep their own num_docs
+    assert sweep_lib.main(["--out", str(tmp_path / "d"), "--dry-run"]) == 0
+    assert "num_docs raised" not in capsys.readouterr().err
+    assert sweep_lib.main(["--config", str(C.DEMO_CONFIG), "--model", "smollm2-135m", "--out", str(tmp_path / "c"),
+                           "--dry-run"]) == 0
+    assert "num_docs raised" not in capsys.readouterr().err

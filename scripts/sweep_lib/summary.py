@@ -16,8 +16,9 @@ MAIN_TABLES = (("perplexity", "ppl", "perplexity (lower is better)"),
 
 
 def show_grid(cfg: dict) -> None:
-    """What the numbers will rest on: per task, the lengths and every suite option (set or default), e.g. the
-    demo's num_docs: 1 that a run overriding only --model or --corpus inherits."""
+    """What the numbers will rest on: per task, the lengths and every suite option (set or default) that a run
+    overriding only --model or --corpus inherits from the demo, and which num_docs it raised (see
+    config.raise_demo_num_docs)."""
     import tasks
     from tasks.checks import suite_options
 
@@ -31,6 +32,11 @@ def show_grid(cfg: dict) -> None:
         print(f"  {name}: lengths {t['lengths']}; {opts}", file=sys.stderr)
     print(f"  corpus {', '.join(cfg['corpus'])}; seed {cfg['seed']}; methods "
           f"{', '.join(m['method'] for m in cfg['methods'])}", file=sys.stderr)
+    raised = cfg.get("num_docs_raised") or {}
+    if raised:
+        print("  num_docs raised from the demo's to each suite's default (enough documents for an interval; "
+              "-t TASK.num_docs=N sets it): " + ", ".join(f"{t} {a} -> {b}" for t, (a, b) in raised.items()),
+              file=sys.stderr)
 
 
 def summarize(cfg: dict, cells: list[G.Cell]) -> int:
@@ -41,12 +47,12 @@ def summarize(cfg: dict, cells: list[G.Cell]) -> int:
     df = results.load(out)
     in_grid = df[df["cell"].isin({c.key for c in cells})]
     ok = in_grid[in_grid["status"] == "ok"]
-    contexts = {m: cfg.get("trained_context", {}).get(m) for m in cfg["model"]}
-    single = next(iter(contexts.values())) if len(contexts) == 1 else None
+    # no trained_context argument: every row records the one its patch resolved (it follows
+    # -o original_max_position_embeddings); the model config's, in the manifest, only fills in where none is
     if not ok.empty:
         try:  # the report's first table: what each setting reaches, every value with its interval and n
             print("\n## summary — value [95% interval] n (details and paired differences in report.md)\n")
-            print(results.to_markdown(results.summary(ok, trained_context=single)).rstrip())
+            print(results.to_markdown(results.summary(ok)).rstrip())
         except results.ResultsError as e:
             print(f"(no summary: {e})")
     for task, metric, caption in MAIN_TABLES:
@@ -58,7 +64,7 @@ def summarize(cfg: dict, cells: list[G.Cell]) -> int:
             except results.ResultsError as e:
                 print(f"(no {task} table: {e})")
     try:
-        report = results.report(out, trained_context=single)
+        report = results.report(out)
     except Exception as e:  # noqa: BLE001 - the records are safe; say so instead of a traceback at the very end
         report = None
         print(f"\nreport failed: {describe_error(e)} — rebuild it with `python -m results report {out}`")
