@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from . import theory
 from .errors import ExtendError
 from .families import family, rotary_module
 from .patching import current, length_dependent, patched, rope_bases
@@ -36,7 +37,9 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
     """A report (plain text) of the model's RoPE per layer type: rotary dims, theta, shipped rope type and
     factor, trained context (pretrained / as shipped), attention window; with `method`, what patching with it
     at `factor` (and `options`) changes: layer types extended, trained context used, wavelength range,
-    attention temperature and where it goes, and whether frequencies then depend on the length."""
+    attention temperature and where it goes, and whether frequencies then depend on the length. Each layer type
+    also gets what RoPE theory predicts from its frequencies (extend/theory.py: Men et al.'s base bound, Liu et
+    al.'s critical dimension, YaRN's ramp)."""
     if current(model) is not None:
         raise ExtendError("inspect an unpatched model — undo the active patch first")
     rotary = rotary_module(model)
@@ -51,6 +54,8 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
         lines.append(f"  {lt or 'all layers'}: rotary dims {base.dim} of head_dim {base.head_dim}, theta "
                      f"{info.theta:g}, shipped {info.label()}, context {info.pretrained_context} pretrained / "
                      f"{info.shipped_context} shipped, {window}, wavelengths {_wavelengths(base.inv_freq)}")
+        lines.append("    " + theory.describe(base.inv_freq.double().cpu().numpy(), theta=info.theta, dim=base.dim,
+                                             trained_context=info.shipped_context))
     if method is None:
         return "\n".join(lines)
     with patched(model, method, factor, **options) as handle:
@@ -78,6 +83,10 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
                      f"loaded model "
                      f"(ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
                      f"{_wavelengths(inv_freq)}; {temp}")
+        target = math.ceil(handle.options["trained_context"] * factor)
+        lines.append("    " + theory.describe(inv_freq.numpy(), theta=handle.options["base_theta"],
+                                             dim=len(inv_freq) * 2, trained_context=handle.options["trained_context"],
+                                             target=target))
     if dynamic:
         lines.append(f"  frequencies depend on the sequence length (shown at {factor:g} x the trained context); "
                      f"one generate/score call keeps one set under extend.fixed_length(model, n)")

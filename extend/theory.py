@@ -1,0 +1,115 @@
+"""What RoPE theory predicts from the frequencies alone, to set beside what the suites measure.
+
+- Men et al. 2024, "Base of RoPE Bounds Context Length" (arXiv:2405.14591): attention can tell similar tokens
+  from random ones at relative distance m only while B(m) = sum_i cos(m theta_i) >= 0. For theta_i = b^(-2i/d)
+  the smallest base b with B(m) >= 0 for every m < L is the base's lower bound for context L
+  (`base_lower_bound`; head_dim 128: 4k -> 2.7e4, 8k -> 8.4e4, 32k -> 6.4e5). For any frequencies, patched ones
+  included, `men_reach` is the first distance where B(m) < 0: the context the criterion allows.
+- Liu et al. 2024, "Scaling Laws of RoPE-based Extrapolation" (arXiv:2310.05209): only the dimensions whose
+  period 2 pi / theta_i fits in the training context T see every rotation in training; their count (in head
+  dimensions, two per pair) is the critical dimension (`critical_dimension`; Llama-2: 92 of 128).
+- YaRN (Peng et al. 2023, arXiv:2309.00071, eq. 17-18): the pairs between `beta_fast` and `beta_slow`
+  rotations in the trained context are ramped (`yarn_ramp`).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+# B(m) >= 0 holds only in narrow windows of the base just above the bound (4k, head_dim 128: the first window is
+# 0.08% wide), so the search steps the base by this relative amount: 4k gives 2.695e4, the paper's 2.7e4.
+STEP = 2e-5
+_CANDIDATES = 2048  # bases tried at once on one failing distance
+_BLOCK = 1024  # distances per vectorised step; a failing base usually fails early, so stop at the first block
+_RECENT = 128  # failing distances re-checked first: most candidate bases fail at one of them
+
+
+def _sums(distances: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    return np.cos(np.outer(distances, inv_freq)).sum(axis=1)
+
+
+def _first_negative(inv_freq: np.ndarray, limit: int) -> int | None:
+    """The smallest distance m in [0, limit) with sum_i cos(m theta_i) < 0, or None."""
+    for start in range(0, limit, _BLOCK):
+        negative = np.flatnonzero(_sums(np.arange(start, min(start + _BLOCK, limit), dtype=np.float64), inv_freq) < 0)
+        if negative.size:
+            return start + int(negative[0])
+    return None
+
+
+def men_reach(inv_freq, limit: int) -> int:
+    """Men et al.'s criterion for these frequencies: the first relative distance m with sum_i cos(m theta_i) < 0,
+    i.e. the context the criterion allows; `limit` when it holds for every m < limit."""
+    first = _first_negative(np.asarray(inv_freq, dtype=np.float64).ravel(), int(limit))
+    return int(limit) if first is None else first
+
+
+@lru_cache(maxsize=64)
+def base_lower_bound(dim: int, context: int) -> float:
+    """The smallest RoPE base b with sum_i cos(m b^(-2i/dim)) >= 0 for every m < context (Men et al. 2024), to a
+    relative precision of STEP. `dim` is the rotary dimension (head_dim for full rotary).
+
+    The criterion is not monotone in b, so no bisection: starting from b = 2, find the first failing distance m,
+    step b up on that one distance (O(dim) per candidate) until it passes, and repeat; distances that failed
+    before are re-checked first, and only a base that passes them all gets the full O(context x dim) check."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2 or context < 1:
+        raise ValueError(f"base_lower_bound needs an even integer dim >= 2 and context >= 1, got {dim}, {context}")
+    exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
+    steps = (1 + STEP) ** np.arange(1, _CANDIDATES + 1)
+    base, recent = 2.0, []
+    while True:
+        failing = None
+        if recent:
+            known = np.array(recent, dtype=np.float64)
+            bad = np.flatnonzero(_sums(known, base ** -exponents) < 0)
+            failing = int(known[bad[0]]) if bad.size else None
+        if failing is None:
+            failing = _first_negative(base ** -exponents, context)
+            if failing is None:
+                return float(base)
+            recent = (recent + [failing])[-_RECENT:]
+        while True:  # the next base at which this distance passes
+            candidates = base * steps
+            passing = np.flatnonzero(np.cos(failing * candidates[:, None] ** -exponents).sum(axis=1) >= 0)
+            if passing.size:
+                base = candidates[passing[0]]
+                break
+            base = candidates[-1]
+
+
+def critical_dimension(inv_freq, trained_context: int) -> int:
+    """Liu et al. 2024: the head dimensions (two per rotary pair) whose period 2 pi / theta_i is at most the
+    training context, i.e. that saw a full rotation in training. For theta_i = b^(-2i/d) this is
+    2 ceil((d/2) log_b(T / 2 pi)) (Llama-2, d=128, b=1e4, T=4096: 92)."""
+    theta = np.asarray(inv_freq, dtype=np.float64)
+    return 2 * int(np.count_nonzero(2 * math.pi / theta <= trained_context))
+
+
+def yarn_ramp(base: float, dim: int, trained_context: int, beta_fast: float = 32.0,
+              beta_slow: float = 1.0) -> tuple[int, int]:
+    """YaRN's ramp (pair indices, eq. 17-18): pairs below `low` turn more than beta_fast times in the trained
+    context L (kept), above `high` fewer than beta_slow times (interpolated). Pair i turns L theta_i / 2 pi
+    times, so the pair that turns r times is i(r) = dim ln(L / (2 pi r)) / (2 ln base); low = floor(i(beta_fast)),
+    high = ceil(i(beta_slow)), clipped to the pairs [0, dim/2 - 1]."""
+    def pair(rotations: float) -> float:
+        return dim * math.log(trained_context / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low = max(math.floor(pair(beta_fast)), 0)
+    high = min(math.ceil(pair(beta_slow)), dim // 2 - 1)
+    return low, high
+
+
+def describe(inv_freq, *, theta: float, dim: int, trained_context: int, target: int | None = None) -> str:
+    """One line of what the theory predicts for these (possibly patched) frequencies of a `dim`-dim rotary of
+    base `theta` trained at `trained_context`, for contexts up to `target` (default: the trained context)."""
+    target = int(target or trained_context)
+    reach = men_reach(inv_freq, 4 * target)
+    low, high = yarn_ramp(theta, dim, trained_context)
+    holds = f"every m < {4 * target}" if reach == 4 * target else f"m < {reach}"
+    verdict = "meets" if reach >= target else "short of"
+    return (f"theory: sum_i cos(m theta_i) >= 0 (Men et al.) for {holds}, {verdict} {target}; the smallest base "
+            f"that meets {target} is {base_lower_bound(dim, target):.3g} (theta {theta:g}); critical dimension "
+            f"(Liu et al.) {critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}")
