@@ -69,14 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .comparisons import compare
         from .frame import load
-        from .tables import table, to_csv, to_latex, to_markdown
+        from .tables import check_axes, table, to_csv, to_latex, to_markdown
 
         df = load(args.run_dirs)
         cols = None if args.cols.lower() == "none" else args.cols
-        for flag, col in (("--rows", args.rows), ("--cols", cols)):
-            if col is not None and col not in df.columns:
-                have = ", ".join(c for c in df.columns if c not in ("value", "error", "written"))
-                raise ResultsError(f"{flag} {col!r} is not a column of the records — use one of: {have}")
+        check_axes(df, [args.rows], [cols] if cols else [], ("--rows", "--cols"))
         if args.baseline:
             t = compare(df, args.task, args.metric, baseline=args.baseline, rows=args.rows, cols=cols,
                         with_ci=args.ci)

@@ -62,7 +62,7 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
                            f"directory first (or point to the right one)")
     rows: list[dict[str, Any]] = []
     for f in files:
-        for r in read_jsonl(f):
+        for r in read_jsonl(f, strict=True):  # a foreign file: one line naming it, not empty tables
             r.setdefault("run", default_run if f.parent == path or path.is_file() else f.parent.name)
             r["_source"] = str(f.parent)
             rows.append(r)

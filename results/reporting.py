@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from .overview import short_model, summary
 from .plots import plot_classification, plot_passkey, plot_perplexity
 from .reach import MIN_BAR, check_rules, effective_length, recorded_contexts
 from .stats import MIN_T_UNITS
-from .store import ResultsError, atomic_write_text
+from .store import REPORT_INDEX, ResultsError, atomic_write_text, is_ropebench_dir
 from .tables import fmt_interval, fmt_number, select, table, to_csv, to_latex, to_markdown
 
 KNOWN_ORDER = ("perplexity", "passkey", "classification")
@@ -286,9 +288,19 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
     """
     check_rules(threshold, tolerance)
     paths = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(p) for p in run_dirs]
-    df = load(paths)
+    if not paths:
+        raise ResultsError("no run directory given — pass a run directory or a list of them")
+    df = load(paths)  # bad records are named first; then where the report may go
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent)
-    r = _Report(out)
+    check_report_dir(out)
+    with _staging(out) as staging:
+        _write_report(_Report(staging), df, paths, trained_context, threshold, tolerance, seed)
+        _commit(staging, out)
+    return out / "report.md"
+
+
+def _write_report(r: _Report, df: pd.DataFrame, paths: list[Path], trained_context: int | None, threshold: float,
+                  tolerance: float, seed: int) -> None:
     manifests = _manifests(paths)
     ok = df[df["status"].isna() | (df["status"] == "ok")]
     r.md += ["# ropebench report", "",
@@ -321,6 +333,91 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
         else:
             _other(r, ok, task)
     r.md += _failures(df)
-    report_path = out / "report.md"
-    atomic_write_text(report_path, "\n".join(r.md))
-    return report_path
+    atomic_write_text(r.out / "report.md", "\n".join(r.md))
+
+
+# -- where the report is written: never over a file ropebench did not write ------------------------------------
+REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
+
+
+def check_report_dir(out: Path) -> None:
+    """The report goes into a new or empty directory, or one ropebench made (a run directory, an earlier report's):
+    like the sweep's --out and --fresh, it never writes into a directory of the user's."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ResultsError(f"report directory {out} is not a directory — pass a new directory (--out DIR)")
+    if out.is_dir() and any(out.iterdir()) and not is_ropebench_dir(out):
+        raise ResultsError(f"report directory {out} is a non-empty directory ropebench did not make — pass a new or "
+                           f"empty directory (--out DIR); ropebench never writes into other directories")
+
+
+def report_files(out: Path) -> set[Path]:
+    """Files in ``out`` an earlier report wrote: those its index lists, or (a report from before the index) its
+    ``report.md`` and the tables and plots that report links to."""
+    index = out / REPORT_INDEX
+    try:
+        listed = json.loads(index.read_text(encoding="utf-8")).get("files", [])
+        return {out / f for f in listed if isinstance(f, str) and not Path(f).is_absolute()
+                and ".." not in Path(f).parts}
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass
+    report_md = out / "report.md"
+    try:
+        text = report_md.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    if not text.startswith("# ropebench report"):
+        return set()
+    linked = {report_md}
+    for folder, stem, _ in REPORT_LINK.findall(text):
+        suffixes = (".md", ".csv", ".tex") if folder == "tables" else (".png",)
+        linked.update(out / folder / f"{stem}{s}" for s in suffixes)
+    return linked
+
+
+class _staging:
+    """A scratch directory inside ``out`` the report is built in; removed on exit. A directory this creates for
+    ``out`` (and its missing parents) is removed again when the report fails, so a refusal leaves nothing behind."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.created = next((p for p in [*reversed(out.parents), out] if not p.exists()), None)
+
+    def __enter__(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.path = self.out / f".report.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        self.path.mkdir()
+        return self.path
+
+    def __exit__(self, exc_type, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if exc_type is not None and self.created is not None:
+            for d in [self.out, *self.out.parents]:  # only the directories made here, and only when empty
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+                if d == self.created:
+                    break
+
+
+def _commit(staging: Path, out: Path) -> None:
+    """Move the staged files into ``out`` — after checking that none of them replaces a file ropebench did not
+    write (then nothing is moved). report.md goes last, so it never links to a file not yet there."""
+    staged = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
+    ours = report_files(out)
+    for rel in staged:
+        dest = out / rel
+        for folder in list(reversed(rel.parents))[1:]:
+            if (out / folder).is_symlink() or ((out / folder).exists() and not (out / folder).is_dir()):
+                raise ResultsError(f"{out / folder} is not a directory ropebench made — move it away, or pass "
+                                   f"another --out")
+        if (dest.exists() or dest.is_symlink()) and dest not in ours:
+            raise ResultsError(f"{dest} exists and ropebench did not write it — move it away, or pass another "
+                               f"--out (ropebench never replaces a file it did not write)")
+    kept = sorted(str(p.relative_to(out)) for p in ours if p.is_file() and p.name != REPORT_INDEX)
+    files = sorted(set(kept) | {str(rel) for rel in staged})
+    # the index first: a kill while moving leaves files it already names (ours to replace next time)
+    atomic_write_text(out / REPORT_INDEX, json.dumps({"files": files}, indent=1) + "\n")
+    for rel in sorted(staged, key=lambda r: r == Path("report.md")):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / rel, out / rel)

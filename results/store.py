@@ -34,6 +34,7 @@ BOOKKEEPING: tuple[str, ...] = ("written", "session", "cell_rows")
 JSON_COLUMNS = ("options", "task_options")
 RECORDS_GLOB = "records*.jsonl"
 RECORDS_NAME = re.compile(r"^records(\.rank\d+)?\.jsonl$")  # what RecordWriter writes; other files are not read
+REPORT_INDEX = ".ropebench-report.json"  # the files a report wrote into its directory (ours to replace)
 
 
 class ResultsError(RopebenchError):
@@ -158,6 +159,7 @@ class RecordWriter:
         suffix = "" if rank is None else f".rank{int(rank)}"
         self.path = self.run_dir / f"records{suffix}.jsonl"
         self.manifest_path = self.run_dir / ("manifest.json" if not rank else f"manifest.rank{int(rank)}.json")
+        check_records_path(self.path)
         # One id per writer instance: a resume creates a new writer, so rows of a recomputed cell
         # from the newest session replace the older ones on load.
         self.session = f"{time.time_ns():x}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -293,31 +295,82 @@ class RecordWriter:
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of one records file. A truncated last line (killed writer) or a damaged line is dropped
-    with a :class:`ResultsWarning`; reading never fails on damage."""
+# The row schema a line must follow to be read (docs/results.md): a line that breaks it (a `cell` that is a list, a
+# length that is a string, a foreign file's rows) is skipped and counted, never guessed at.
+REQUIRED = ("task", "metric", "value")
+_TEXT = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error", "session")
+_NUMBER = ("factor", "depth", "value", "seconds")
+_INTEGER = ("length", "trial", "n", "seed", "cell_rows")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def schema_problem(row: Any) -> str | None:
+    """Why ``row`` (one parsed line) is not a record of the row schema, or None when it is one."""
+    if not isinstance(row, dict):
+        return f"not a JSON object but a {type(row).__name__}"
+    missing = [k for k in REQUIRED if k not in row]
+    if missing:
+        return f"no {', '.join(missing)} key: not a ropebench record"
+    for key, ok, expected in ((_TEXT, lambda v: isinstance(v, str), "a string"),
+                              (_NUMBER, _is_number, "a number"),
+                              (_INTEGER, lambda v: _is_number(v) and float(v).is_integer(), "an integer"),
+                              (JSON_COLUMNS, lambda v: isinstance(v, (str, dict)), "a JSON object or string")):
+        for col in key:
+            if row.get(col) is not None and not ok(row[col]):
+                return f"{col} is {_kind(row[col])}, expected {expected}"
+    return None
+
+
+def _kind(v: Any) -> str:
+    return "null" if v is None else f"a {type(v).__name__} ({json.dumps(v, default=str)[:40]})"
+
+
+def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(row, None) for a line of the row schema, else (None, why not)."""
+    try:
+        row = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return None, f"not JSON ({e})"
+    except RecursionError:  # e.g. 200000 nested brackets: the parser gives up, the line is damaged
+        return None, "nested too deeply to be a record"
+    why = schema_problem(row)
+    return (None, why) if why else (row, None)
+
+
+def read_jsonl(path: str | os.PathLike, *, strict: bool = False) -> list[dict[str, Any]]:
+    """Rows of one records file. A truncated last line (killed writer) is dropped with a :class:`ResultsWarning`;
+    damaged lines (not JSON, or not of the row schema) are skipped and counted in one warning naming the first.
+    When complete lines exist but none is a record (a foreign or wholly damaged file), ``strict=True`` raises a
+    :class:`ResultsError` naming the file and its first line instead. Nothing is ever deleted."""
     path = Path(path)
+    if not path.is_file():
+        raise ResultsError(f"{path} is not a regular file — move it away (records files are written by the sweep)")
     data = path.read_bytes()
     rows: list[dict[str, Any]] = []
+    damaged: list[str] = []
     lines = data.split(b"\n")
     last_complete = len(lines) - 1  # the chunk after the final "\n" is partial (or empty)
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
-        where = f"{path}:{i + 1}"
         if i == last_complete:
-            warnings.warn(f"{where}: dropped a truncated last line (no newline; the writer was "
+            warnings.warn(f"{path}:{i + 1}: dropped a truncated last line (no newline; the writer was "
                           f"interrupted)", ResultsWarning, stacklevel=2)
             continue
-        try:
-            row = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            warnings.warn(f"{where}: dropped a damaged line ({e})", ResultsWarning, stacklevel=2)
-            continue
-        if not isinstance(row, dict):
-            warnings.warn(f"{where}: dropped a line that is not a JSON object", ResultsWarning, stacklevel=2)
-            continue
-        rows.append(row)
+        row, why = _parse_line(raw)
+        if row is None:
+            damaged.append(f"line {i + 1}: {why}")
+        else:
+            rows.append(row)
+    if damaged and not rows and strict:
+        raise ResultsError(f"no records in {path}: none of its {len(damaged)} lines is a ropebench record "
+                           f"({damaged[0]}) — point to a sweep's run directory, or move this file away")
+    if damaged:
+        warnings.warn(f"{path}: skipped {len(damaged)} damaged line{'s' if len(damaged) > 1 else ''} "
+                      f"({damaged[0]}{', ...' if len(damaged) > 1 else ''})", ResultsWarning, stacklevel=2)
     return rows
 
 
@@ -394,13 +447,59 @@ def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             or str(r.get("session") or "") == last[r["cell"]][1]]
 
 
+def _first_line_is_ours(path: Path) -> bool:
+    """The file's first line is a row RecordWriter wrote (it carries the writer's ``session`` bookkeeping)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        row = json.loads(first)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(row, dict) and isinstance(row.get("session"), str) and "written" in row
+
+
+def is_ropebench_dir(path: str | os.PathLike) -> bool:
+    """A directory ropebench made: it holds a sweep's lock file, a manifest RecordWriter wrote, the index of a
+    report (``.ropebench-report.json``) or a ropebench report.md, or records RecordWriter wrote. Only such a directory (or a new or empty
+    one) is written into: ropebench never mixes its files into a directory of the user's."""
+    path = Path(path)
+    if any(path.glob(".ropebench*.lock")) or (path / REPORT_INDEX).is_file():
+        return True
+    try:  # a report written before the index existed
+        with open(path / "report.md", encoding="utf-8", errors="replace") as f:
+            if f.readline().rstrip("\n") == "# ropebench report":
+                return True
+    except OSError:
+        pass
+    for manifest in path.glob("manifest*.json"):
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("versions"), dict) and "ropebench" in data["versions"]:
+            return True
+    return any(_first_line_is_ours(f) for f in path.glob(RECORDS_GLOB) if RECORDS_NAME.match(f.name) and f.is_file())
+
+
+def check_records_path(path: Path) -> None:
+    """A records file name that is taken by something else (a directory, a socket) can be neither read nor appended
+    to: refuse with one line instead of skipping it (a resume would then fail writing, or recompute every cell)."""
+    if path.exists() and not path.is_file():
+        raise ResultsError(f"{path} is not a regular file (a directory?) — move it away, it is not a records file "
+                           f"ropebench wrote")
+
+
 def finished_cells(run_dir: str | os.PathLike) -> set[str]:
     """Cells whose latest complete rows include a status "ok" row (error rows and cells with rows missing
-    do not count): the sweep skips these on resume. A missing or empty run directory has no finished cells."""
+    do not count): the sweep skips these on resume. A missing or empty run directory has no finished cells.
+    A records name that is not a file, or a records file of which no line is a record, raises ResultsError."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return set()
+    for p in run_dir.iterdir():
+        if RECORDS_NAME.match(p.name):
+            check_records_path(p)
     rows: list[dict[str, Any]] = []
     for f in record_files(run_dir, recursive=False):
-        rows.extend(read_jsonl(f))
+        rows.extend(read_jsonl(f, strict=True))
     return {str(r["cell"]) for r in latest_rows(rows) if r.get("cell") is not None and r.get("status") == "ok"}

@@ -114,8 +114,24 @@ def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, 
     return sub
 
 
+def check_axes(df: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], names: tuple[str, str] = ("rows", "cols")
+               ) -> None:
+    """Every row and column variable is a column of ``df``, and none is used twice (ResultsError, one line;
+    ``names`` are what the caller calls them, e.g. the CLI's --rows/--cols)."""
+    for name, keys in zip(names, (rows, cols)):
+        for key in keys:
+            if not isinstance(key, str) or key not in df.columns:
+                have = ", ".join(str(c) for c in df.columns if c not in ("value", "error", "written"))
+                raise ResultsError(f"{name} {key!r} is not a column of the records — use one of: {have}")
+    both = [k for i, k in enumerate([*rows, *cols]) if k in [*rows, *cols][:i]]
+    if both:
+        raise ResultsError(f"{both[0]!r} is given twice as {names[0]}/{names[1]} — use each column once, e.g. "
+                           f"{names[0]} method and {names[1]} length")
+
+
 def _auto_rows(sub: pd.DataFrame, rows: list[str], cols: list[str]) -> list[str]:
     """Add identity columns that vary within a (rows x cols) cell so settings are never averaged together."""
+    check_axes(sub, rows, cols)
     rows = list(rows)
     for col in IDENTITY:
         if col in rows or col in cols:

@@ -186,3 +186,84 @@ def test_second_sweep_started_later_is_refused_while_the_first_runs(tmp_path, ti
     check_complete(out)
     assert len(calls(log)) == len(METHODS)  # the hanging cell never logged; each cell completed once
     assert not list(out.glob(".manifest*.tmp"))
+
+
+# Orders two sweeps on a new --out with files, not sleeps: "late" checks the directory, then waits at its mkdir until
+# "first" has made the directory and holds the lock; "first" then waits (lock held) until the test says go.
+RACE_PLUGIN = '''
+import os, time
+from pathlib import Path
+from sweep_lib import rundir
+
+ROLE, SYNC, OUT = os.environ["RACE_ROLE"], Path(os.environ["RACE_SYNC"]), os.path.realpath(os.environ["RACE_OUT"])
+
+
+def wait_for(name):
+    deadline = time.monotonic() + 240  # a guard against a hang, not a timing assert
+    while not (SYNC / name).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"race plugin: {name} never appeared")
+        time.sleep(0.05)
+
+
+_mkdir = os.mkdir
+
+
+def mkdir(path, *args, **kwargs):
+    if os.path.realpath(path) == OUT:
+        if ROLE == "late":
+            (SYNC / "late-at-mkdir").touch()
+            wait_for("first-locked")
+        else:
+            wait_for("late-at-mkdir")
+    return _mkdir(path, *args, **kwargs)
+
+
+os.mkdir = mkdir
+if ROLE == "first":
+    _acquire = rundir.RunLock.acquire
+
+    def acquire(self):
+        held = _acquire(self)
+        (SYNC / "first-locked").touch()
+        wait_for("go")
+        return held
+
+    rundir.RunLock.acquire = acquire
+'''
+
+
+def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(tmp_path, tiny, plugins):
+    """Two sweeps on a new --out, the second's mkdir delayed until the first holds the lock (the issue's 4 s delay,
+    ordered by files): the refused one deletes nothing (the lock file stays), so a third sweep is refused too."""
+    fake, _ = plugins
+    race = write(tmp_path / "race.py", RACE_PLUGIN)
+    out, log, sync = tmp_path / "run", tmp_path / "calls.log", tmp_path / "sync"
+    sync.mkdir()
+
+    def start(role):
+        return subprocess.Popen([PY, *sweep_args(tiny, out, fake, "--plugin", str(race))], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                env=env(FAKE_LOG=log, RACE_ROLE=role, RACE_SYNC=sync, RACE_OUT=out))
+
+    late = start("late")
+    first = start("first")
+    try:
+        late_err = late.communicate(timeout=300)[1]
+        assert late.returncode == 2 and "in use by another sweep" in late_err, late_err
+        assert late_err.strip().count("\n") == 0 and "Traceback" not in late_err
+        assert (out / ".ropebench.lock").is_file()  # the holder's lock file is still there
+        third = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake)], capture_output=True,
+                               text=True, timeout=300, cwd=ROOT, env=env(FAKE_LOG=log))
+        assert third.returncode == 2 and "in use by another sweep" in third.stderr, third.stderr
+        (sync / "go").touch()
+        first_err = first.communicate(timeout=300)[1]
+        assert first.returncode == 0, first_err
+    finally:
+        (sync / "go").touch()
+        for p in (late, first):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    check_complete(out)
+    assert sorted(calls(log)) == sorted(set(calls(log))) and len(calls(log)) == len(METHODS)

@@ -86,7 +86,14 @@ def load_config(args) -> dict:
     return cfg
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    shown, warnings.showwarning = warnings.showwarning, _one_line_warning  # e.g. damaged records: one line each
     try:
         args = parser().parse_args(argv)
         return sweep(args, load_config(args))  # shape errors fail in load_config, before anything is checked
@@ -96,3 +103,5 @@ def main(argv: list[str] | None = None) -> int:
     except RopebenchError as e:  # bad input (exit 2), or a failed disk write (WriteFailure, exit 1)
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
+    finally:
+        warnings.showwarning = shown

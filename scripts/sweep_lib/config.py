@@ -32,6 +32,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):  # `1:` or `on:` (YAML 1.1 reads a bool): every config key is a name
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is not a name", key_node.start_mark)
             try:
                 hash(key)
             except TypeError:
@@ -58,6 +61,9 @@ def read_yaml(path: str | os.PathLike) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem.startswith("key ") and problem.endswith("is not a name"):
+            raise ConfigError(f"{path}{where}: {problem} — config keys are names such as lengths or beta_fast "
+                              f"(quote it if you meant the text)") from None
         if problem.startswith("duplicate key"):
             raise ConfigError(f"{path}{where}: {problem} — keep one (YAML would silently use the last)") from None
         raise ConfigError(f"invalid YAML in {path}{where}: {problem} — fix the syntax") from None
@@ -143,6 +149,7 @@ def merge_cli(cfg: dict, args) -> dict:
     if args.task_option:
         cfg["_cli_task_options"] = [parse_assignment(o, "--task-option") for o in args.task_option]
     return cfg
+
 
 
 # ---------------------------------------------------------------------------------------------- outside the demo

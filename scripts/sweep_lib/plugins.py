@@ -17,6 +17,8 @@ def import_plugins(plugins: list[str]) -> None:
     env = [p for p in os.environ.get("ROPEBENCH_SWEEP_PLUGINS", "").split(",") if p.strip()]
     for spec in dict.fromkeys([*env, *plugins]):
         spec = spec.strip()
+        if not spec:
+            raise ConfigError("--plugin '' names no plugin — give a module name or a .py file (or drop --plugin)")
         try:
             if spec.endswith(".py"):
                 path = Path(spec).expanduser().resolve()
@@ -37,6 +39,10 @@ def import_plugins(plugins: list[str]) -> None:
                 importlib.import_module(spec)
         except ConfigError:
             raise
+        except (SystemExit, KeyboardInterrupt) as e:  # a plugin's exit() or raise KeyboardInterrupt: not ours to obey
+            what = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else "raised KeyboardInterrupt"
+            raise ConfigError(f"plugin {spec!r} {what}{_where(e)} while being imported — fix the plugin (or drop "
+                              f"--plugin {spec})") from None
         except ModuleNotFoundError as e:
             raise ConfigError(f"plugin {spec!r} could not be imported: {e} — check the module name") from None
         except SyntaxError as e:
@@ -44,10 +50,14 @@ def import_plugins(plugins: list[str]) -> None:
             raise ConfigError(f"plugin {spec!r} has a syntax error ({where}: {e.msg}) — fix the plugin file"
                               ) from None
         except Exception as e:  # noqa: BLE001 - a plugin's own bug: name it, no traceback
-            tb = e.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}" if tb is not None else ""
             first = (str(e).strip().splitlines() or [""])[0]
-            raise ConfigError(f"plugin {spec!r} raised {type(e).__name__}{where}: {first} — fix the plugin (or "
+            raise ConfigError(f"plugin {spec!r} raised {type(e).__name__}{_where(e)}: {first} — fix the plugin (or "
                               f"drop --plugin {spec})") from None
+
+
+def _where(e: BaseException) -> str:
+    """Where ``e`` was raised, as " at file.py:line" (the innermost frame: the plugin's own line)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}" if tb is not None else ""

@@ -56,6 +56,21 @@ def check_out(out: Path) -> None:
                           f"empty directory (ropebench never writes into, or deletes, other files)")
 
 
+def check_records(out: Path, fresh: bool) -> None:
+    """Records a resume would read and append to must be ropebench's: a records name that is a directory, or a
+    records file of which no line is a record, refuses the sweep with one line (nothing is deleted); damaged lines
+    among good ones are skipped with a warning."""
+    if not out.is_dir():
+        return
+    from results.store import RECORDS_NAME, check_records_path, finished_cells
+
+    for p in out.iterdir():
+        if RECORDS_NAME.match(p.name):
+            check_records_path(p)
+    if not fresh:
+        finished_cells(out)
+
+
 class RunLock:
     """An exclusive, non-blocking lock on the run directory (one per rank). `acquire` refuses with a
     ConfigError naming the holder; the kernel drops the lock when this process ends."""
@@ -65,7 +80,11 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # e.g. the directory was just removed by the sweep that made it
+            raise ConfigError(f"cannot lock run directory {self.path.parent}: {e.strerror or e} — check that it "
+                              f"exists and is writable, then rerun") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -85,6 +104,34 @@ class RunLock:
             self.fd = None
 
 
+def take(out: Path, rank: int | None = None) -> tuple[RunLock, bool]:
+    """Make the run directory and lock it: (the held lock, whether this process made the directory).
+
+    `mkdir` without exist_ok is atomic, so of two sweeps started together exactly one makes the directory; either
+    may then win the lock. The refused one raises having created or deleted nothing of the other's."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir()
+        created = True
+    except FileExistsError:
+        created = False
+    return RunLock(out, rank).acquire(), created
+
+
+def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
+    """Undo a run directory this process made and that got no record (e.g. the model was rejected), while still
+    holding its lock: remove only this process's own files (manifest, lock), then the directory if it is empty.
+    Anything another process put there meanwhile stays, and so does the directory."""
+    for name in (f"manifest.rank{int(rank)}.json" if rank else "manifest.json", lock_name(rank)):
+        (out / name).unlink(missing_ok=True)
+    lock.release()
+    for d in (out / "logs", out):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
 def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     """Temp files of an atomic write that a kill interrupted (`.manifest.json.<pid>.<hex>.tmp`), of this rank's
     own files only (another rank may be writing its own right now)."""
@@ -98,10 +145,8 @@ def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     return removed
 
 
-def fresh(out: Path) -> list[Path]:
-    """Delete this run's previous results, and only files ropebench wrote: records, manifests, report.md, the
-    tables/plots that report.md links to, logs/<cell>.log. Anything else stays (and keeps its folder)."""
-    removed: list[Path] = []
+def _report_links(out: Path) -> set[Path]:
+    """The tables/plots report.md links to (a report from before the index, ``.ropebench-report.json``)."""
     report = out / "report.md"
     linked: set[Path] = set()
     if report.is_file():
@@ -109,6 +154,17 @@ def fresh(out: Path) -> list[Path]:
         for folder, stem, _ in REPORT_LINK.findall(text):
             suffixes = (".md", ".csv", ".tex") if folder == "tables" else (".png",)
             linked.update(out / folder / f"{stem}{s}" for s in suffixes)
+    return linked
+
+
+def fresh(out: Path) -> list[Path]:
+    """Delete this run's previous results, and only files ropebench wrote: records, manifests, report.md, the
+    tables/plots the report wrote (its index, or report.md's links), logs/<cell>.log. Anything else stays (and keeps its folder)."""
+    from results.reporting import report_files
+    from results.store import REPORT_INDEX
+
+    removed: list[Path] = []
+    linked = report_files(out) | _report_links(out) | {out / REPORT_INDEX}  # the report's index and links
     for p in sorted(linked):
         if p.is_file():
             p.unlink()
