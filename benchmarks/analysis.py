@@ -18,8 +18,8 @@ def protocols(saved, checks) -> list[str]:
     lmax, window = max(s["lengths"]), s["window"]
     method, factor = method_of(saved)
     ppl_rb, ppl_le, n_rb, n_le = checks["rolling_ppl"]
-    bf16 = ("bf16 is the CPU default when the CPU has native bf16 (`extend.loading.default_dtype`: avx512_bf16 or "
-            "AMX; emulated bf16 is slow, so other CPUs keep float32): faster and perplexity within 1% here."
+    bf16 = ("bf16 is the CPU default where a micro-benchmark measures it faster (`extend.loading.dtype_choice`; "
+            "CPUs without native bf16 keep float32 unmeasured): faster and perplexity within 1% here."
             if checks["bf16_default"] else "this run does NOT support bf16 as the CPU default (not both faster and "
             "within 1% of fp32 perplexity) — revisit `extend.loading.default_dtype`.")
     return [
@@ -56,7 +56,9 @@ def protocols(saved, checks) -> list[str]:
         ("- **Passkey**: `tasks.passkey.run(lengths=[P], depths=[0.5], trials=1)` (prompt building by binary search "
          "over haystack words, greedy generation of 8 tokens, answer parsing, records) vs `model.generate` on the "
          "identical prompt ids with the same generation config (order alternated between repeats). "
-         f"Same prompt and answer in every repeat: {'yes' if checks['passkey_same'] else 'NO'}."),
+         f"Same prompt in every repeat: {'yes' if checks['passkey_same_prompt'] else 'NO'}; same answer: "
+         f"{'yes' if checks['passkey_same_answer'] else 'no'}"
+         f"{'' if s['dtype'] == 'float32' else ' (required in float32 only: bf16 prefills round differently)'}."),
         ("- **Demo sweep**: `bash scripts/demo.sh` (scripts/configs/demo.yaml), run on its own after this benchmark "
          "so that the two do not share the 2 cores; its sweep time (the sweep's own \"sweep time N s\", or its "
          "manifest's start to end) enters with --demo-seconds."),

@@ -96,7 +96,12 @@ def figure_rows(saved) -> tuple[list[dict], dict]:
 
     # 5. passkey, demo
     ratio = per_repeat(runs, lambda r: r["passkey"]["seconds"] / r["passkey"]["plain_seconds"])
-    checks["passkey_same"] = all(r["passkey"]["same_prompt"] and r["passkey"]["same_answer"] for r in runs)
+    # The answer is compared in float32 only: in bf16 the prefix cache's prefill (prompt minus its last token, then
+    # that token) rounds differently from generate's one-shot prefill, and a near-tie in the greedy digits may flip.
+    checks["passkey_same_prompt"] = all(r["passkey"]["same_prompt"] for r in runs)
+    checks["passkey_same_answer"] = all(r["passkey"]["same_answer"] for r in runs)
+    checks["passkey_same"] = checks["passkey_same_prompt"] and (
+        checks["passkey_same_answer"] or s["dtype"] != "float32")
     row(f"Passkey, one trial at {runs[0]['passkey']['prompt_tokens']} prompt tokens: cost vs a plain `generate` on "
         "the same prompt", secs("passkey", digits=2), secs("passkey", "plain_seconds", 2), ratio, "(report)", None,
         "passkey_trial")

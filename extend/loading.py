@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import math
 import os
+import platform
 import shutil
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -117,12 +123,168 @@ def cpu_has_native_bf16() -> bool:
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
 
-def default_dtype(device: str) -> torch.dtype:
-    """bf16 on a GPU; on a CPU bf16 too when it has native bf16 (measured on SmolLM2, benchmarks/BENCHMARKS.md:
-    0.85x the fp32 time at 16k tokens, 0.68x at 8k, perplexity within 0.3%), else float32."""
+CPU_DTYPE_ENV = "ROPEBENCH_CPU_DTYPE"  # float32 | bfloat16: the CPU default, without measuring
+# bf16 becomes the CPU default only when measurably faster: on a decoder layer's work (4 GEMMs + attention, the
+# FLOP mix of SmolLM2-135M) by BF16_MIN_SPEEDUP, and on attention alone not slower than BF16_MIN_ATTENTION (long
+# contexts are mostly attention). An Intel Xeon with avx512_bf16 but no AMX runs bf16 GEMMs at 0.58x fp32 speed.
+BF16_MIN_SPEEDUP, BF16_MIN_ATTENTION = 1.15, 0.75
+BENCH_TOKENS, BENCH_HIDDEN, BENCH_MLP, BENCH_HEADS, BENCH_HEAD_DIM = 1024, 576, 1536, 9, 64  # SmolLM2-135M
+CPU_DTYPE_CACHE = "cpu-dtype.json"
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """A default dtype and why it was chosen (the sweep records both in its manifest)."""
+
+    dtype: torch.dtype
+    reason: str
+
+
+def dtype_choice(device: str) -> DtypeChoice:
+    """bf16 on a GPU; on a CPU the faster of bf16 and fp32 (`cpu_dtype_choice`); fp32 elsewhere (mps)."""
     if str(device).startswith("cuda"):
-        return torch.bfloat16
-    return torch.bfloat16 if str(device) == "cpu" and cpu_has_native_bf16() else torch.float32
+        return DtypeChoice(torch.bfloat16, "GPU: bfloat16")
+    if str(device) == "cpu":
+        return cpu_dtype_choice()
+    return DtypeChoice(torch.float32, f"device {device}: float32")
+
+
+def default_dtype(device: str) -> torch.dtype:
+    return dtype_choice(device).dtype
+
+
+def cpu_dtype_choice() -> DtypeChoice:
+    """fp32 unless bf16 is measurably faster on this CPU: ROPEBENCH_CPU_DTYPE decides if set; a CPU without native
+    bf16 (torch's capabilities: no avx512_bf16, no AMX) gets fp32 without measuring; otherwise a micro-benchmark
+    (`measure_bf16_speedup`, ~0.3 s on 2 idle cores) decides, once per CPU model, flags and torch version (cached in
+    ~/.cache/ropebench/cpu-dtype.json; ROPEBENCH_CACHE moves it)."""
+    forced = os.environ.get(CPU_DTYPE_ENV)
+    if forced:
+        dtype = _dtype(forced)
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ExtendError(f"{CPU_DTYPE_ENV}={forced!r}: use float32 or bfloat16 (or unset it to measure)")
+        return DtypeChoice(dtype, f"{CPU_DTYPE_ENV}={forced}")
+    if not cpu_has_native_bf16():
+        return DtypeChoice(torch.float32, f"CPU without native bf16 (torch capability "
+                                          f"{torch.backends.cpu.get_cpu_capability()}, no avx512_bf16 or AMX): "
+                                          f"float32")
+    return _cached_cpu_choice()
+
+
+def choose_cpu_dtype(speedup: dict[str, float]) -> DtypeChoice:
+    """The decision from measured fp32-time / bf16-time ratios (`layer`, `gemm`, `attention`)."""
+    faster = speedup["layer"] >= BF16_MIN_SPEEDUP and speedup["attention"] >= BF16_MIN_ATTENTION
+    dtype = torch.bfloat16 if faster else torch.float32
+    return DtypeChoice(dtype, f"measured bf16 vs fp32 speed at {BENCH_TOKENS} tokens: decoder layer "
+                              f"{speedup['layer']:.2f}x, GEMM {speedup['gemm']:.2f}x, attention "
+                              f"{speedup['attention']:.2f}x (bf16 needs >= {BF16_MIN_SPEEDUP}x on the layer and "
+                              f">= {BF16_MIN_ATTENTION}x on attention): {str(dtype).removeprefix('torch.')}")
+
+
+def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[str, float]:
+    """fp32 time / bf16 time of a GEMM (tokens x hidden @ hidden x mlp), causal SDPA (heads x tokens x head_dim)
+    and a decoder layer's worth of both (4 such GEMMs + the attention), at SmolLM2-135M's shapes, on one core. Each
+    side's best of `rounds` after a warm-up, in thread CPU time (other processes on a shared CPU inflate wall time
+    at random), the dtypes interleaved."""
+    g = torch.Generator().manual_seed(0)
+    data = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(tokens, BENCH_HIDDEN, generator=g).to(dtype)
+        w = torch.randn(BENCH_MLP, BENCH_HIDDEN, generator=g).to(dtype)
+        q, k, v = (torch.randn(1, BENCH_HEADS, tokens, BENCH_HEAD_DIM, generator=g).to(dtype) for _ in range(3))
+        data[dtype] = (x, w, q, k, v)
+
+    def gemm(x, w, *_):
+        return torch.nn.functional.linear(x, w)
+
+    def attention(_x, _w, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    best = {(dtype, part): math.inf for dtype in data for part in ("gemm", "attention")}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core, timed by this thread's CPU time: what other processes take is not counted
+    try:
+        with torch.inference_mode():
+            for r in range(rounds + 1):
+                for dtype, tensors in data.items():
+                    for part, fn in (("gemm", gemm), ("attention", attention)):
+                        t0 = time.thread_time()
+                        fn(*tensors)
+                        if r:  # round 0 warms up (oneDNN builds its kernels on first use)
+                            best[dtype, part] = min(best[dtype, part], time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    f32 = {part: best[torch.float32, part] for part in ("gemm", "attention")}
+    b16 = {part: best[torch.bfloat16, part] for part in ("gemm", "attention")}
+    return {"gemm": f32["gemm"] / b16["gemm"], "attention": f32["attention"] / b16["attention"],
+            "layer": (4 * f32["gemm"] + f32["attention"]) / (4 * b16["gemm"] + b16["attention"])}
+
+
+def cpu_key() -> str:
+    """What the measured choice depends on: the CPU model, its flags and the torch version."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                    if ":" in line)
+    except OSError:
+        info = {}
+    info = {k.strip(): v.strip() for k, v in info.items()}  # the last processor's fields: all alike
+    name = info.get("model name") or platform.processor() or platform.machine()
+    flags = info.get("flags") or info.get("Features") or " ".join(
+        k for k, v in getattr(torch.cpu, "get_capabilities", dict)().items() if v is True)
+    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12]
+    return f"{name} | flags {digest} | torch {torch.__version__}"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
+
+
+def _cached_cpu_choice() -> DtypeChoice:
+    """The decision from this CPU's cached measurement, else measured now and cached (the measurement is cached,
+    the rule applied to it is today's). An exclusive lock makes processes started together (accelerate ranks)
+    measure once and agree: the dtype is part of every cell's key."""
+    path, key = _cache_dir() / CPU_DTYPE_CACHE, f"{cpu_key()} | {BENCH_TOKENS} tokens"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            _lock(lock)
+            cache = _read_json(path)
+            speedup = _cached_speedup(cache.get(key))
+            if speedup is None:  # not measured yet on this CPU (or a damaged entry)
+                speedup = measure_bf16_speedup()
+                cache[key] = {"speedup": speedup, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+                os.replace(tmp, path)
+            measured = cache[key].get("measured", "?")
+    except OSError:  # a read-only home: measure every time rather than fail
+        return choose_cpu_dtype(measure_bf16_speedup())
+    choice = choose_cpu_dtype(speedup)
+    return DtypeChoice(choice.dtype, f"{choice.reason} (measured {measured} on {key}; cached in {path})")
+
+
+def _cached_speedup(entry) -> dict[str, float] | None:
+    speedup = entry.get("speedup") if isinstance(entry, dict) else None
+    parts = ("gemm", "attention", "layer")
+    if not isinstance(speedup, dict) or not all(isinstance(speedup.get(p), (int, float)) for p in parts):
+        return None
+    return {p: float(speedup[p]) for p in parts}
+
+
+def _lock(f) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not on Windows: a rare double measurement is harmless there
+        return
+    fcntl.flock(f, fcntl.LOCK_EX)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _dtype(dtype) -> torch.dtype | None:
@@ -197,8 +359,8 @@ def load(spec: str, device: str | None = None, dtype=None, attn_implementation: 
          trust_remote_code: bool = False, cache_gguf: bool = True, **kwargs):
     """(model, tokenizer) for `spec`: a hub id or local directory, a `.gguf` file, or an alias
     (`smollm2-135m`: the embedded SmolLM2-135M-Instruct, trained context 8192). Defaults: cuda + bf16 when
-    a GPU is present, else cpu + bf16 if the CPU has native bf16 (else fp32); sdpa attention. Remote code
-    runs only with trust_remote_code=True.
+    a GPU is present, else cpu + the faster of bf16 and fp32 on this CPU (`cpu_dtype_choice`); sdpa attention.
+    Remote code runs only with trust_remote_code=True.
     A GGUF file is converted once to a cached snapshot (see `gguf_snapshot`) unless cache_gguf=False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

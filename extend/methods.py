@@ -70,14 +70,27 @@ def ntk(rope: RopeBase, *, factor: float):
     return 1.0 / (base ** exponents), 1.0
 
 
-@register("dynamic-ntk", dynamic=True, min_factor=1.0)
+def _factor_enters(options: dict) -> bool:
+    """The dynamic methods' factor enters only the "transformers" rule: with "paper" x2 and x4 are one setting."""
+    return options["scale_rule"] != "paper"
+
+
+def _any_length(factor: float, context: int, options: dict) -> float:
+    """Dynamic scaling picks s from the current length L' so that s L >= L' (both rules, factor >= 1): no length
+    is past what it interpolates to."""
+    return math.inf
+
+
+@register("dynamic-ntk", dynamic=True, min_factor=1.0, uses_factor=_factor_enters, reach=_any_length,
+          record=("scale_rule",))
 def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None, scale_rule: str = "transformers"):
-    """Dynamic NTK scaling (emozilla 2023, reddit r/LocalLLaMA "Dynamically Scaled RoPE"; YaRN paper sec. 3.3):
-    NTK-aware scaling b' = b * s^(d/(d-2)) with s from the current length L': unchanged up to the trained
-    context L; scale_rule="transformers" (default, emozilla's code and transformers' `dynamic`):
-    s = factor L'/L - (factor - 1); scale_rule="paper" (YaRN sec. 3.3): s = L'/L. Stateless: computed from the
-    current forward's length only (or the length fixed by extend.fixed_length). Delegates to transformers'
-    `dynamic`."""
+    """Dynamic NTK scaling (emozilla 2023, reddit r/LocalLLaMA "Dynamically Scaled RoPE", the rule transformers'
+    `dynamic` rope type implements): NTK-aware scaling b' = b * s^(d/(d-2)) with s from the current length L',
+    unchanged up to the trained context L. scale_rule="transformers" (default; emozilla's rule):
+    s = max(1, factor L'/L - (factor - 1)), e.g. 3 at L' = 2L for factor 2. scale_rule="paper" (YaRN paper
+    sec. 3.3, arXiv:2309.00071): s = max(1, L'/L) — `factor` does not enter, so a sweep runs it once, at 1.
+    The rule is recorded in the patch's options. Stateless: computed from the current forward's length only (or
+    the length fixed by extend.fixed_length). Delegates to transformers' `dynamic`."""
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0
@@ -105,14 +118,16 @@ def yarn(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: f
                              attention_factor=attention_factor)
 
 
-@register("dynamic-yarn", dynamic=True, min_factor=1.0)
+@register("dynamic-yarn", dynamic=True, min_factor=1.0, uses_factor=_factor_enters, reach=_any_length,
+          record=("scale_rule",))
 def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, beta_fast: float = 32.0,
                  beta_slow: float = 1.0, scale_rule: str = "paper"):
     """Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 sec. 3.3, reference code
     `LlamaDynamicYaRNScaledRotaryEmbedding`): YaRN (frequencies and temperature) with the scale taken from the
-    current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not enter;
-    scale_rule="transformers" s = max(1, factor L'/L - (factor - 1)) (the dynamic-ntk convention of
-    transformers). Unchanged up to the trained context L."""
+    current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not enter, so a sweep runs
+    it once, at factor 1; scale_rule="transformers" s = max(1, factor L'/L - (factor - 1)) (emozilla's
+    dynamic-ntk rule, as in transformers' `dynamic`). Unchanged up to the trained context L. The rule is recorded
+    in the patch's options."""
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0

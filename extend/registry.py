@@ -4,8 +4,9 @@ A method is one decorated function. Its keyword-only arguments (other than `fact
 options; their defaults are what `describe` reports. `dynamic=True` marks methods whose frequencies depend
 on the current sequence length (they receive `seq_len`); such methods cannot share one forward across
 lengths. Facts a caller needs without a model live here too: whether `factor` does anything with given options
-(`Method.factor_applies`: plain ignores it, so a sweep runs it once) and how far a method reaches
-(`Method.reach`). `check_method` checks a (method, factor, options) triple without a model.
+(`Method.factor_applies`: plain ignores it, so a sweep runs it once), how far a method reaches
+(`Method.reach`) and which options a patch always records, defaults included (`Method.record`: the rule a
+dynamic method ran by). `check_method` checks a (method, factor, options) triple without a model.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Method:
     # (factor, trained context, options with defaults) -> the longest sequence the method is meant for;
     # None: factor x context (context alone where the factor does not apply). See reach.
     reach_fn: Callable[[float, int, dict], float] | None = None
+    # Options recorded in every patch's options even when left at their default (see check_options): a default
+    # that sources disagree on (dynamic-ntk's scale_rule) must be visible in each row.
+    record: tuple[str, ...] = ()
 
     def __call__(self, rope: RopeBase, factor: float, seq_len: int | None = None, **options) -> Rope:
         kwargs = dict(self.options_with_defaults(), **options)
@@ -80,8 +84,9 @@ class Method:
         return {k: v for k, v in self.options.items() if v is not inspect.Parameter.empty}
 
     def factor_applies(self, options: dict | None = None) -> bool:
-        """False when `factor` has no effect (plain), or must stay 1 with these options (self-extend with
-        `group`, rerope with leaky=False): such a method runs once, at factor 1, in a sweep over factors."""
+        """False when `factor` has no effect (plain; dynamic-ntk and dynamic-yarn with scale_rule="paper"), or
+        must stay 1 with these options (self-extend with `group`, rerope with leaky=False): such a method runs
+        once, at factor 1, in a sweep over factors."""
         if callable(self.uses_factor):
             return bool(self.uses_factor(dict(self.options_with_defaults(), **(options or {}))))
         return bool(self.uses_factor)
@@ -101,12 +106,13 @@ _entry_points_loaded = False
 
 def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, identity_at_one: bool = False,
              replace: bool = False, remap: bool = False, uses_factor: bool | Callable[[dict], bool] = True,
-             reach: Callable[[float, int, dict], float] | None = None):
+             reach: Callable[[float, int, dict], float] | None = None, record: tuple[str, ...] = ()):
     """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
     returns `(inv_freq, attention_factor)` or a `Rope` — or, with `remap=True`, a `extend.remap.Remap` (the
     position indices each (query, key) pair sees; see extend/remap.py). Registering an existing name needs
     `replace=True`. `uses_factor=False` (or a function of the options) marks a method whose factor does nothing
-    or must stay 1; `reach(factor, context, options)` overrides the default reach factor x context."""
+    or must stay 1; `reach(factor, context, options)` overrides the default reach factor x context; `record` names
+    options a patch records even at their default (e.g. a rule whose default differs between sources)."""
 
     def decorate(fn):
         if not isinstance(name, str) or not name:
@@ -120,8 +126,12 @@ def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, ident
             raise ExtendError(f"method {name!r} is dynamic, so its function must take 'seq_len'")
         options = {k: p.default for k, p in params.items()
                    if p.kind == p.KEYWORD_ONLY and k not in ("factor", "seq_len")}
+        unknown = [k for k in record if options.get(k, inspect.Parameter.empty) is inspect.Parameter.empty]
+        if unknown:
+            raise ExtendError(f"method {name!r}: record={unknown} names no option with a default — record only "
+                              f"options of the function that have defaults")
         _REGISTRY[name] = Method(name, fn, dynamic, min_factor, identity_at_one, options,
-                                 inspect.cleandoc(fn.__doc__ or ""), remap, uses_factor, reach)
+                                 inspect.cleandoc(fn.__doc__ or ""), remap, uses_factor, reach, tuple(record))
         return fn
 
     return decorate
@@ -184,6 +194,8 @@ def check_method(name: str, factor=1.0, options: dict | None = None) -> tuple[Me
 
 
 def check_options(method: Method, options: dict) -> dict:
+    """The options, checked (names, required ones, value types), plus the method's `record` options at their
+    defaults where not given: what a patch records says which rule ran."""
     known = set(method.options) | set(COMMON_OPTIONS)
     unknown = sorted(set(options) - known)
     if unknown:
@@ -197,7 +209,7 @@ def check_options(method: Method, options: dict) -> dict:
                           f"them, e.g. {missing[0]}=[...]")
     for key, value in options.items():
         check_option_value(method, key, value)
-    return options
+    return {**{k: method.options[k] for k in method.record}, **options}
 
 
 _KINDS = {float: "a number", int: "an integer", bool: "true or false", str: "a string", list: "a list"}

@@ -3,6 +3,8 @@ transformers' own rope types where they exist. Positions up to 32768, factors 1,
 
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +155,64 @@ def test_dynamic_yarn_default_is_the_papers_rule():
     torch.testing.assert_close(rule.inv_freq.double(), ref_yarn(3.0)[0], rtol=1e-6, atol=0)
     with pytest.raises(extend.ExtendError, match="scale_rule must be"):
         extend.patch(MODEL, "dynamic-ntk", factor=2.0, scale_rule="emozilla")
+
+
+@pytest.mark.parametrize("method,rule", [("dynamic-ntk", "paper"), ("dynamic-yarn", "paper")])
+def test_a_dynamic_rule_without_factor_gives_one_setting(method, rule):
+    """Under the paper's rule s = L'/L the factor does not enter: x2 and x4 are bit-identical (float32 RoPE), so the
+    registry says the factor does not apply (a sweep runs it once), and the reach is not factor x L."""
+    positions = torch.arange(0, 4 * L, 5)
+    x2, x4 = (patched_cos_sin(method, f, positions, scale_rule=rule)[:2] for f in (2.0, 4.0))
+    assert all(torch.equal(a, b) for a, b in zip(x2, x4))
+    spec = extend.registry.get(method)
+    assert not spec.factor_applies({"scale_rule": rule}) and spec.factor_applies({"scale_rule": "transformers"})
+    assert spec.reach(2.0, L, {"scale_rule": rule}) == math.inf  # s L >= L' at every length L'
+
+
+def test_dynamic_rules_in_use_give_different_settings():
+    """The "transformers" (emozilla) rule s = f L'/L - (f - 1) depends on the factor: x2 and x4 differ."""
+    positions = torch.arange(0, 4 * L, 5)
+    for method in ("dynamic-ntk", "dynamic-yarn"):
+        cos2, cos4 = (patched_cos_sin(method, f, positions, scale_rule="transformers")[0] for f in (2.0, 4.0))
+        assert not torch.equal(cos2, cos4), method
+
+
+def test_dynamic_defaults_agree_with_docs_and_are_recorded():
+    """dynamic-ntk defaults to emozilla's rule (s = 3 at L' = 2L for factor 2; README and docs/methods.md cite it),
+    dynamic-yarn to the paper's (s = 2): describe(), the docs' rows and every patch's options agree."""
+    root = Path(__file__).resolve().parents[1]
+    readme, methods_doc = (root / "README.md").read_text(), (root / "docs" / "methods.md").read_text()
+    expected = {"dynamic-ntk": ("transformers", "emozilla"), "dynamic-yarn": ("paper", "YaRN paper sec. 3.3")}
+    for method, (rule, source) in expected.items():
+        assert extend.describe(method)["options"]["scale_rule"] == rule
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{method}` |"))
+        assert row.split("|")[3].strip().startswith(source), row  # the default's source is cited first
+        other = "paper" if rule == "transformers" else "transformers"
+        cited = row.split("|")[3].replace(source, "")
+        assert "YaRN" not in cited or f'scale_rule="{other}"' in cited, row  # the other rule's source: by name
+        doc_row = next(line for line in methods_doc.splitlines() if line.startswith(f"| `{method}` |"))
+        assert f'`scale_rule` ("{rule}")' in doc_row and doc_row.split("|")[4].strip().startswith(source), doc_row
+        with extend.patched(MODEL, method, factor=2.0) as handle:
+            assert handle.options["scale_rule"] == rule  # recorded although not given
+    base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
+    ntk = extend.registry.get("dynamic-ntk")(base, 2.0, seq_len=2 * L)
+    torch.testing.assert_close(ntk.inv_freq.double(), ref_ntk(3.0)[0], rtol=1e-6, atol=0)
+
+
+def test_sweep_collapses_a_factor_that_changes_nothing_with_one_line(capsys):
+    """A sweep over factors 2 and 4 runs dynamic-yarn (paper rule) once, at factor 1, and says so in one line;
+    dynamic-ntk (emozilla's rule, the factor enters) keeps both."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from sweep_lib import checks
+
+    cfg = {"methods": [{"method": m, "options": dict(o), "factors": [2.0, 4.0]} for m, o in
+                       [("plain", {}), ("dynamic-yarn", {}), ("dynamic-ntk", {}),
+                        ("dynamic-ntk", {"scale_rule": "paper"})]]}
+    checks.check_methods(cfg)
+    assert [m["factors"] for m in cfg["methods"]] == [[1.0], [1.0], [2.0, 4.0], [1.0]]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "dynamic-yarn[scale_rule=paper] (given x2, x4)" in lines[0], lines
+    assert "dynamic-ntk[scale_rule=paper]" in lines[0] and "plain" not in lines[0]  # plain's is documented
 
 
 @pytest.mark.parametrize("method", ["pi", "ntk", "ntk-parts", "yarn", "llama3", "dynamic-ntk", "dynamic-yarn"])

@@ -290,10 +290,14 @@ def test_unsupported_family_is_named():
         extend.patch(model, "yarn", factor=2)
 
 
-def test_default_dtype_follows_the_device_and_native_bf16(monkeypatch):
-    """bf16 on a GPU; on a CPU only with hardware bf16 (the benchmark's measured decision), else float32."""
+def test_default_dtype_follows_the_device_and_native_bf16(monkeypatch, tmp_path):
+    """bf16 on a GPU; on a CPU only with hardware bf16 and when measured faster (here: mocked as faster; the
+    choice itself: tests/test_cpu_dtype.py), else float32."""
     from extend import loading
 
+    monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(loading.CPU_DTYPE_ENV, raising=False)
+    monkeypatch.setattr(loading, "measure_bf16_speedup", lambda: {"gemm": 3.0, "attention": 1.0, "layer": 2.5})
     assert loading.default_dtype("cuda") == torch.bfloat16
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": False})
     assert loading.default_dtype("cpu") == torch.bfloat16

@@ -4,6 +4,8 @@ and options (`extend.registry.check_method`), model specs and devices (`extend.l
 without a method, and suite arguments it sets itself. All before a model loads."""
 from __future__ import annotations
 
+import sys
+
 from extend import registry
 from extend.loading import check_device, check_model_spec
 from tasks.checks import check_task
@@ -29,7 +31,7 @@ def check_registries(cfg: dict) -> None:
 
 
 def check_methods(cfg: dict) -> None:
-    broadcast, taken = set(), set()
+    broadcast, taken, collapsed = set(), set(), []
     for m in cfg["methods"]:
         method = registry.get(m["method"])
         valid = set(registry.describe(m["method"])["options"])
@@ -38,13 +40,26 @@ def check_methods(cfg: dict) -> None:
         taken |= keys & valid
         m["options"] = {k: v for k, v in m["options"].items() if k in valid or k not in keys}
         if not method.factor_applies(m["options"]):
+            # plain's collapse is documented; one that depends on the options (a rule) is said, in one line
+            if callable(method.uses_factor) and m["factors"] != [1.0]:
+                collapsed.append(_collapsed(method, m))
             m["factors"] = [1.0]
         for factor in m["factors"]:
             registry.check_method(m["method"], factor, m["options"])
+    if collapsed:
+        print(f"note: the factor changes nothing for {'; '.join(collapsed)}: run once, at factor 1",
+              file=sys.stderr)
     if broadcast - taken:
         key = min(broadcast - taken)
         raise ConfigError(f"--option {key}=...: no method of the grid takes option {key!r} — check the name "
                           f"(extend.describe(method) lists options)")
+
+
+def _collapsed(method: registry.Method, entry: dict) -> str:
+    """e.g. "dynamic-yarn[scale_rule=paper] (given x2, x4)": the options as a patch records them."""
+    options = {**{k: method.options[k] for k in method.record}, **entry["options"]}
+    label = f"[{','.join(f'{k}={v}' for k, v in sorted(options.items()))}]" if options else ""
+    return f"{method.name}{label} (given x{', x'.join(f'{f:g}' for f in entry['factors'])})"
 
 
 def check_tasks(cfg: dict) -> None:

@@ -54,12 +54,15 @@ def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
     """The grid's cells. Fixes cfg's device and dtype first: as extend.load decides them (the dtype is part of
     every cell's key)."""
     import tasks
-    from extend.loading import default_device, default_dtype
+    from extend.loading import default_device, dtype_choice
     from tasks.checks import suite_options
 
     cfg["resolved_device"] = device or default_device()
-    if cfg["dtype"] is None:
-        cfg["dtype"] = str(default_dtype(cfg["resolved_device"])).removeprefix("torch.")
+    if cfg["dtype"] is None:  # the manifest records the choice and why (on a CPU: measured, see extend.loading)
+        choice = dtype_choice(cfg["resolved_device"])
+        cfg["dtype"], cfg["dtype_reason"] = str(choice.dtype).removeprefix("torch."), choice.reason
+    else:
+        cfg.setdefault("dtype_reason", "given (--dtype or dtype: in the config)")
 
     def takes(task, option):
         known, takes_any = suite_options(tasks.SUITES[task])
