@@ -17,26 +17,16 @@ from __future__ import annotations
 
 import functools
 import random
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from extend.prefix_cache import PrefixCache, cell_length, sharing_order
-
-from .common import (
-    check_choice,
-    check_lengths,
-    check_positive,
-    encoder,
-    prefix_options,
-    record,
-    special_prefix,
-)
+from .common import check_lengths, encoder, prefix_options, record, special_prefix
 from .data import Document, iter_corpus
 from .errors import TaskError
 from .scoring import continuation_logprobs
+from .suite import choice, declare, flag, fraction_open, optional_choice, optional_flag, positive, run_cells
 
 ERAS = [(1790, 1860, "1790-1860"), (1861, 1913, "1861-1913"), (1914, 1960, "1914-1960"), (1961, 9999, "1961-present")]
 
@@ -81,14 +71,18 @@ LABEL_TASKS = {
 }
 
 
+@declare("classification", options={"mode": choice("zero-shot", "many-shot"), "num_docs": positive,
+                                    "excerpt_tokens": positive, "demo_fraction": fraction_open,
+                                    "label": optional_choice(*LABEL_TASKS),
+                                    "add_bos": optional_flag, "share_prefix": flag},
+         metrics={"accuracy": "label by summed log-likelihood: the rate (doc null) and 0/1 per query (doc set)",
+                  "macro_f1": "macro F1, label by summed log-likelihood", "accuracy_norm": "label by mean "
+                  "log-likelihood per token", "macro_f1_norm": "macro F1, label by mean log-likelihood per token",
+                  "chance": "majority-class rate of the evaluated queries"},
+         pass_fail=("accuracy",), tables=(("accuracy", "classification accuracy"),))
 def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot", num_docs=24,
         demo_fraction=0.5, excerpt_tokens=256, add_bos=None, share_prefix=True, seed=0, progress=True) -> list[dict]:
     lengths = check_lengths(lengths)
-    check_choice("mode", mode, {"zero-shot", "many-shot"})
-    check_positive("num_docs", num_docs)
-    check_positive("excerpt_tokens", excerpt_tokens)
-    if not 0.0 < demo_fraction < 1.0:
-        raise TaskError(f"demo_fraction must be in (0, 1), got {demo_fraction!r}")
     label = label or ("era" if corpus == "sotu" else "label")
     if label not in LABEL_TASKS:
         raise TaskError(f"unknown label {label!r} — use one of {sorted(LABEL_TASKS)} ('label' = the corpus' "
@@ -131,35 +125,33 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
         plans[L] = (chosen, skipped, room)
 
     demo_pool = _demo_excerpts(demos, encode, excerpt_tokens, seed) if mode == "many-shot" else None
-    records = []
-    bar = tqdm(total=sum(len(p[0]) for p in plans.values()), desc=f"classification {mode}", disable=not progress)
+    cells, used_demos = {}, {}
     for L, (chosen, skipped, room) in plans.items():
-        t0 = time.perf_counter()
-        prompts, used_demos = [], []
+        cells[L], used_demos[L] = [], []
         for doc, y, ids in chosen:
             if mode == "zero-shot":
-                prompts.append(bos + header + ids[:room] + suffix)
+                cells[L].append(bos + header + ids[:room] + suffix)
             else:
                 query = header + ids[:excerpt_tokens] + suffix
                 context, n_demos = pack_demos(demo_pool, header, task.field, encode, L - len(bos) - len(query))
-                prompts.append(bos + context + query)
-                used_demos.append(n_demos)
-        # many-shot prompts of a length share their demonstrations: score them in the order that shares the
-        # most, each prompt running only what it does not share with the previous one
-        scores = [None] * len(prompts)
-        cache = PrefixCache(model, share=share_prefix)
-        with cell_length(model, L + max(map(len, answers))):  # dynamic methods: one length per cell
-            for i in sharing_order(prompts):
-                scores[i] = continuation_logprobs(model, prompts[i], answers, prefix_cache=cache)
-                bar.update()
-        del cache
+                cells[L].append(bos + context + query)
+                used_demos[L].append(n_demos)
+    bar = tqdm(total=sum(map(len, cells.values())), desc=f"classification {mode}", disable=not progress)
+    # many-shot prompts of a length share their demonstrations: each runs only what it does not share with the
+    # previous one (tasks.suite.run_cells)
+    scored = run_cells(model, cells, lambda ids, cache, _: continuation_logprobs(model, ids, answers, prefix_cache=cache),
+                       extra_tokens=max(map(len, answers)), share_prefix=share_prefix, bar=bar)
+    bar.close()
+    records = []
+    for L, (chosen, skipped, room) in plans.items():
+        scores = [s for s, _ in scored[L]]
         gold = [y for _, y, _ in chosen]
         pred_sum = [classes[max(range(len(classes)), key=lambda i: s[i].sum().item())] for s in scores]
         pred_mean = [classes[max(range(len(classes)), key=lambda i: s[i].mean().item())] for s in scores]
-        secs = time.perf_counter() - t0
+        secs = sum(t for _, t in scored[L])
         opts = dict(options, skipped_short=skipped)
-        if used_demos:
-            opts["demos_per_prompt"] = round(sum(used_demos) / len(used_demos), 1)
+        if used_demos[L]:
+            opts["demos_per_prompt"] = round(sum(used_demos[L]) / len(used_demos[L]), 1)
         n = len(gold)
         majority = Counter(gold).most_common(1)[0][1] / n
         for metric, value in (("accuracy", _accuracy(gold, pred_sum)), ("macro_f1", macro_f1(gold, pred_sum)),
@@ -169,7 +161,6 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
         # one 0/1 row per query: the unit of the query bootstrap and of paired comparisons between methods
         for (doc, _, _), y, p in zip(chosen, gold, pred_sum, strict=True):
             records.append(record("classification", corpus, L, "accuracy", float(y == p), 1, secs, opts, doc=doc.id))
-    bar.close()
     return records
 
 

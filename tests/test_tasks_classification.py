@@ -107,7 +107,7 @@ def test_macro_f1():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"lengths": [512], "label": "color"}, "unknown label"), ({"lengths": [512], "mode": "few"}, "mode"),
+    ({"lengths": [512], "label": "color"}, "must be one of era, party, label"), ({"lengths": [512], "mode": "few"}, "mode"),
     ({"lengths": [0]}, "positive"), ({"lengths": [20]}, "no room"), ({"lengths": [512], "corpus": "nope"}, "unknown corpus"),
     ({"lengths": [4096], "corpus": "short"}, "no query document"),
 ])

@@ -1,0 +1,107 @@
+"""The retrieval suite's haystack sharing: `tasks.retrieval.run` with share_prefix True vs False in one process,
+the same model and grid; prints the shared/unshared wall-time ratio, the tokens each side computed and the
+largest difference between the two sides' values (float32: ~1e-5; the 0/1 metrics must agree).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_sharing.py                       # SmolLM2, 4096,
+    3 repeats HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_sharing.py --tiny --lengths 512 --repeats 1   # seconds
+
+The two sides alternate their order between repeats; the ratio is the median over repeats. Run it on an idle
+machine (the lead's measurement goes to benchmarks/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _model(tiny: bool):
+    import torch
+
+    import extend
+
+    model, tok = extend.load("smollm2-135m", device="cpu", dtype=torch.float32)
+    if not tiny:
+        return model, tok
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    )
+    return LlamaForCausalLM(config).eval(), tok
+
+
+def _side(model, tok, share: bool, kw: dict):
+    """(seconds, tokens computed, rows) of one run."""
+    import tasks.suite as kit
+
+    made = []
+    real = kit.PrefixCache
+
+    def counting(*a, **k):
+        made.append(real(*a, **k))
+        return made[-1]
+
+    with mock.patch.object(kit, "PrefixCache", counting):
+        t0 = time.perf_counter()
+        rows = __import__("tasks.retrieval", fromlist=["run"]).run(
+            model, tok, share_prefix=share, progress=False, **kw
+        )
+        secs = time.perf_counter() - t0
+    return secs, sum(c.computed for c in made), rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096])
+    p.add_argument("--variants", nargs="+", default=["niah_multikey", "niah_multiquery"])
+    p.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--scoring", default="likelihood", choices=["likelihood", "generate", "both"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--tiny", action="store_true", help="a tiny random model with SmolLM2's vocabulary (a smoke run)"
+    )
+    args = p.parse_args(argv)
+    model, tok = _model(args.tiny)
+    kw = {
+        "lengths": args.lengths,
+        "variants": args.variants,
+        "depths": args.depths,
+        "trials": args.trials,
+        "scoring": args.scoring,
+    }
+    ratios, tokens, diff = [], None, 0.0
+    for repeat in range(args.repeats):
+        order = (True, False) if repeat % 2 == 0 else (False, True)
+        sides = {share: _side(model, tok, share, kw) for share in order}
+        (s_secs, s_tok, s_rows), (u_secs, u_tok, u_rows) = sides[True], sides[False]
+        ratios.append(s_secs / u_secs)
+        tokens = (s_tok, u_tok)
+        for a, b in zip(s_rows, u_rows, strict=True):
+            diff = max(diff, abs(a["value"] - b["value"]))
+        print(f"repeat {repeat}: shared {s_secs:.2f} s, unshared {u_secs:.2f} s, ratio {s_secs / u_secs:.3f}")
+    print(
+        f"retrieval {args.variants} {args.scoring}, lengths {args.lengths}, depths {args.depths}, trials "
+        f"{args.trials}, {'tiny model' if args.tiny else 'SmolLM2-135M'}: shared/unshared time "
+        f"{statistics.median(ratios):.3f} (median of {len(ratios)}); tokens computed {tokens[0]} vs {tokens[1]} "
+        f"({tokens[0] / tokens[1]:.3f}); largest |difference| of a value {diff:.2e}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""The RULER-style retrieval suite (tasks/retrieval.py): RULER's prompts and string match, the likelihood ranking
+checked against a plain forward, the grid and its pairing, prefix sharing, dynamic methods, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import extend
+from tasks import TaskError, retrieval
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# RULER's prompt pieces, copied from lm-eval 0.4.13 (tasks/ruler/niah_utils.py, prepare_niah.py, vt_utils.py):
+# the needle tasks' template and its singular form (RULER's replace rule applied by hand), needle and
+# gen_prefix
+RULER_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize "
+    "it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special "
+    "magic {type_needle_v} for {query} mentioned in the provided text?"
+)
+RULER_SINGULAR = (
+    "A special magic number is hidden within the following text. Make sure to memorize it. I will quiz "
+    "you about the number afterwards.\n{context}\nWhat is the special magic number for {query} "
+    "mentioned in the provided text?"
+)
+RULER_NEEDLE = "One of the special magic numbers for {key} is: {value}."
+RULER_VT = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+    "Question: Find all variables that are assigned the value {query} in the text above."
+)
+RULER_VT_PREFIX = (
+    "Answer: According to the chain(s) of variable assignment in the text above, 5 variables are "
+    "assgined the value {query}, they are:"
+)
+
+
+def _scene(variant, seed=3):
+    return retrieval.make_scene(variant, random.Random(seed), 9)
+
+
+def _context(user: str, template: str) -> str:
+    """The context a RULER template was filled with (the text between its head and its tail)."""
+    head, tail = template.split("{context}")
+    tail = tail.split("{query}")[0]
+    assert user.startswith(head)
+    return user[len(head) : user.index(tail, len(head))]
+
+
+@pytest.mark.parametrize("variant", ["niah_multikey", "niah_multivalue", "niah_multiquery"])
+def test_needle_prompts_are_rulers(variant):
+    scene = _scene(variant)
+    user, prefix = retrieval.compose(scene, ["The grass is green."] * 40, 0.25)
+    singular = variant == "niah_multikey"
+    query = prefix.removeprefix(
+        "The special magic number for " if singular else "The special magic numbers for "
+    )
+    query = query.removesuffix(
+        " mentioned in the provided text is" if singular else " mentioned in the provided text are"
+    )
+    template = RULER_SINGULAR if singular else RULER_TEMPLATE.replace("{type_needle_v}", "numbers")
+    context = _context(user, template)
+    assert user == template.replace("{context}", context).replace("{query}", query)
+    needles = [s for s in context.split("One of")[1:]]
+    assert len(needles) == 4 and all(("One of" + n).strip().startswith(RULER_NEEDLE[:36]) for n in needles)
+    for value in scene.answers:  # every reference is a needle's value, a 7-digit number
+        assert len(value) == 7 and value.isdigit() and f"is: {value}." in context
+    keys = query.replace(", and ", ", ").split(", ")
+    assert len(keys) == (4 if variant == "niah_multiquery" else 1)
+    for key, value in zip(
+        keys, scene.answers if variant != "niah_multivalue" else scene.answers[:1], strict=True
+    ):
+        assert RULER_NEEDLE.format(key=key, value=value) in context  # the answer is bound to the asked key
+
+
+def test_vt_prompt_is_rulers_and_the_chain_is_in_order():
+    scene = _scene("vt")
+    user, prefix = retrieval.compose(scene, ["The grass is green."] * 40, 0.1)
+    value = prefix.split("the value ")[1].split(",")[0]
+    assert prefix == RULER_VT_PREFIX.format(query=value)
+    context = _context(user, RULER_VT)
+    assert user == RULER_VT.format(context=context, query=value)
+    names = scene.answers
+    positions = [context.index(f"VAR {names[0]} = {value}")]
+    positions += [context.index(f"VAR {names[j + 1]} = VAR {names[j]}") for j in range(4)]
+    assert positions == sorted(positions) and len(set(names)) == 5
+
+
+def test_depth_places_the_first_queried_needle():
+    scene = _scene("niah_multikey")
+    haystack = [f"Sentence {i}." for i in range(100)]
+    for depth in (0.0, 0.5, 1.0):
+        user, _ = retrieval.compose(scene, haystack, depth)
+        before = user[: user.index(scene.needles[0])]
+        seen = sum(f"Sentence {i}." in before for i in range(100))
+        assert abs(seen - 100 * depth) <= 1, (depth, seen)
+
+
+def test_string_match_is_lm_evals():
+    """RULER's per-sample score, against lm-eval's own postprocess_pred + string_match_all."""
+    from lm_eval.tasks.ruler.common_utils import postprocess_pred, string_match_all
+
+    refs = ["1234567", "ABCDE", "7654321"]
+    for pred in [" 1234567 and abcde\x07", "nothing", "7654321, 1234567, ABCDE.", "\n\t ABCDE 12345"]:
+        expected = string_match_all(postprocess_pred([pred]), [refs])
+        assert retrieval.string_match_all(pred, refs) == expected
+
+
+@pytest.mark.parametrize("variant", retrieval.VARIANTS)
+def test_scenes_wrong_answers(variant):
+    scene = _scene(variant)
+    assert len(scene.wrong) == 9 and len(set(scene.wrong)) == 9 and tuple(scene.answers) not in scene.wrong
+    assert all(len(w) == len(scene.answers) for w in scene.wrong)
+    if variant == "niah_multikey":  # the distractor needles' values come first
+        assert {w[0] for w in scene.wrong[:3]} == {n.split("is: ")[1][:-1] for n in scene.needles[1:]}
+    if variant == "niah_multiquery":  # then the values bound to the wrong keys
+        assert all(sorted(w) == sorted(scene.answers) for w in scene.wrong[:3])
+
+
+def _full_forward_mean_logprob(model, ids, answer_ids) -> float:
+    """Mean log-probability of answer_ids after ids, from one forward over both (no cache)."""
+    x = torch.tensor([ids + answer_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(x).logits[0].double(), -1)
+    return sum(logp[len(ids) - 1 + k, t].item() for k, t in enumerate(answer_ids)) / len(answer_ids)
+
+
+def test_likelihood_scores_equal_a_plain_forward(tiny, tok, monkeypatch):
+    """answer_logprob and answer_rank of every prompt, recomputed from a full forward of prompt + answer."""
+    prompts = {}
+    real = retrieval.score_prompt
+
+    def spy(model, tokenizer, ids, scene, *a):
+        out = real(model, tokenizer, ids, scene, *a)
+        prompts[tuple(ids)] = (scene, out)
+        return out
+
+    monkeypatch.setattr(retrieval, "score_prompt", spy)
+    rows = retrieval.run(
+        tiny,
+        tok,
+        lengths=[320],
+        variants=["niah_multikey", "vt"],
+        depths=[0.0, 1.0],
+        trials=1,
+        candidates=3,
+        progress=False,
+    )
+    assert len(prompts) == 4 and len(rows) == 4 * 4
+    encode = retrieval.encoder(tok)
+    for ids, (scene, out) in prompts.items():
+        means = [
+            _full_forward_mean_logprob(tiny, list(ids), encode(retrieval.answer_text(a)))
+            for a in (scene.answers, *scene.wrong)
+        ]
+        assert out["answer_logprob"] == pytest.approx(means[0], abs=1e-4)
+        assert out["answer_rank"] == 1 + sum(m > means[0] + 1e-6 for m in means[1:])
+        assert out["answer_top1"] == float(out["answer_rank"] == 1)
+
+
+def test_rows_and_grid(tiny, tok):
+    rows = retrieval.run(
+        tiny,
+        tok,
+        lengths=[256, 320],
+        variants=["niah_multiquery"],
+        depths=[0.0, 0.5],
+        trials=2,
+        candidates=2,
+        progress=False,
+    )
+    assert {r["metric"] for r in rows} == {"answer_logprob", "answer_rank", "answer_top1", "prompt_tokens"}
+    keys = {(r["length"], r["depth"], r["trial"]) for r in rows}
+    assert keys == {(L, d, t) for L in (256, 320) for d in (0.0, 0.5) for t in (0, 1)}
+    for r in rows:
+        assert r["task"] == "retrieval" and r["corpus"] == "filler" and r["n"] == 1 and r["doc"] is None
+        assert (
+            r["task_options"]["variant"] == "niah_multiquery" and r["task_options"]["scoring"] == "likelihood"
+        )
+    for r in (r for r in rows if r["metric"] == "prompt_tokens"):
+        answer = max(
+            len(retrieval.encoder(tok)(retrieval.answer_text(a)))
+            for a in (_scene_of(r).answers, *_scene_of(r).wrong)
+        )
+        assert retrieval.MIN_FILL * (r["length"] - answer) <= r["value"] <= r["length"] - answer
+
+
+def _scene_of(row):
+    mix = retrieval.MIX
+    index = retrieval.VARIANTS.index(row["task_options"]["variant"])
+    return retrieval.make_scene(
+        row["task_options"]["variant"],
+        random.Random((0 * mix + index) * mix + row["trial"]),
+        row["task_options"]["candidates"],
+    )
+
+
+def test_generate_scoring_is_rulers_string_match(tiny, tok, monkeypatch):
+    """Greedy answers stubbed: all references -> 1; one of four -> 0.25 (all_found 0)."""
+    scenes = {}
+
+    def fake_greedy(model, tokenizer, ids, max_new_tokens, cache):
+        text = tokenizer.decode(ids)
+        scene = next(s for s in scenes.values() if s.answers[0] in text)
+        return (
+            " " + ", ".join(scene.answers).lower()
+            if scene.variant == "vt"
+            else f" {scene.answers[0]} and more"
+        )
+
+    real_scene = retrieval.make_scene
+
+    def spy(variant, rng, candidates):
+        scenes[variant] = real_scene(variant, rng, candidates)
+        return scenes[variant]
+
+    monkeypatch.setattr(retrieval, "make_scene", spy)
+    monkeypatch.setattr(retrieval, "greedy", fake_greedy)
+    rows = retrieval.run(
+        tiny,
+        tok,
+        lengths=[320],
+        variants=["vt", "niah_multivalue"],
+        scoring="generate",
+        depths=[0.5],
+        trials=1,
+        max_new_tokens=4,
+        progress=False,
+    )
+    got = {(r["task_options"]["variant"], r["metric"]): r["value"] for r in rows}
+    assert got[("vt", "string_match_all")] == 1.0 and got[("vt", "all_found")] == 1.0
+    assert (
+        got[("niah_multivalue", "string_match_all")] == 0.25 and got[("niah_multivalue", "all_found")] == 0.0
+    )
+
+
+def test_prefix_sharing_same_numbers_fewer_tokens(tiny, tok, monkeypatch):
+    """Prompts of a trial share the haystack up to the shallowest queried needle (distractors stay put): each
+    prefix is prefilled once per cell — 3 depths from 0.6 on compute about (1 + 0.4 + 0.2) of 3 prompts."""
+    import tasks.suite as kit
+
+    caches = []
+
+    class Counting(kit.PrefixCache):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k, min_shared=1)
+            caches.append(self)
+
+    monkeypatch.setattr(kit, "PrefixCache", Counting)
+    kw = {
+        "lengths": [384],
+        "variants": ["niah_multikey"],
+        "depths": [0.6, 0.8, 1.0],
+        "trials": 1,
+        "candidates": 3,
+        "progress": False,
+    }
+    shared = retrieval.run(tiny, tok, share_prefix=True, **kw)
+    computed_shared = sum(c.computed for c in caches)
+    caches.clear()
+    alone = retrieval.run(tiny, tok, share_prefix=False, **kw)
+    computed_alone = sum(c.computed for c in caches)
+    assert computed_shared < 0.65 * computed_alone, (computed_shared, computed_alone)
+    for a, b in zip(shared, alone, strict=True):
+        assert a["metric"] == b["metric"] and a["value"] == pytest.approx(b["value"], abs=1e-4)
+
+
+def test_dynamic_method_each_length_its_own_cell(tiny, tok):
+    """Under a length-dependent method a cell's rows do not depend on which other lengths ran with it."""
+    kw = {"variants": ["niah_multikey"], "depths": [0.5], "trials": 1, "candidates": 2, "progress": False}
+    with extend.patched(tiny, "dynamic-ntk", factor=2):
+        together = retrieval.run(tiny, tok, lengths=[256, 1536], **kw)
+        alone = retrieval.run(tiny, tok, lengths=[256], **kw)
+        unpatched_like = [r for r in together if r["length"] == 256]
+    assert [r["value"] for r in unpatched_like] == pytest.approx([r["value"] for r in alone], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"variants": ["niah_multikye"]}, "did you mean niah_multikey"),
+        ({"variants": []}, "non-empty list"),
+        ({"scoring": "greedy"}, "must be one of likelihood, generate, both"),
+        ({"candidates": 0}, "positive integer"),
+        ({"depths": [1.5]}, "[0, 1]"),
+        ({"variant": "vt"}, "unknown option 'variant'"),
+    ],
+)
+def test_bad_options_one_line_before_the_model(options, fragment, tok):
+    """Checked by the declaration: the suite refuses them without touching the model (None here)."""
+    with pytest.raises(TaskError) as info:
+        retrieval.run(None, tok, lengths=[1024], progress=False, **options)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_length_too_short_refused_from_the_tokenizer(tok):
+    from tasks.checks import check_lengths_fit
+
+    with pytest.raises(TaskError, match="too short for the niah_multikey prompt"):
+        check_lengths_fit("retrieval", [80], {}, "sotu", tok)
+    with pytest.raises(TaskError, match="too short for the vt prompt"):  # + RULER's 30 generated tokens
+        check_lengths_fit("retrieval", [150], {"variants": "vt", "scoring": "generate"}, "sotu", tok)
+    check_lengths_fit(
+        "retrieval", [512], {"variants": list(retrieval.VARIANTS), "scoring": "both"}, "sotu", tok
+    )
+
+
+def test_sweep_unknown_variant_exit_2_before_the_model_loads(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sweep_lib
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded for a bad input")
+
+    monkeypatch.setattr(extend, "load", refuse)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = sweep_lib.main(
+            [
+                "--methods",
+                "plain",
+                "--tasks",
+                "retrieval",
+                "--lengths",
+                "1024",
+                "-t",
+                "retrieval.variants=[niah_multikye]",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "niah_multikye" in lines[0] and "did you mean" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.real
+def test_smollm2_finds_the_needle_inside_its_context(smollm2):
+    """The embedded SmolLM2-135M, 1k tokens (inside its 8k trained context): the true value of the queried key
+    ranks first among the distractors and random values."""
+    model, tok = smollm2
+    rows = retrieval.run(
+        model, tok, lengths=[1024], variants=["niah_multikey"], depths=[0.5], trials=2, progress=False
+    )
+    top1 = [r["value"] for r in rows if r["metric"] == "answer_top1"]
+    assert top1 == [1.0, 1.0], rows
