@@ -1,17 +1,21 @@
 """Write the data of ropebench's lm-eval tasks: `python -m tasks.lm_eval_export [--out DIR] [--...-lengths ...]`.
 
 The task folder `tasks/lm_eval_tasks/` is lm-eval's own layout:
-- `_passkey_template_yaml`, `_sotu_era_template_yaml`: the task definitions (output type, metrics, tags
-  `ropebench`, `ropebench_passkey`, `ropebench_sotu_era`), hand-written;
+- `_passkey_template_yaml`, `_sotu_era_template_yaml`, `_retrieval_template_yaml`: the task definitions (output
+  type, metrics, tags `ropebench`, `ropebench_passkey`, `ropebench_sotu_era`, `ropebench_retrieval`), hand-written;
 - `utils.py`: the `!function` hooks that expand docs into prompts with the suites' own prompt builders
-  (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`), hand-written;
-- written here (deterministic; committed for the default lengths): `ropebench_passkey_<L>.yaml` and
-  `ropebench_sotu_era_<L>.yaml`, one per length (`include:` the template, the task name, `metadata.length`),
-  and the docs `passkey.jsonl` (pass key, depth, haystack words) and `sotu_era.jsonl` (speech id, character cut).
+  (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`, `tasks.retrieval.compose`),
+  hand-written;
+- written here (deterministic; committed for the default lengths): `ropebench_passkey_<L>.yaml`,
+  `ropebench_sotu_era_<L>.yaml` and `ropebench_retrieval_<variant>_<L>.yaml`, one per length (and variant):
+  `include:` the template, the task name, `metadata.length` (the retrieval ones also the variant's generation
+  budget), and the docs `passkey.jsonl` (pass key, depth, haystack words), `sotu_era.jsonl` (speech id, character
+  cut) and `retrieval.jsonl` (variant, trial, depth, haystack words; the answers, to check the needles).
 
 The lengths are parameters because the docs are sized for them: a passkey doc's haystack fills at most L
 tokens and a sotu doc's excerpt fills L tokens exactly, counted with the SmolLM2 tokenizer (other tokenizers
-differ by a few percent). Pass keys, depths and the query choice are the suites' (seeded the same way). With
+differ by a few percent). A retrieval doc's prompt leaves room for the greedy answer (RULER's rule: prompt +
+generated tokens <= L). Pass keys, needles, depths and the query choice are the suites' (seeded the same way). With
 `--out DIR` the templates and utils.py are copied there too, so DIR works by itself with `--include_path`.
 """
 from __future__ import annotations
@@ -26,19 +30,26 @@ from pathlib import Path
 
 import yaml
 
-from . import classification, passkey
+from . import classification, passkey, retrieval
 from .common import encoder, special_prefix
 from .errors import TaskError
 from .lm_eval_tasks import utils
+from .suite import largest_fitting
 
 OUT_DIR = Path(__file__).parent / "lm_eval_tasks"
-STATIC_FILES = ("_passkey_template_yaml", "_sotu_era_template_yaml", "utils.py")
-SUITES = {"passkey": "_passkey_template_yaml", "sotu_era": "_sotu_era_template_yaml"}
+STATIC_FILES = ("_passkey_template_yaml", "_sotu_era_template_yaml", "_retrieval_template_yaml", "utils.py")
+SUITES = {"passkey": "_passkey_template_yaml", "sotu_era": "_sotu_era_template_yaml",
+          "retrieval": "_retrieval_template_yaml"}
 PASSKEY_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PASSKEY_TRIALS = 2
 CLASSIFICATION_LENGTHS = (1024, 2048, 4096, 8192)  # sotu has too few speeches >= 16k tokens per era
 CLASSIFICATION_DOCS = 24
+RETRIEVAL_LENGTHS = (4096, 8192, 16384, 32768)  # RULER's from 4k on
+RETRIEVAL_DEPTHS = (0.0, 0.5, 1.0)  # the suite's defaults
+RETRIEVAL_TRIALS = 2
+RETRIEVAL_CANDIDATES = 9  # the suite's default: it changes which distractor depths a scene draws
+DEFAULT_NEW_TOKENS = 128  # tasks.retrieval's greedy budget for the variants not in its NEW_TOKENS (RULER's)
 VERSION = 1.0
 HEADER = "# Written by `python -m tasks.lm_eval_export` — do not edit; export again instead.\n"
 
@@ -97,6 +108,51 @@ def era_docs(tokenizer, lengths, num_docs: int, seed: int = 0) -> list[dict]:
     return docs
 
 
+def retrieval_docs(tokenizer, lengths, depths, trials, variants=retrieval.VARIANTS, seed: int = 0) -> list[dict]:
+    """One doc per (variant, trial, length, depth): the suite's scene, its haystack cut to fill the length less
+    the variant's greedy answer (what `retrieval.build_prompt` fits with scoring "generate")."""
+    encode = encoder(tokenizer)
+    prefix = special_prefix(tokenizer)
+    docs = []
+    for variant in variants:
+        for trial in range(trials):
+            scene = utils.retrieval_scene(variant, trial, seed, RETRIEVAL_CANDIDATES)
+            new_tokens = retrieval_new_tokens(variant)
+            for length in lengths:
+                for di, depth in enumerate(depths):
+                    doc = {"id": f"retrieval-{variant}-{length}-{di}-{trial}", "variant": variant, "length": length,
+                           "depth": float(depth), "trial": trial, "seed": seed, "candidates": RETRIEVAL_CANDIDATES,
+                           "answers": list(scene.answers), "max_gen_toks": new_tokens}
+
+                    def n_tokens(words: int, doc=doc) -> int:
+                        return len(prefix) + len(encode(utils.retrieval_prompt(dict(doc, haystack_words=words))))
+
+                    doc["haystack_words"] = largest_fitting(n_tokens, 2 * length, length - new_tokens)
+                    if doc["haystack_words"] < 0:
+                        raise TaskError(f"retrieval length {length} is too short for the {variant} prompt — "
+                                        "export longer lengths")
+                    doc["prompt_tokens"] = n_tokens(doc["haystack_words"])
+                    docs.append(doc)
+    return docs
+
+
+def retrieval_new_tokens(variant: str) -> int:
+    """The greedy answer's budget of a variant (the suite's default max_new_tokens: RULER's tokens_to_generate)."""
+    return retrieval.NEW_TOKENS.get(variant, DEFAULT_NEW_TOKENS)
+
+
+def retrieval_task_name(variant: str, length: int) -> str:
+    return f"ropebench_retrieval_{variant}_{length_name(length)}"
+
+
+def retrieval_task_yaml(variant: str, length: int) -> str:
+    """The YAML of one retrieval task: the template, its name, the variant's generation budget and metadata."""
+    config = {"include": SUITES["retrieval"], "task": retrieval_task_name(variant, length),
+              "generation_kwargs": {"until": [], "max_gen_toks": retrieval_new_tokens(variant), "do_sample": False},
+              "metadata": {"version": VERSION, "suite": "retrieval", "variant": variant, "length": length}}
+    return HEADER + yaml.safe_dump(config, sort_keys=False)
+
+
 def task_yaml(suite: str, length: int) -> str:
     """The YAML of one task: its suite's template, its name and its length."""
     config = {"include": SUITES[suite], "task": f"ropebench_{suite}_{length_name(length)}",
@@ -109,14 +165,21 @@ def _jsonl(rows) -> str:
 
 
 def render(tokenizer=None, *, passkey_lengths=PASSKEY_LENGTHS, depths=PASSKEY_DEPTHS, trials=PASSKEY_TRIALS,
-           classification_lengths=CLASSIFICATION_LENGTHS, num_docs=CLASSIFICATION_DOCS, seed=0) -> dict[str, str]:
+           classification_lengths=CLASSIFICATION_LENGTHS, num_docs=CLASSIFICATION_DOCS,
+           retrieval_lengths=RETRIEVAL_LENGTHS, retrieval_depths=RETRIEVAL_DEPTHS, retrieval_trials=RETRIEVAL_TRIALS,
+           retrieval_variants=retrieval.VARIANTS, seed=0) -> dict[str, str]:
     """File name -> content of the written (not hand-written) files of the task folder."""
     tokenizer = tokenizer or default_tokenizer()
     passkey_lengths, classification_lengths = sorted(set(passkey_lengths)), sorted(set(classification_lengths))
+    retrieval_lengths = sorted(set(retrieval_lengths))
     files = {"passkey.jsonl": _jsonl(passkey_docs(tokenizer, passkey_lengths, depths, trials, seed)),
-             "sotu_era.jsonl": _jsonl(era_docs(tokenizer, classification_lengths, num_docs, seed))}
+             "sotu_era.jsonl": _jsonl(era_docs(tokenizer, classification_lengths, num_docs, seed)),
+             "retrieval.jsonl": _jsonl(retrieval_docs(tokenizer, retrieval_lengths, retrieval_depths,
+                                                      retrieval_trials, retrieval_variants, seed))}
     for suite, lengths in (("passkey", passkey_lengths), ("sotu_era", classification_lengths)):
         files.update({f"ropebench_{suite}_{length_name(n)}.yaml": task_yaml(suite, n) for n in lengths})
+    files.update({f"{retrieval_task_name(v, n)}.yaml": retrieval_task_yaml(v, n)
+                  for v in retrieval_variants for n in retrieval_lengths})
     return files
 
 
@@ -142,10 +205,12 @@ def main(argv=None) -> int:
     p.add_argument("--passkey-lengths", type=int, nargs="+", default=list(PASSKEY_LENGTHS))
     p.add_argument("--classification-lengths", type=int, nargs="+", default=list(CLASSIFICATION_LENGTHS))
     p.add_argument("--num-docs", type=int, default=CLASSIFICATION_DOCS)
+    p.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
     args = p.parse_args(argv)
     try:
         out = export(args.out, passkey_lengths=args.passkey_lengths,
-                     classification_lengths=args.classification_lengths, num_docs=args.num_docs)
+                     classification_lengths=args.classification_lengths, num_docs=args.num_docs,
+                     retrieval_lengths=args.retrieval_lengths)
     except TaskError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
