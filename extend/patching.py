@@ -97,6 +97,7 @@ class Patch:
     _hooks: list = field(repr=False, default_factory=list)
     _apply_module: str | None = field(repr=False, default=None)
     _active: bool = field(repr=False, default=True)
+    _given: tuple | None = field(repr=False, default=None)  # (method, factor, options) as given: for `unpatched`
 
     @property
     def active(self) -> bool:
@@ -348,6 +349,31 @@ def patch(model: nn.Module, method: str, factor: float = 1.0, **options) -> Patc
     """Patch `model` in place with RoPE method `method` at scale `factor`; returns a handle with `.undo()`.
     Options: the method's own (see `describe(method)`) plus start_from, layer_types, temperature and
     original_max_position_embeddings (see this module's docstring)."""
+    handle = _patch(model, method, factor, **options)
+    handle._given = (method, factor, dict(options))
+    return handle
+
+
+@contextlib.contextmanager
+def unpatched(model: nn.Module):
+    """The model as loaded inside the block, whatever patch is active; on exit that patch is applied again into
+    the same handle, so whoever holds it still undoes it. For a baseline measured inside a patched run (the
+    default LongPPL evaluator, tasks/key_tokens.py)."""
+    active = current(model)
+    if active is None:
+        yield model
+        return
+    method, factor, options = active._given
+    active.undo()
+    try:
+        yield model
+    finally:
+        again = patch(model, method, factor, **options)
+        vars(active).update(vars(again))
+        model.base_model.rotary_emb.patch = active
+
+
+def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     spec = registry.get(method)
     factor = registry.check_factor(spec, factor)
     options = registry.check_options(spec, dict(options))

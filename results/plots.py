@@ -245,3 +245,72 @@ def plot_classification(df: pd.DataFrame, path: str | os.PathLike, *, metric: st
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()
     return Plot(_save(fig, path), data, fig, extra={"chance": None if chance is None else chance.to_dict()})
+
+
+def _bin_centres(g: pd.DataFrame) -> pd.Series:
+    """Mean position of each loss bin: a bin runs from its start (depth) to the next bin's start, the last one to
+    the length of the pass."""
+    starts = sorted(g["depth"].unique())
+    ends = dict(zip(starts, starts[1:] + [float(g["length"].max())]))
+    return g["depth"].map(lambda s: (s + ends[s] - 1) / 2)
+
+
+def plot_loss_by_position(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "loss_bin",
+                          task: str = "perplexity", trained_context: int | None = None, **where: Any) -> Plot:
+    """Mean loss by token position (half-octave bins, log x) per method, from the one pass at the largest length,
+    with the fitted a·p^-b + c (fitted within the trained context) drawn dashed over every position: past the
+    trained context the fit is what the method would give if it kept its in-context shape, so a break shows as
+    points leaving the dashed line."""
+    sub = _subset(df, task, metric, "plot_loss_by_position", **where)
+    sub = sub[sub["depth"].notna()].copy()
+    if sub.empty:
+        raise ResultsError(f"plot_loss_by_position: no {task}/{metric} rows with a depth (bin start) — run "
+                           f"perplexity with loss_by_position=true")
+    model = _single(sub, "model", "plot_loss_by_position")
+    corpus = _single(sub, "corpus", "plot_loss_by_position")
+    parts = []
+    for _, g in sub.groupby(["label", "length"], dropna=False):
+        g = g.groupby(["label", "method", "factor", "length", "depth"], dropna=False).agg(
+            value=("value", "mean"), n=("n", "sum")).reset_index()
+        parts.append(g.assign(position=_bin_centres(g)))
+    data = pd.concat(parts, ignore_index=True)
+    fits = _loss_fits(df, task, sub, **where)
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
+    sns.lineplot(data=data, x="position", y="value", hue="label", hue_order=order, style="label", style_order=order,
+                 markers=True, dashes=False, ax=ax, errorbar=None, linewidth=1.5, markersize=5)
+    colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
+    x = np.geomspace(max(1.0, data["position"].min()), data["position"].max(), 200)
+    for label, (a, b, c) in fits.items():
+        if label in colours:
+            ax.plot(x, a * x ** -b + c, color=colours[label], linestyle="--", linewidth=1.0, alpha=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))  # 1, 2, ..., 8192 rather than 2^13
+    ctx = trained_context_of(sub, trained_context, model)
+    if ctx:
+        ax.axvline(ctx, color="0.3", linestyle=":", linewidth=1.2, label=f"trained context ({_klabel(ctx)})")
+    ax.set_xlabel("token position (log scale; half-octave bins)")
+    ax.set_ylabel("mean loss (nats/token, lower is better)")
+    ax.set_title(f"Loss by position — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · dashed: "
+                 f"a·p^-b + c fitted within the trained context")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(title=None, fontsize=9)
+    fig.tight_layout()
+    return Plot(_save(fig, path), data, fig, extra={"fits": fits})
+
+
+def _loss_fits(df: pd.DataFrame, task: str, sub: pd.DataFrame, **where: Any) -> dict:
+    """label -> (a, b, c) from the loss_fit_a/b/c rows of the plotted models (absent: no dashed line)."""
+    try:
+        rows = pd.concat([select(df, task, f"loss_fit_{k}", **where).assign(param=k) for k in "abc"])
+    except ResultsError:
+        return {}
+    rows = rows[rows["model"].isin(sub["model"].unique())].copy()
+    rows["label"] = _label_series(rows)
+    out = {}
+    for label, g in rows.groupby("label"):
+        params = g.groupby("param")["value"].mean()
+        if set(params.index) == set("abc"):
+            out[label] = (float(params["a"]), float(params["b"]), float(params["c"]))
+    return out

