@@ -4,14 +4,21 @@ A length *passes* only when the bound of its 95% interval on the unfavourable si
 *fails* when the estimate itself misses the bar; otherwise it is *not established* (the interval straddles the
 bar: n too small, or no interval at all). Lengths are read in ascending order and the walk stops at the first
 length that does not pass, so a lucky longer length is never counted. The rules (``RULES``, by metric kind and
-rule name; a rule is one small function):
-- 0/1 rates (passkey ``correct``), ``rule="threshold"``: the Wilson lower bound is at or above ``threshold``
-  (default 0.8).
-- 0/1 rates, ``rule="trained"`` (RULER's idea: the model's own score at its trained context is the bar): at or
-  above the baseline method's Wilson lower bound at the trained context — when that bound is itself at least
-  ``MIN_BAR``; a baseline that does not do the task at its trained context sets no bar, and no reach is claimed.
-- perplexities (``ppl_tail``): the upper bound of the paired ratio to the setting's own value at the trained
-  context (the longest tested length not beyond it; same documents) is within ``tolerance`` (default +10%).
+rule name; a rule is one small function), the three published ways to state an effective length:
+- 0/1 rates (passkey ``correct``, any suite's 0/1 metric), ``rule="threshold"`` (RULER's absolute bar, Hsieh et
+  al. 2024): the Wilson lower bound is at or above ``threshold`` (default 0.8).
+- 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
+  own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
+  at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must itself be
+  established: its Wilson lower bound at least ``MIN_BAR``, else no reach is claimed.
+- 0/1 rates, ``rule="trained"``: at or above the baseline method's Wilson lower bound at the trained context —
+  when that bound is itself at least ``MIN_BAR`` (the floor); a baseline that does not do the task at its
+  trained context sets no bar, and no reach is claimed.
+- perplexities (``ppl_tail``), ``rule="threshold"``: the upper bound of the paired ratio to the setting's own value
+  at the trained context (the longest tested length not beyond it; same documents) is within ``tolerance``
+  (default +10%); ``rule="trained"``: the same bound against the baseline method's value at the trained context.
+  There is no "short" rule for perplexities: with less context a perplexity is higher, so a ratio to it would
+  flatter every length.
 
 The trained context of a setting is the argument when given, else the one its rows record (the patch's
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
@@ -22,17 +29,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .stats import Interval, Paired, metric_kind, paired_interval
-from .store import ResultsError
+from .stats import Interval, Paired, metric_kind, metric_spec, paired_interval
+from .store import ResultsError, atomic_write_text
 from .tables import IDENTITY, cell_interval, is_unit, select, unit_key
 
 PREFERRED_METRICS = ("ppl_tail", "ppl", "correct", "accuracy", "exact_match")
+RULE_NAMES = ("threshold", "short", "trained")
+# NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
+NOLIMA_FRACTION = 0.85
+# Rows the sweep writes beside the suites' (one per setting): what RoPE theory predicts from the patched frequencies
+THEORY_TASK = "theory"
 # The "trained" rule's bar is the baseline's own Wilson lower bound at its trained context; below this it does not
 # retrieve more often than not even there, and "as good as the baseline" would claim every length (0/16 -> bar 0).
 MIN_BAR = 0.5
@@ -40,13 +55,36 @@ PASS, FAIL, OPEN = "pass", "failed", "not established"
 NOT_ESTABLISHED = "not established (n too small)"
 
 
+def reach_metrics(df: pd.DataFrame, task: str) -> list[str]:
+    """The metrics of ``task`` with a pass/fail bar (see :func:`results.stats.metric_spec`): every 0/1 rate, and
+    one perplexity — ``ppl_tail`` when recorded (the tokens since the previous length: where a method breaks)."""
+    rows = df[(df["task"] == task) & (df["status"].isna() | (df["status"] == "ok"))]
+    found = {"log": [], "rate": []}
+    for metric, g in rows.groupby("metric", sort=True):
+        spec = metric_spec(metric, g.loc[is_unit(g), "value"].dropna().to_numpy(float))
+        if spec.has_bar and spec.kind in found:
+            found[spec.kind].append(str(metric))
+    rank = {m: i for i, m in enumerate(PREFERRED_METRICS)}
+    logs = sorted(found["log"], key=lambda m: (rank.get(m, len(rank)), m))
+    rates = sorted(found["rate"], key=lambda m: (rank.get(m, len(rank)), m))
+    return logs[:1] + rates
+
+
 def default_metric(df: pd.DataFrame, task: str) -> str:
     have = set(df.loc[df["task"] == task, "metric"].dropna())
     for m in PREFERRED_METRICS:
         if m in have:
             return m
+    candidates = reach_metrics(df, task)
+    if candidates:
+        return candidates[0]
     raise ResultsError(f"no metric for an effective length in task {task!r} (have: {', '.join(sorted(have))}) — "
                        f"pass metric=... naming a 0/1 rate or a perplexity")
+
+
+def rules_for(kind: str) -> list[str]:
+    """The rules that apply to a metric kind, in ``RULE_NAMES`` order."""
+    return [r for r in RULE_NAMES if (kind, r) in RULES]
 
 
 def _recorded(rows: pd.DataFrame, column: str) -> set[int]:
@@ -195,8 +233,7 @@ def _rate_threshold(s: Setting) -> Verdicts:
 def _rate_trained(s: Setting) -> Verdicts:
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
-    base = s.sub[(s.sub["method"] == s.baseline) & (s.sub["length"] == s.ref_len)
-                 & (s.sub["model"] == s.info["model"]) & (s.sub["corpus"].astype(str) == str(s.info["corpus"]))]
+    base = _baseline_cell(s)
     who = s.baseline if len(base) else "own"
     # the bar is the reference's own lower bound: plain passes at its trained context by construction
     bar = cell_interval(base if len(base) else s.cells[s.ref_len][0], s.metric, seed=s.seed).lo
@@ -208,25 +245,57 @@ def _rate_trained(s: Setting) -> Verdicts:
                     {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}, s.ref_len, bar)
 
 
-def _ppl_tolerance(s: Setting) -> Verdicts:
-    if s.ref_len is None:
-        return Verdicts(_no_reference(s.tc, s.metric))
-    ref_rows, ref_ci = s.cells[s.ref_len]
+def _rate_short(s: Setting) -> Verdicts:
+    short = min(s.cells)
+    base = s.cells[short][1]
+    if not (math.isfinite(base.lo) and base.lo >= MIN_BAR):
+        return Verdicts(f"not computed: own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < "
+                        f"{MIN_BAR:g}, no short-context score to keep (more trials, or a shorter length)",
+                        reference_length=short, reference_value=base.estimate)
+    bar = NOLIMA_FRACTION * base.estimate
+    # the base length is where the base score was measured (established above): it passes by definition
+    checks = {L: (PASS if L == short else at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}
+    return Verdicts(f"Wilson lower bound ≥ {NOLIMA_FRACTION:g} × own {base.estimate:.3f} at {short} ({bar:.3f}; "
+                    f"NoLiMa)", checks, short, base.estimate)
+
+
+def _baseline_cell(s: Setting) -> pd.DataFrame:
+    """The baseline method's rows at the reference length (same model and corpus); empty when it did not run."""
+    sub = s.sub
+    return sub[(sub["method"] == s.baseline) & (sub["length"] == s.ref_len) & (sub["model"] == s.info["model"])
+               & (sub["corpus"].astype(str) == str(s.info["corpus"]))]
+
+
+def _ppl_ratio(s: Setting, ref_rows: pd.DataFrame, whose: str) -> Verdicts:
     bar = 1 + s.tolerance
     checks = {}
     for L, (g, _) in s.cells.items():
         if L >= s.ref_len:
             ratio = ratio_to(g, ref_rows, s.metric, seed=s.seed)
             checks[L] = (at_most(ratio, bar), ratio)
-    return Verdicts(f"upper bound of {s.metric} / its value at {s.ref_len} ≤ {bar:g}", checks, s.ref_len,
-                    ref_ci.estimate)
+    return Verdicts(f"upper bound of {s.metric} / {whose} value at {s.ref_len} ≤ {bar:g}", checks, s.ref_len,
+                    cell_interval(ref_rows, s.metric, seed=s.seed).estimate)
+
+
+def _ppl_tolerance(s: Setting) -> Verdicts:
+    if s.ref_len is None:
+        return Verdicts(_no_reference(s.tc, s.metric))
+    return _ppl_ratio(s, s.cells[s.ref_len][0], "its")
+
+
+def _ppl_baseline(s: Setting) -> Verdicts:
+    if s.ref_len is None:
+        return Verdicts(_no_reference(s.tc, s.metric))
+    base = _baseline_cell(s)
+    return _ppl_ratio(s, base, f"{s.baseline}'s") if len(base) else _ppl_ratio(s, s.cells[s.ref_len][0], "its")
 
 
 RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
     ("rate", "threshold"): _rate_threshold,
+    ("rate", "short"): _rate_short,
     ("rate", "trained"): _rate_trained,
     ("log", "threshold"): _ppl_tolerance,
-    ("log", "trained"): _ppl_tolerance,  # a perplexity's own value at the trained context is already the bar
+    ("log", "trained"): _ppl_baseline,
 }
 
 
@@ -240,16 +309,20 @@ def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, 
     failed: it makes the claim "L" rather than "≥ L") and, at the effective length and where the walk stopped, value / lo / hi / n (``at_*`` and ``fail_*`` columns: the
     accuracy and its Wilson interval, or the ratio to the reference and its paired t interval over documents).
 
-    ``rule``: "threshold" (Wilson lower bound >= ``threshold``) or "trained" (>= the ``baseline`` method's
-    Wilson lower bound at the trained context, RULER-style, when that is >= ``MIN_BAR``; the setting's own when
-    the baseline did not run) for rates; perplexities use ``tolerance`` on the upper bound of the ratio.
+    ``rule``: "threshold" (Wilson lower bound >= ``threshold``: RULER's absolute bar), "short" (>= 0.85 x the
+    setting's own rate at its shortest tested length: NoLiMa) or "trained" (>= the ``baseline`` method's Wilson
+    lower bound at the trained context, when that is >= ``MIN_BAR``; the setting's own when the baseline did not
+    run) for rates; perplexities use ``tolerance`` on the upper bound of the ratio to their own ("threshold") or
+    the baseline's ("trained") value at the trained context. ``predicted_reach``: what Men et al.'s criterion
+    allows for the setting's patched frequencies (the sweep's ``theory`` rows; NA without them), ``predicted_limit``
+    the longest distance it was checked to (a ``predicted_reach`` equal to it means "at least").
     Rows: per model, the baseline first. ``trained_context``: an int or {model: int}; default: what the rows
     record (see the module doc).
     """
     check_rules(threshold, tolerance)
     metric = metric or default_metric(df, task)
-    if rule not in ("threshold", "trained"):
-        raise ResultsError(f"unknown rule {rule!r} — use rule='threshold' or rule='trained'")
+    if rule not in RULE_NAMES:
+        raise ResultsError(f"unknown rule {rule!r} — use rule='threshold', 'short' (NoLiMa) or 'trained'")
     sub = select(df, task, metric, units=True, **where)
     sub = sub[sub["length"].notna()]
     if sub.empty:
@@ -257,6 +330,11 @@ def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, 
     kind = metric_kind(metric, sub.loc[is_unit(sub), "value"].dropna().to_numpy(float) if is_unit(sub).any() else None)
     if kind == "mean":
         raise ResultsError(f"{task}/{metric} is neither a 0/1 rate nor a perplexity — pass metric=... naming one")
+    if (kind, rule) not in RULES:
+        raise ResultsError(f"rule {rule!r} is for 0/1 rates: a perplexity at a shorter length is higher for want of "
+                           f"context, so a ratio to it would flatter every length — use rule='threshold' or "
+                           f"'trained' for {task}/{metric}")
+    predicted = predicted_reach(df)
     setting_cols = list(IDENTITY)
     settings = sorted(sub.groupby(setting_cols, dropna=False, sort=True),
                       key=lambda kv: (str(kv[0][0]), kv[0][1] != baseline, tuple(map(str, kv[0]))))
@@ -266,16 +344,94 @@ def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, 
         cells = {int(L): (g, cell_interval(g, metric, seed=seed)) for L, g in s_rows.groupby("length", sort=True)}
         tc = trained_context_of(setting_rows(df, info), trained_context, info["model"])
         ref_len = max((L for L in cells if tc and L <= tc), default=None)
-        row = {**info, "metric": metric, "effective_length": pd.NA, "claim": "–", "rule": "",
+        row = {**info, "metric": metric, "rule_name": rule, "effective_length": pd.NA, "claim": "–", "rule": "",
                "reference_length": pd.NA, "reference_value": math.nan, "longest_tested": max(cells),
                "first_failure": pd.NA, "stopped_at": pd.NA, "stopped": "", "trained_context": tc if tc else pd.NA,
                **{f"{p}_{k}": math.nan for p in ("at", "fail") for k in ("value", "lo", "hi")},
                "at_n": pd.NA, "fail_n": pd.NA}
         v = RULES[(kind, rule)](Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed))
         row.update(rule=v.rule, reference_length=v.reference_length if v.reference_length else pd.NA,
-                   reference_value=v.reference_value)
+                   reference_value=v.reference_value, **predicted_for(predicted, info))
         out.append({**row, **_walk(v.checks)} if v.checks else row)
     return pd.DataFrame(out)
+
+
+# -- what theory predicts (rows the sweep records with task "theory"; see scripts/sweep_lib/run.py) --------------
+PREDICTED_KEYS = ("model", "method", "factor", "options")
+# The sweep keeps its theory rows beside the records, not in them (a records file holds one cell per write, which
+# resume and the write-safety checks count on): theory.json, theory.rank{N}.json under accelerate.
+THEORY_FILE = re.compile(r"^theory(\.rank\d+)?\.json$")
+
+
+def theory_path(run_dir: str | os.PathLike, rank: int | None = None) -> Path:
+    return Path(run_dir) / ("theory.json" if not rank else f"theory.rank{int(rank)}.json")
+
+
+def record_theory(run_dir: str | os.PathLike, rows: list[dict], rank: int | None = None) -> None:
+    """Add one setting's theory rows (all of one ``cell``) to the run's theory file, replacing that cell's earlier
+    ones; written whole or not at all."""
+    path = theory_path(run_dir, rank)
+    cells = _read_theory_file(path)
+    cells[str(rows[0]["cell"])] = rows
+    atomic_write_text(path, json.dumps(cells, sort_keys=True, default=str) + "\n")
+
+
+def _read_theory_file(path: Path) -> dict[str, list]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}  # absent or damaged: theory is context, never a reason to refuse a report
+    return {k: v for k, v in data.items() if isinstance(v, list)} if isinstance(data, dict) else {}
+
+
+def load_theory(paths: str | os.PathLike | list) -> pd.DataFrame:
+    """The theory rows the sweep recorded in these run directories (empty when none), in the row schema: add them
+    to ``results.load(...)``'s frame and the summary and reach tables show the predicted reach."""
+    from .frame import normalize
+
+    dirs = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    rows = [r for d in dirs if d.is_dir() for f in sorted(d.iterdir()) if THEORY_FILE.match(f.name)
+            for cell in _read_theory_file(f).values() for r in cell if isinstance(r, dict)]
+    return normalize(pd.DataFrame(rows)) if rows else pd.DataFrame()
+
+
+def predicted_reach(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting with theory rows: ``predicted_reach`` (Men et al.'s ``men_reach`` of the patched
+    frequencies: the first distance where sum_i cos(m theta_i) < 0) and ``predicted_limit`` (the longest distance
+    checked; the reach equals it when the criterion held throughout)."""
+    rows = df[(df["task"] == THEORY_TASK) & (df["metric"] == "men_reach") & df["value"].notna()
+              & (df["status"].isna() | (df["status"] == "ok"))]
+    out = []
+    for key, g in rows.groupby(list(PREDICTED_KEYS), dropna=False, sort=False):
+        limit = _recorded_number(g["task_options"].iloc[-1], "limit")
+        out.append({**dict(zip(PREDICTED_KEYS, key)), "predicted_reach": int(g["value"].iloc[-1]),
+                    "predicted_limit": limit if limit else pd.NA})
+    return pd.DataFrame(out, columns=[*PREDICTED_KEYS, "predicted_reach", "predicted_limit"])
+
+
+def _recorded_number(text: Any, key: str) -> int | None:
+    try:
+        v = json.loads(text).get(key) if isinstance(text, str) else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def predicted_for(predicted: pd.DataFrame, info: dict) -> dict[str, Any]:
+    """The predicted reach of one setting (NA when the sweep recorded none)."""
+    hit = predicted
+    for k in PREDICTED_KEYS:
+        hit = hit[hit[k].astype(str) == str(info[k])]
+    if hit.empty:
+        return {"predicted_reach": pd.NA, "predicted_limit": pd.NA}
+    return {"predicted_reach": hit["predicted_reach"].iloc[0], "predicted_limit": hit["predicted_limit"].iloc[0]}
+
+
+def predicted_claim(reach: Any, limit: Any) -> str:
+    """"3616", or "≥ 65536" when the criterion held up to the limit it was checked to; "–" without a prediction."""
+    if pd.isna(reach):
+        return "–"
+    return f"≥ {int(reach)}" if not pd.isna(limit) and int(reach) >= int(limit) else str(int(reach))
 
 
 def setting_rows(df: pd.DataFrame, info: dict) -> pd.DataFrame:

@@ -31,22 +31,72 @@ MIN_T_UNITS = 3
 # difference is marked (for paired 0/1 outcomes the exact McNemar test implies it).
 MIN_INFORMATIVE_PAIRS = 6
 ALPHA = 0.05
-RATE_METRICS = frozenset({"correct", "accuracy", "accuracy_norm", "chance", "acc", "acc_norm", "exact_match"})
 PAIRED_T = "paired t"
 PAIRED_RATES = "paired score + McNemar"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How the summary and report treat a metric. A metric not in ``METRICS`` gets its kind's defaults (see
+    :func:`metric_spec`), so a new suite's metrics show up without an entry here."""
+    kind: str                   # "log" (perplexity-like: geometric, token-weighted), "rate" (0/1 outcomes), "mean"
+    headline: bool = True       # a summary value (@ longest; log metrics also @ trained) and a paired difference
+    reach: bool | None = None   # has a pass/fail bar, so effective lengths (None: rates and log metrics do)
+    reference: bool = False     # shown beside its task's values, not compared (a chance rate)
+
+    @property
+    def has_bar(self) -> bool:
+        return self.kind in ("rate", "log") if self.reach is None else self.reach
+
+
+# Metrics whose treatment differs from their kind's default: duplicates, details and references stay out of the
+# summary. Every other metric a suite records (say a new suite's "rank1" or "logprob") needs no entry.
+METRICS: dict[str, MetricSpec] = {
+    "ppl": MetricSpec("log"),  # a task's reach uses one perplexity: ppl_tail when recorded (see results.reach)
+    "ppl_tail": MetricSpec("log", headline=False, reach=True),
+    "longppl": MetricSpec("log", reach=False),
+    "loss": MetricSpec("mean", headline=False),     # log(ppl): the same numbers
+    "loss_bin": MetricSpec("mean", headline=False),
+    "loss_fit_a": MetricSpec("mean", headline=False),
+    "loss_fit_b": MetricSpec("mean", headline=False),
+    "loss_fit_c": MetricSpec("mean", headline=False),
+    "correct": MetricSpec("rate"),
+    # accuracies are graded against chance, not passed or failed: no reach (a retrieved answer has one)
+    "accuracy": MetricSpec("rate", reach=False),
+    "exact_match": MetricSpec("rate"),
+    "acc": MetricSpec("rate", reach=False),
+    "acc_norm": MetricSpec("rate", reach=False),
+    "accuracy_norm": MetricSpec("rate", headline=False, reach=False),  # recorded aggregated only: no pairs
+    "macro_f1": MetricSpec("mean", headline=False),
+    "macro_f1_norm": MetricSpec("mean", headline=False),
+    "chance": MetricSpec("rate", headline=False, reach=False, reference=True),
+    "prompt_tokens": MetricSpec("mean", headline=False),
+}
+RATE_METRICS = frozenset(name for name, spec in METRICS.items() if spec.kind == "rate")
 
 
 def metric_kind(metric: str, values: np.ndarray | None = None) -> str:
     """``"log"`` (perplexities: geometric, token-weighted), ``"rate"`` (0/1 outcomes) or ``"mean"``."""
     name = str(metric)
+    if name in METRICS:
+        return METRICS[name].kind
     if name.startswith("ppl") or name.endswith("perplexity"):
         return "log"
-    if name in RATE_METRICS:
-        return "rate"
     # one value of 1.0 could be anything: only several 0/1 values make an unnamed metric a rate
     if values is not None and len(values) >= 2 and np.isin(values, (0.0, 1.0)).all():
         return "rate"
     return "mean"
+
+
+def metric_spec(metric: str, unit_values: np.ndarray | None = None) -> MetricSpec:
+    """``METRICS[metric]``, else the defaults of its kind (from the name, else from the per-unit values): rates
+    and log metrics are headline values with a bar; a mean is a headline value only when per-unit rows exist
+    (without them it has no interval and no pairs, e.g. a fitted coefficient)."""
+    if str(metric) in METRICS:
+        return METRICS[str(metric)]
+    values = None if unit_values is None or not len(unit_values) else np.asarray(unit_values, float)
+    kind = metric_kind(metric, values)
+    return MetricSpec(kind, headline=kind != "mean" or values is not None)
 
 
 def t975(dof: int) -> float:

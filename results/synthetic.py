@@ -115,3 +115,55 @@ def synthetic_records(run: str = "synthetic", *, model: str = MODEL, lengths=LEN
             task_options={}, length=65536 * (i + 1), metric=None, value=None, n=None, status="error",
             error="OutOfMemoryError: CUDA out of memory (synthetic)")
     return rows
+
+
+def _suite_reach(method: str, factor: float) -> float:
+    return TRAINED * (factor if method != "plain" else 1.0)
+
+
+def synthetic_suite_records(task: str = "needles", run: str = "synthetic", *, model: str = MODEL, lengths=LENGTHS,
+                            settings=SETTINGS, trials: int = 12, seed: int = 0) -> list[dict[str, Any]]:
+    """Rows of a suite the results layer has never heard of (no entry in ``results.stats.METRICS``), one row per
+    prompt (``trial`` set) and metric, to check that summary, differences and reach are table-driven:
+
+    - ``hit`` (0/1, generation): 1 within the method's reach (the trained context x factor; plain: the trained
+      context), else 0;
+    - ``rank1`` (0/1, the answer ranked first among candidates): 1 up to twice the reach, else 0;
+    - ``logprob`` (the answer's mean log-probability): -0.5 - 0.1 log2(L / 1024), 2 lower beyond the reach, plus
+      0.05 (t - (trials - 1) / 2) for trial t (so its mean over the trials is the formula's).
+    """
+    rows: list[dict[str, Any]] = []
+    for method, factor, options in settings:
+        reach = _suite_reach(method, factor)
+        for length in lengths:
+            cell = cell_id(run, model, method, factor, options, task, length)
+            logprob = -0.5 - 0.1 * math.log2(length / 1024) - (2.0 if length > reach else 0.0)
+            for t in range(trials):
+                values = {"hit": float(length <= reach), "rank1": float(length <= 2 * reach),
+                          "logprob": logprob + 0.05 * (t - (trials - 1) / 2)}
+                for metric, value in values.items():
+                    rows.append({"run": run, "cell": cell, "model": model, "method": method, "factor": factor,
+                                 "options": options, "task": task, "corpus": "filler",
+                                 "task_options": {"variant": "multikey"}, "length": length, "depth": 0.5,
+                                 "doc": None, "trial": t, "metric": metric, "value": value, "n": 1, "seed": seed,
+                                 "seconds": 0.1, "status": "ok", "error": None})
+    return rows
+
+
+def synthetic_theory_records(run: str = "synthetic", *, model: str = MODEL, settings=SETTINGS,
+                             limit: int = 4 * LENGTHS[-1], seed: int = 0) -> list[dict[str, Any]]:
+    """The rows a sweep records with task "theory" (one setting each): ``men_reach`` = 3616 x factor (plain:
+    3616, SmolLM2's base 1e5 and head_dim 64), capped at ``limit``; ``base_lower_bound`` 3.24e5 at the trained
+    context; ``critical_dimension`` 40."""
+    rows: list[dict[str, Any]] = []
+    for method, factor, options in settings:
+        cell = cell_id(run, model, method, factor, options, "theory")
+        reach = min(int(3616 * (factor if method != "plain" else 1.0)), limit)
+        for metric, value, length, topts in (("men_reach", reach, None, {"limit": limit}),
+                                             ("base_lower_bound", 3.24e5, TRAINED, {}),
+                                             ("critical_dimension", 40.0, None, {})):
+            rows.append({"run": run, "cell": cell, "model": model, "method": method, "factor": factor,
+                         "options": options, "task": "theory", "corpus": None, "task_options": topts,
+                         "length": length, "depth": None, "doc": None, "trial": None, "metric": metric,
+                         "value": float(value), "n": 1, "seed": seed, "seconds": 0.0, "status": "ok", "error": None})
+    return rows

@@ -180,7 +180,7 @@ def test_summary_one_row_per_setting(syn):
     plain = s[s["method"] == "plain"].iloc[0]
     assert plain["ppl @ trained_length"] == 8192 and plain["ppl @ trained"] == pytest.approx(13.5)
     assert plain["ppl @ longest"] == pytest.approx(560.0) and plain["ppl @ longest_n"] == 3
-    assert plain["tail ppl ratio"] == pytest.approx(560 / 13.5) and plain["ppl reach"] == "8192"
+    assert plain["ppl_tail ratio"] == pytest.approx(560 / 13.5) and plain["ppl_tail reach"] == "8192"
     assert plain["passkey reach"] == "4096" and plain["passkey @ longest"] == 0.0
     assert (plain["passkey @ longest_lo"], plain["passkey @ longest_hi"]) == pytest.approx(wilson(0, 18))
     assert plain["classification @ longest"] == 0.5 and plain["chance"] == pytest.approx(0.4)
@@ -354,3 +354,21 @@ def test_trained_context_comes_from_the_rows_patch_options(syn):
     s = results.summary(rows, with_ci=False)
     assert set(s["ppl @ trained_length"]) == {4096}
     assert set(results.effective_length(rows, "perplexity", trained_context=8192)["reference_length"]) == {8192}
+
+
+def test_real_sweep_records_theory_beside_the_reach(real_sweep):
+    """The sweep records, per setting, Men et al.'s reach of the patched frequencies (task "theory"); the report
+    sets it beside every measured reach. Tiny Llama: head_dim 16, rope_theta 1e4; checked up to 4 x 256."""
+    out, df = real_sweep
+    assert (df["task"] != "theory").all()  # kept beside the records (theory.json), not in them
+    theory = results.reach.load_theory(out)
+    theory = theory[theory["metric"] == "men_reach"].set_index("method")
+    inv = 1e4 ** -(np.arange(0, 16, 2) / 16)
+    sums = np.cos(np.arange(1024, dtype=np.float64)[:, None] * inv[None, :]).sum(axis=1)
+    first = int(np.flatnonzero(sums < 0)[0]) if (sums < 0).any() else 1024  # by brute force
+    assert theory.loc["plain", "value"] == first and set(theory.index) == {"plain", "yarn"}
+    md = (out / "report.md").read_text()
+    assert "## Theory beside measurement" in md
+    reach = md.split("**passkey reach (passkey/correct)", 1)[1].split("\n\n")[1]
+    assert reach.splitlines()[0].endswith("| predicted reach (Men et al.) |")
+    assert "## theory" not in md and "| theory |" not in md

@@ -75,7 +75,10 @@ def test_report_writes_tables_plots_and_failures(run, tmp_path):
     assert [md.index(h) for h in headings] == sorted(md.index(h) for h in headings)  # the summary leads
     summary = md.split("## Summary", 1)[1].split("\n\n")[2].splitlines()
     assert summary[0].startswith("| method | factor | options | ppl @ 8192 (trained) | ppl @ 16384 |")
-    assert "| ppl reach |" in summary[0] and "| passkey reach |" in summary[0] and "| chance |" in summary[0]
+    assert "| ppl_tail reach |" in summary[0] and "| passkey reach |" in summary[0] and "| chance |" in summary[0]
+    # RULER's absolute bar and NoLiMa's relative one; the baseline's (plain 5/6 at 8192, lower bound 0.44 < 0.5)
+    # sets no bar here, so that column (all "–") is left out
+    assert "| passkey reach (short) |" in summary[0] and "| passkey reach (trained) |" not in summary[0]
     assert summary[2].startswith("| plain | 1 |  | 13.50 [") and len(summary) == 2 + 4
     # every printed number carries n and an interval: ppl over documents, passkey over prompts (Wilson)
     assert "| plain | 1 | 12.00 [" in md and "] n=3 |" in md
@@ -88,8 +91,9 @@ def test_report_writes_tables_plots_and_failures(run, tmp_path):
         assert (run / link).stat().st_size > 10_000
     stems = {p.stem for p in (run / "tables").iterdir()}
     assert {"summary", "perplexity_ppl", "perplexity_ppl_vs_plain", "passkey_correct_vs_plain",
-            "classification_accuracy_vs_plain", "reach_perplexity_threshold", "reach_passkey_threshold",
-            "reach_passkey_trained", "passkey_accuracy", "classification_accuracy", "classification_macro_f1"} <= stems
+            "classification_accuracy_vs_plain", "reach_perplexity_ppl_tail_threshold",
+            "reach_perplexity_ppl_tail_trained", "reach_passkey_correct_threshold", "reach_passkey_correct_short",
+            "reach_passkey_correct_trained", "passkey_accuracy", "classification_accuracy", "classification_macro_f1"} <= stems
     for stem in stems - {"classification_macro_f1"}:  # macro-F1 has no interval: csv/md only, not in report.md
         for ext in ("md", "csv", "tex"):
             assert (run / "tables" / f"{stem}.{ext}").stat().st_size > 0
@@ -98,7 +102,8 @@ def test_report_writes_tables_plots_and_failures(run, tmp_path):
     assert csv.loc[("plain", 1.0), "8192"] == pytest.approx(5 / 6)  # numeric csv, CI strings only in md/tex
     assert "0.833 [0.436, 0.970] n=6" in (run / "tables" / "passkey_accuracy.md").read_text()
     numeric = pd.read_csv(run / "tables" / "summary.csv")
-    assert {"ppl @ trained_lo", "passkey @ longest_n", "ppl reach_length"} <= set(numeric.columns)
+    assert {"ppl @ trained_lo", "passkey @ longest_n", "ppl_tail reach_length", "passkey reach (short)_rule"} \
+        <= set(numeric.columns)
     assert "Manifest `sweep/manifest.json`" in md
 
 
@@ -202,9 +207,10 @@ def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(tmp_pat
     w.write(synthetic_records("run", settings=settings, tasks=("perplexity", "passkey"), trials=6))
     w.finish()
     md = results.report(d).read_text()
-    assert "ppl @ 4096 (trained)" in md and "(trained)" not in md.replace("ppl @ 4096 (trained)", "")
+    assert "ppl @ 4096 (trained)" in md
+    assert "(trained)" not in md.replace("ppl @ 4096 (trained)", "").replace("reach (trained)", "")
     assert "of ppl_tail / its value at 4096 ≤ 1.1" in md and "at 8192 ≤" not in md
-    assert "bar: Wilson lower bound ≥ 0.8" in md and "bar: plain's own Wilson lower bound" in md
+    assert "bar (absolute, as RULER): Wilson lower bound ≥ 0.8" in md and "bar: plain's own Wilson lower bound" in md
     df = results.load(d)
     plot = results.plot_perplexity(df, tmp_path / "ppl.png")
     dashed = [ln for ln in plot.figure.axes[0].get_lines() if ln.get_linestyle() == "--"]

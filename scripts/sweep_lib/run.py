@@ -86,6 +86,65 @@ def length_warning(method: str, factor: float, lengths, patch_options: dict) -> 
             f"length")
 
 
+# Men et al.'s criterion is checked up to this many times the longest tested length (it stops at the first failing
+# distance: milliseconds); the base bound is computed for the trained context only (seconds, cached per process).
+THEORY_LIMIT = 4
+THEORY_TASK = "theory"  # results.reach.THEORY_TASK: rows the report sets beside the measured reaches
+
+
+def theory_records(model, handle, longest: int) -> list[dict]:
+    """What RoPE theory predicts for the patched frequencies (extend.theory), as records with task "theory": Men et
+    al.'s reach (`men_reach`, the first distance where sum_i cos(m theta_i) < 0, checked up to THEORY_LIMIT x the
+    longest tested length), the smallest base that meets the trained context (`base_lower_bound`, `length` = that
+    context) and Liu et al.'s critical dimension — over the layer types the method extends (the most limiting),
+    dynamic methods at factor x the trained context. None for position-remapping methods: they change distances,
+    not frequencies, so the criterion on frequencies says nothing about them."""
+    from extend import registry, theory
+
+    wrapper = model.base_model.rotary_emb
+    if registry.get(handle.method).remap or not hasattr(wrapper, "rope_for"):
+        return []
+    context = int(handle.options["trained_context"])
+    target = math.ceil(context * handle.factor)
+    limit = THEORY_LIMIT * int(longest)
+    types = [lt for lt in wrapper.bases if lt in wrapper.extended] or list(wrapper.bases)
+    freqs = {lt: wrapper.rope_for(lt, target).inv_freq.detach().double().cpu().numpy() for lt in types}
+    reach = min(theory.men_reach(f, limit) for f in freqs.values())
+    critical = min(theory.critical_dimension(f, context) for f in freqs.values())
+    dim = 2 * min(len(f) for f in freqs.values())
+    where = {"layer_types": [str(lt) for lt in types], "rotary_dim": dim, "frequencies_at": target}
+    return [{"metric": "men_reach", "value": float(reach), "n": 1, "task_options": {**where, "limit": limit}},
+            {"metric": "critical_dimension", "value": float(critical), "n": 1, "task_options": where},
+            {"metric": "base_lower_bound", "value": float(theory.base_lower_bound(dim, context)), "n": 1,
+             "length": context, "task_options": where}]
+
+
+def write_theory(out: Path, rank: int, model, handle, group: list[G.Cell], run: str, resolved: dict,
+                 quiet: bool) -> None:
+    """Record the theory rows of one setting (a cell of its own, task "theory") in the run's theory file beside the
+    records (results.reach.record_theory); a failure here is only a warning."""
+    from results.reach import record_theory
+
+    first = group[0]
+    longest = max(L for c in group for L in c.lengths)
+    t0 = time.perf_counter()
+    try:
+        records = theory_records(model, handle, longest)
+    except Exception as e:  # noqa: BLE001 - theory is context, never a reason to lose the measurements
+        say(f"warning: no theory rows for {first.method} x{first.factor:g}: {describe_error(e)}", quiet)
+        return
+    if not records:
+        return
+    cell = G.make_cell(model=first.model, method=first.method, factor=first.factor, options=first.options,
+                       task=THEORY_TASK, task_options={"limit": THEORY_LIMIT * longest}, lengths=(longest,),
+                       seed=first.seed, dtype=first.dtype)
+    seconds = time.perf_counter() - t0
+    try:
+        record_theory(out, ok_rows(cell, run, [dict(r, seconds=seconds) for r in records], resolved), rank)
+    except OSError as e:
+        say(f"warning: could not record theory rows in {out}: {e.strerror or e}", quiet)
+
+
 def _free_memory() -> None:
     gc.collect()
     torch = sys.modules.get("torch")
@@ -157,6 +216,7 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
                 continue
             resolved = dict(options, **patch.options)  # + what the patch derived (trained context, theta ...)
             try:
+                write_theory(out, rank, model, patch, by_method, run, resolved, not show)
                 for cell in by_method:
                     bar.set_postfix_str(cell.label(), refresh=True)
                     t0 = time.perf_counter()

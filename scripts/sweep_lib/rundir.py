@@ -21,8 +21,8 @@ from .config import ConfigError
 
 LOCK_NAME = ".ropebench.lock"
 # What ropebench writes into a run directory (the report's tables/plots are found through report.md's links).
-OWN_FILE = re.compile(r"^(records(\.rank\d+)?\.jsonl|manifest(\.rank\d+)?\.json|report\.md|"
-                      r"\.ropebench(\.rank\d+)?\.lock|\.manifest(\.rank\d+)?\.json\.\d+\.[0-9a-f]{8}\.tmp|"
+OWN_FILE = re.compile(r"^(records(\.rank\d+)?\.jsonl|(manifest|theory)(\.rank\d+)?\.json|report\.md|"
+                      r"\.ropebench(\.rank\d+)?\.lock|\.(manifest|theory)(\.rank\d+)?\.json\.\d+\.[0-9a-f]{8}\.tmp|"
                       r"\.write-test-.*)$")
 LOG_FILE = re.compile(r"^[0-9a-f]{16}\.log$")  # logs/<cell key>.log
 REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
@@ -135,7 +135,8 @@ def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
 def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     """Temp files of an atomic write that a kill interrupted (`.manifest.json.<pid>.<hex>.tmp`), of this rank's
     own files only (another rank may be writing its own right now)."""
-    names = [f"manifest.rank{int(rank)}.json"] if rank else ["manifest.json", "report.md"]
+    names = [f"manifest.rank{int(rank)}.json", f"theory.rank{int(rank)}.json"] if rank else \
+        ["manifest.json", "theory.json", "report.md"]
     stray = re.compile(rf"^\.({'|'.join(map(re.escape, names))})\.\d+\.[0-9a-f]{{8}}\.tmp$")
     removed = []
     for p in out.iterdir():
