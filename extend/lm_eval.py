@@ -148,7 +148,87 @@ def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                    or max_length <= 0):
         raise ExtendError(f"max_length must be a positive integer, got {max_length!r} — e.g. max_length=16384")
+    _check_device_arg(args.get("device"))
+    _check_batch_size(passthrough)
+    pretrained = args.get("pretrained", DEFAULT_PRETRAINED)
+    if isinstance(pretrained, (str, os.PathLike)):
+        check_tokenizer_arg(args.get("tokenizer"))
+    if isinstance(pretrained, (str, os.PathLike)):  # the model's config, not its weights: the sweep's checks
+        from extend import preflight
+
+        trust = bool(parse_value(args.get("trust_remote_code", False)))
+        preflight.check_on_config(preflight.config_of(str(pretrained), trust), method, factor, options)
     return method, factor, options, passthrough
+
+
+def _check_device_arg(device) -> None:
+    """model_args device: unset/auto, cpu, cuda, cuda:N or mps (a GPU that is absent falls back to cpu, as HFLM)."""
+    text = "" if device is None else str(device).strip()
+    if text in ("", "auto", "cpu", "cuda", "mps") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return
+    raise ExtendError(f"model_args device={text!r} is not a device — use cpu, cuda, cuda:N or mps (or leave it out)")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_tokenizer_arg(tokenizer) -> None:
+    """model_args tokenizer= beside a pretrained name: a tokenizer folder or hub id (what lm-eval's hf takes, and
+    what lm-eval's RULER tasks size their prompts with), or a tokenizer object. Checked without loading it."""
+    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
+        return  # None: the tokenizer of pretrained; an object: HFLM checks its type
+    text = str(tokenizer).strip()
+    hint = f"e.g. tokenizer=$(python -m extend.lm_eval tokenizer {DEFAULT_PRETRAINED})"
+    path = Path(text).expanduser()
+    if text and path.is_dir():
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ExtendError(f"model_args tokenizer={text!r} is a folder without tokenizer files "
+                              f"({', '.join(TOKENIZER_FILES)}) — pass a folder saved with save_pretrained, {hint}")
+        return
+    if path.exists() or not text or text.startswith((".", "/", "~")):
+        raise ExtendError(f"model_args tokenizer={text!r} is not a tokenizer folder — pass a folder with tokenizer "
+                          f"files or a hub id owner/name ({hint})")
+    _check_tokenizer_cached_offline(text)
+
+
+def _check_tokenizer_cached_offline(repo_id: str) -> None:
+    """With HF_HUB_OFFLINE set a hub tokenizer must be in the local cache (online, the hub answers at load)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in TOKENIZER_FILES)
+    except Exception:  # noqa: BLE001 - a malformed id: reported as not cached
+        cached = False
+    if not cached:
+        raise ExtendError(f"model_args tokenizer={repo_id!r} is neither a local folder nor in the Hugging Face cache "
+                          f"and HF_HUB_OFFLINE is set — pass a tokenizer folder (e.g. tokenizer=$(python -m "
+                          f"extend.lm_eval tokenizer {DEFAULT_PRETRAINED})) or unset HF_HUB_OFFLINE")
+
+
+def tokenizer_source(pretrained=DEFAULT_PRETRAINED) -> str:
+    """The tokenizer of `pretrained` as lm-eval names one (model_args/metadata `tokenizer=`, which lm-eval's RULER
+    tasks size their prompts with): a hub id or folder as given; for an alias or a .gguf file, the folder of the
+    snapshot `extend.load` caches (written on first use)."""
+    from extend.loading import check_model_spec, gguf_snapshot
+
+    spec = check_model_spec(pretrained)
+    if spec in extend.ALIASES or spec.endswith(".gguf"):
+        return str(gguf_snapshot(extend.embedded_gguf(spec) if spec in extend.ALIASES else Path(spec).expanduser()))
+    return spec
+
+
+def _check_batch_size(passthrough: dict) -> None:
+    """HFLM's batch_size: a positive integer, auto or auto:N."""
+    if "batch_size" not in passthrough:
+        return
+    value = parse_value(passthrough["batch_size"])
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value > 0) or (
+        isinstance(value, str) and (value == "auto" or (value.startswith("auto:") and value[5:].isdigit())))
+    if not ok:
+        raise ExtendError(f"model_args batch_size={value!r} is not a batch size — use a positive integer, auto or "
+                          f"auto:N (e.g. batch_size=1)")
 
 
 @register_model(MODEL_NAME)
@@ -156,7 +236,8 @@ class RopebenchLM(HFLM):
     """lm-eval model ``ropebench``: HFLM on a model loaded by `extend.load` and patched by `extend.patch`.
 
     model_args: ``pretrained`` (hub id | directory | .gguf | alias, default smollm2-135m; or an already
-    loaded model together with ``tokenizer=``), ``method`` (default plain), ``factor`` (default 1), any
+    loaded model together with ``tokenizer=``), ``tokenizer`` (default: the one `extend.load` picks; a folder or
+    hub id replaces it, as for lm-eval's ``hf``), ``method`` (default plain), ``factor`` (default 1), any
     method option (e.g. ``beta_fast=32``, ``short_factor=[...]``), ``max_length`` (default factor x trained
     context), ``device``/``dtype``/``attn_implementation``/``trust_remote_code`` (as `extend.load`),
     ``scored_logits_only`` (default True), ``share_prefix`` (default True: with batch_size 1 and a
@@ -167,7 +248,8 @@ class RopebenchLM(HFLM):
     def __init__(self, pretrained=DEFAULT_PRETRAINED, method="plain", factor=1.0, max_length=None, device=None,
                  dtype=None, attn_implementation=None, trust_remote_code=False, tokenizer=None,
                  scored_logits_only=True, share_prefix=True, **kwargs):
-        args = dict(kwargs, method=method, factor=factor, max_length=max_length)
+        args = dict(kwargs, pretrained=pretrained, method=method, factor=factor, max_length=max_length,
+                    trust_remote_code=trust_remote_code, tokenizer=tokenizer)
         method, factor, options, passthrough = check_model_args(args)
         if not overrides_apply():
             warnings.warn(f"lm-eval {LM_EVAL_VERSION} is outside {LM_EVAL_RANGE}, the range ropebench's scoring "
@@ -183,9 +265,7 @@ class RopebenchLM(HFLM):
             model, tok = extend.load(spec, device=device, dtype=None if dtype in (None, "auto") else dtype,
                                      attn_implementation=attn_implementation,
                                      trust_remote_code=bool(parse_value(trust_remote_code)))
-            if tokenizer is not None:
-                raise ExtendError("tokenizer= is only for an already loaded model — extend.load picks the "
-                                  "tokenizer that belongs to pretrained")
+            tok = tok if tokenizer is None else tokenizer  # as lm-eval's hf: HFLM loads a folder or hub id
         else:  # an already loaded model (e.g. one shared by several evaluations in one process)
             if tokenizer is None or isinstance(tokenizer, str):
                 raise ExtendError("pass tokenizer=<tokenizer object> together with an already loaded model")
@@ -195,9 +275,14 @@ class RopebenchLM(HFLM):
         if max_length is None:
             max_length = max(1, round(factor * self.trained_context))
         try:
-            super().__init__(pretrained=model, tokenizer=tok, max_length=int(max_length), **passthrough)
-        except Exception:
+            super().__init__(pretrained=model, tokenizer=tok, max_length=int(max_length),
+                             trust_remote_code=bool(parse_value(trust_remote_code)), **passthrough)
+        except Exception as e:
             self.patch.undo()
+            if isinstance(e, OSError) and isinstance(tok, (str, os.PathLike)):  # the only file HFLM reads here
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ExtendError(f"could not load model_args tokenizer={str(tok)!r}: {first[:200]} — pass a folder "
+                                  f"with tokenizer files or a hub id (with network access)") from e
             raise
         self.pretrained = spec  # a string again: lm-eval's logs and results name the model by it
         self.method, self.factor, self.method_options = method, factor, options
@@ -368,10 +453,25 @@ def tasks_path() -> Path:
     return TASKS_DIR
 
 
+def with_task_tokenizer(model_args: dict, metadata: dict | None) -> dict | None:
+    """The task metadata of a `ropebench` run, with `tokenizer` set when the model is an alias or a .gguf file.
+    lm-eval hands model_args to tasks as metadata, and tasks that size their own prompts (RULER's) load
+    `tokenizer`, else `pretrained`, with AutoTokenizer, which cannot read an alias or a GGUF: they get the folder of
+    the snapshot extend.load reads. The model itself keeps the tokenizer extend.load gives it."""
+    if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
+        return metadata
+    pretrained = str(model_args.get("pretrained", DEFAULT_PRETRAINED))
+    if pretrained not in extend.ALIASES and not pretrained.endswith(".gguf"):
+        return metadata
+    return {**(metadata or {}), "tokenizer": tokenizer_source(pretrained)}
+
+
 # --- CLI shim --------------------------------------------------------------------------------------------
 
 USAGE = """usage: python -m extend.lm_eval {run,ls,validate} [lm-eval arguments ...]
        python -m extend.lm_eval tasks        print the folder of ropebench's lm-eval tasks
+       python -m extend.lm_eval tokenizer [PRETRAINED]   print the tokenizer folder (or hub id) of a model
+                                             (default smollm2-135m), for model_args/metadata tokenizer=
 
 Runs lm-eval's own CLI with the `ropebench` model registered; every lm-eval flag works. Without
 --include_path, ropebench's task folder is included. Example:
@@ -385,9 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
-    if argv[0] in ("tasks", "--print-tasks-path"):
+    if argv[0] in ("tasks", "--print-tasks-path", "tokenizer"):
         try:
-            print(tasks_path())
+            print(tasks_path() if argv[0] != "tokenizer" else tokenizer_source(*argv[1:2]))
         except RopebenchError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -409,11 +509,18 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "command", None) == "run":
             if getattr(args, "model", None) == MODEL_NAME:
                 check_model_args(dict(args.model_args or {}))
+                args.metadata = with_task_tokenizer(dict(args.model_args or {}), args.metadata)
             if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
                 args.include_path = str(tasks_path())
         parser.execute(args)
     except RopebenchError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # lm-eval checks the task names before it loads the model
+        if not str(e).startswith("Tasks not found"):
+            raise
+        print(f"error: lm-eval {str(e)[0].lower()}{str(e)[1:]} — check the names (`python -m extend.lm_eval ls "
+              f"tasks` lists them; ropebench's are ropebench_*)", file=sys.stderr)
         return 2
     finally:
         sys.argv = saved

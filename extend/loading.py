@@ -304,9 +304,7 @@ def gguf_snapshot(path: Path) -> Path:
     folder and renamed, so a killed conversion leaves nothing half-written. ROPEBENCH_CACHE moves it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    stat = path.stat()
-    cache = Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
-    target = cache / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    target = _snapshot_dir(path)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -330,20 +328,39 @@ def gguf_snapshot(path: Path) -> Path:
     return target
 
 
+def _snapshot_dir(path: Path) -> Path:
+    """Where `gguf_snapshot` keeps the snapshot of the GGUF file `path` (keyed by name, size and mtime)."""
+    stat = path.stat()
+    cache = Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
+    return cache / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+
+
 def load_config(spec: str, trust_remote_code: bool = False):
-    """The model config alone (no weights) for any spec `load` takes."""
+    """The model config alone (no weights) for any spec `load` takes. A GGUF file's config comes from its cached
+    snapshot when there is one (parsing the GGUF takes seconds). A config transformers cannot read (`{}`, a
+    truncated or damaged GGUF) is one ExtendError."""
     from transformers import AutoConfig
 
     spec = check_model_spec(spec)
+    gguf = spec in ALIASES or spec.endswith(".gguf")
     try:
-        if spec in ALIASES or spec.endswith(".gguf"):
+        if gguf:
             path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
+            if (_snapshot_dir(path) / "config.json").is_file():
+                return AutoConfig.from_pretrained(str(_snapshot_dir(path)))
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         path = Path(spec).expanduser()
         return AutoConfig.from_pretrained(str(path) if path.exists() else spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExtendError(f"could not read the config of {spec!r}: {first} — check the id or path") from e
+        fix = "pass a complete .gguf file (download it again)" if gguf else (
+            "a config.json needs at least model_type (save the model with save_pretrained)")
+        raise ExtendError(f"could not read the config of {spec!r}: {first[:200]} — {fix}") from e
+    except Exception as e:
+        if not gguf:
+            raise
+        raise ExtendError(f"{spec} is damaged or truncated (reading its metadata failed: {type(e).__name__}) — "
+                          f"pass a complete .gguf file (download it again)") from e
 
 
 def trained_context_of(spec: str, trust_remote_code: bool = False, start_from: str | None = None) -> int:

@@ -5,13 +5,18 @@ what it lacks (static NTK-aware scaling, dynamic YaRN, xPos)."""
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .errors import ExtendError
-from .registry import Rope, RopeBase, register
+from .registry import Range, Rope, RopeBase, register
+
+# Declared option ranges (checked by registry.check_options before any model is touched).
+Rotations = Annotated[float, Range(gt=0, why="a number of rotations over the trained context")]
+Positive = Annotated[float, Range(gt=0)]
 
 
 def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: int | None = None, **params):
@@ -99,7 +104,7 @@ def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None, sc
 
 
 @register("ntk-parts", min_factor=1.0, identity_at_one=True)
-def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: float = 1.0):
+def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, beta_slow: Rotations = 1.0):
     """NTK-by-parts (bloc97 2023; YaRN paper eq. 17-18): per dimension, interpolate by s where the
     wavelength is long (fewer than beta_slow rotations in L), keep where short (more than beta_fast
     rotations), linear ramp between. No attention temperature (YaRN without its 0.1 ln s + 1)."""
@@ -109,8 +114,8 @@ def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_sl
 
 
 @register("yarn", min_factor=1.0, identity_at_one=True)
-def yarn(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: float = 1.0,
-         attention_factor: float | None = None):
+def yarn(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, beta_slow: Rotations = 1.0,
+         attention_factor: Positive | None = None):
     """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts frequencies (ramp between beta_fast=32 and
     beta_slow=1 rotations) and attention temperature sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin.
     Delegates to transformers' `yarn`."""
@@ -120,8 +125,8 @@ def yarn(rope: RopeBase, *, factor: float, beta_fast: float = 32.0, beta_slow: f
 
 @register("dynamic-yarn", dynamic=True, min_factor=1.0, uses_factor=_factor_enters, reach=_any_length,
           record=("scale_rule",))
-def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, beta_fast: float = 32.0,
-                 beta_slow: float = 1.0, scale_rule: str = "paper"):
+def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, beta_fast: Rotations = 32.0,
+                 beta_slow: Rotations = 1.0, scale_rule: str = "paper"):
     """Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 sec. 3.3, reference code
     `LlamaDynamicYaRNScaledRotaryEmbedding`): YaRN (frequencies and temperature) with the scale taken from the
     current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not enter, so a sweep runs
@@ -135,7 +140,7 @@ def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, b
 
 
 @register("llama3", min_factor=1.0, identity_at_one=True)
-def llama3(rope: RopeBase, *, factor: float, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0):
+def llama3(rope: RopeBase, *, factor: float, low_freq_factor: Positive = 1.0, high_freq_factor: Positive = 4.0):
     """Llama 3.1 scaling (Meta 2024): wavelengths longer than L/low_freq_factor are divided by s, shorter
     than L/high_freq_factor kept, smooth interpolation between. Delegates to transformers' `llama3`."""
     if not high_freq_factor > low_freq_factor > 0:
@@ -146,7 +151,7 @@ def llama3(rope: RopeBase, *, factor: float, low_freq_factor: float = 1.0, high_
 
 
 @register("longrope", dynamic=True, min_factor=1.0)
-def longrope(rope: RopeBase, *, factor: float, short_factor, long_factor, attention_factor: float | None = None,
+def longrope(rope: RopeBase, *, factor: float, short_factor, long_factor, attention_factor: Positive | None = None,
              seq_len: int | None = None):
     """LongRoPE (Ding et al. 2024, arXiv:2402.13753): per-dimension rescale factors lambda_i,
     theta_i' = theta_i / lambda_i, `short_factor` up to the trained context and `long_factor` beyond;
@@ -162,7 +167,7 @@ def longrope(rope: RopeBase, *, factor: float, short_factor, long_factor, attent
 
 
 @register("xpos")
-def xpos(rope: RopeBase, *, factor: float, gamma: float = 0.4, scale_base: float = 512.0,
+def xpos(rope: RopeBase, *, factor: float, gamma: Positive = 0.4, scale_base: Positive = 512.0,
          centre: float | None = None):
     """xPos (Sun et al. 2022, arXiv:2212.10554): RoPE times an exponential decay per rotary pair,
     zeta_i = (2i/d + gamma) / (1 + gamma); q at position m is scaled by zeta^(+m/scale_base) and k at n by

@@ -31,6 +31,32 @@ COMMON_DEFAULTS = {"original_max_position_embeddings": None, "start_from": "ship
 COMMON_OPTIONS = tuple(COMMON_DEFAULTS)
 
 
+# Factors above this stretch a trained context past any runnable length and push float32 frequencies towards
+# underflow (theta^-1 / s below float32's smallest normal for s ~ 1e30): a factor of 1e300 is a typo, not a run.
+MAX_FACTOR = 1e6
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of a method option, declared on its annotation: `Annotated[float, Range(gt=0)]`.
+    `check_options` checks it (so `extend.patch`, the sweep, the lm-eval model and `inspect` all refuse
+    `beta_fast=-5` with the same line). Bounds are exclusive (gt/lt) or inclusive (ge/le); None = unbounded."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    why: str = ""  # what the bound means, e.g. "rotations must be positive"
+
+    def problem(self, value) -> str | None:
+        """None when `value` is within the range, else what it must be (e.g. "> 0")."""
+        for bound, holds, sign in ((self.gt, lambda b: value > b, ">"), (self.ge, lambda b: value >= b, ">="),
+                                   (self.lt, lambda b: value < b, "<"), (self.le, lambda b: value <= b, "<=")):
+            if bound is not None and not holds(bound):
+                return f"{sign} {bound:g}"
+        return None
+
+
 @dataclass(frozen=True)
 class RopeBase:
     """The model's own RoPE parameters that every method starts from (one per layer type)."""
@@ -180,6 +206,9 @@ def check_factor(method: Method, factor) -> float:
     factor = float(factor)
     if not math.isfinite(factor) or factor <= 0:
         raise ExtendError(f"factor must be a finite number > 0, got {factor} — pass e.g. factor=2.0")
+    if factor > MAX_FACTOR:
+        raise ExtendError(f"factor {factor:g} of method {method.name!r} is beyond the supported maximum "
+                          f"{MAX_FACTOR:g} (its positions or frequencies would underflow) — use e.g. factor=2, 4 or 8")
     if factor < method.min_factor:
         raise ExtendError(f"method {method.name!r} only extends context: factor must be >= {method.min_factor:g}, "
                           f"got {factor:g} — use factors >= {method.min_factor:g} (or 'pi' to compress positions)")
@@ -261,6 +290,39 @@ def check_option_value(method: Method, key: str, value) -> None:
     kinds, optional = found
     if value is None and optional:
         return
+    _check_kind(method, key, value, kinds, optional)
+    check_option_range(method, key, value)
+
+
+def option_range(method: Method, key: str) -> Range | None:
+    """The `Range` declared on an option's annotation (`Annotated[float, Range(gt=0)]`), else None."""
+    try:
+        hint = typing.get_type_hints(method.fn, include_extras=True).get(key)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: no declared range
+        return None
+    candidates = [hint, *typing.get_args(hint)]  # Annotated[...] itself, or inside Optional[Annotated[...]]
+    for h in candidates:
+        for extra in getattr(h, "__metadata__", ()):
+            if isinstance(extra, Range):
+                return extra
+    return None
+
+
+def check_option_range(method: Method, key: str, value) -> None:
+    """A numeric option value against its declared Range: one ExtendError naming option, value and range."""
+    rng = option_range(method, key)
+    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    problem = rng.problem(value)
+    if problem is not None:
+        default = method.options.get(key)
+        example = f"e.g. {key}={default!r}" if isinstance(default, (int, float)) else f"a value {problem}"
+        why = f" ({rng.why})" if rng.why else ""
+        raise ExtendError(f"option {key} of method {method.name!r} must be {problem}{why}, got {value!r} — "
+                          f"use {example}")
+
+
+def _check_kind(method: Method, key: str, value, kinds: set, optional: bool) -> None:
     ok = ((bool in kinds and isinstance(value, bool))
           or (not isinstance(value, bool) and (
               (float in kinds and isinstance(value, (int, float)) and math.isfinite(value))

@@ -28,11 +28,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 from .errors import ExtendError
-from .registry import RopeBase, register
+from .registry import Range, RopeBase, register
+
+# Declared ranges (registry.check_options); the upper bound (below the trained context) needs the model.
+Tokens = Annotated[int, Range(ge=1, why="a number of tokens")]
+TokensOrZero = Annotated[int, Range(ge=0, why="a number of tokens")]
 
 Positions = Callable[[torch.Tensor], torch.Tensor]
 
@@ -109,7 +114,7 @@ def _self_extend_reach(factor: float, context: int, options: dict) -> float:
 
 @register("self-extend", min_factor=1.0, remap=True, uses_factor=lambda o: o["group"] is None,
           reach=_self_extend_reach)
-def self_extend(rope: RopeBase, *, factor: float, window: int | None = None, group: int | None = None):
+def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, group: Tokens | None = None):
     """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv:2401.01325): neighbour attention with plain
     positions for keys within `window` tokens (i - j < window); beyond, grouped attention with positions
     floor(i / G) + window - floor(window / G) for the query and floor(j / G) for the key (the shift makes the
@@ -135,7 +140,7 @@ def self_extend(rope: RopeBase, *, factor: float, window: int | None = None, gro
 
 @register("rerope", min_factor=1.0, remap=True, uses_factor=lambda o: bool(o["leaky"]),
           reach=lambda factor, context, o: factor * context if o["leaky"] else math.inf)
-def rerope(rope: RopeBase, *, factor: float, window: int | None = None, leaky: bool = True):
+def rerope(rope: RopeBase, *, factor: float, window: Tokens | None = None, leaky: bool = True):
     """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative positions
     clipped at `window` — plain for i - j < window, `window` beyond (query at position window, key at 0).
     Leaky ReRoPE (leaky=True, default): beyond the window the relative position grows with slope 1/k,
@@ -161,7 +166,8 @@ def rerope(rope: RopeBase, *, factor: float, window: int | None = None, leaky: b
 
 
 @register("dca", min_factor=1.0, remap=True, reach=lambda factor, context, o: math.inf)
-def dca(rope: RopeBase, *, factor: float, chunk_size: int | None = None, local_window: int | None = None):
+def dca(rope: RopeBase, *, factor: float, chunk_size: Tokens | None = None,
+        local_window: TokensOrZero | None = None):
     """Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; the authors' ChunkLlama code and option names):
     chunks of s = chunk_size - local_window tokens; every key at position j % s. A query i attends its own
     chunk at i % s (intra-chunk), the previous chunk at min(i % s + s, chunk_size) (successive-chunk: the

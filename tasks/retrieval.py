@@ -17,7 +17,8 @@ every length and depth, so lengths and depths pair on the same needles. The quer
 seeded depths of the trial. Prompts of one length share their haystack up to the shallowest needle and are
 run through the prefix cache (tasks.suite.run_cells): the haystack is prefilled once per cell, not once per prompt.
 
-Scoring (`scoring`: "likelihood", "generate" or "both"; every row per prompt, depth and trial set, n = 1):
+Scoring (`scoring`: "likelihood", "generate" or "both"; every row per prompt, n = 1, with depth, trial and the
+variant as `doc` set: a prompt is one unit of the results layer's intervals and pairing):
 - generate: greedy, then RULER's `string_match_all` (lm-eval's common_utils): the prediction stripped, control
   characters made newlines; the share of the reference strings found in it, case-insensitive. Metrics
   `string_match_all` (that share) and `all_found` (0/1: every reference found).
@@ -483,6 +484,7 @@ def run(
                         options,
                         depth=depth,
                         trial=trial,
+                        doc=variant,  # the unit is variant x depth x trial: results pair and pool by it
                     )
                 )
     return records

@@ -7,6 +7,7 @@ from this list, and `test_docs_table_matches_the_cases` fails when the two drift
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -31,9 +32,17 @@ exit code 2 (an `ExtendError` from the Python API). Each rule is checked by the 
 `extend.patch` and the lm-eval `model_args` call the same checks: methods, factors and option values against the
 method function's signature (`extend.registry.check_method`), model specs and devices (`extend.loading`), suite
 names and options (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`: empty files or directories, a
-hub dataset that cannot be opened — once, not per cell). The sweep itself checks its config's shape, its flags,
+hub dataset that cannot be opened — once, not per cell; binary, UTF-16 or malformed JSON Lines files). What needs
+the model but not its weights is checked from its config and tokenizer: the method patched onto a weightless
+skeleton of the model (`extend.preflight.check_on_config`: start_from, temperature, layer_types, windows, list
+lengths), lengths against the suites and the corpus (`tasks.checks.check_lengths_fit`) and the memory the longest
+forward needs against the free memory (`extend.memory`; `ROPEBENCH_MEMORY_GB` sets the budget). Option ranges are
+declared per option (`Annotated[float, Range(gt=0)]`, checked by `extend.registry.check_options`). The sweep
+itself checks its config's shape, its flags,
 the run directory and plugins (a syntax error or an exception in a plugin is named with its file and line). A
-rejected input leaves no run directory behind.
+rejected input leaves no run directory behind. `python -m results report` writes only into a new or empty directory
+or one ropebench made, never over a file ropebench did not write; records files that are damaged or not ropebench's
+are named with their file and first bad line (damaged lines among good ones are skipped with one warning).
 
 This page is generated from `tests/test_bad_inputs.py`, which runs every case (`python tests/test_bad_inputs.py
 --write-docs` rewrites it; DIR is the test's scratch directory).
@@ -234,6 +243,152 @@ CASES = [
         "ropebench_passkey_16k", kind="lm_eval", expect="option beta_fast of method 'yarn' must be a number"),
 ]
 
+# -- issue 25 B: refused before the weights load — checked from the config, the tokenizer and the corpus
+CASES += [
+    sweep("`--lengths 1`", "--lengths", "1", expect="too short to score a token"),
+    sweep("`--tasks passkey --lengths 7`", "--tasks", "passkey", "--lengths", "7",
+          expect="too short for the passkey prompt"),
+    sweep("`--lengths 819200` (longer than every sotu speech)", "--lengths", "819200",
+          expect="longer than corpus 'sotu' can fill"),
+    sweep("`--lengths 1e20`", "--lengths", "1e20", expect="longer than corpus 'sotu' can fill"),
+    sweep("`-t perplexity.stride=128` wider than the window (sliding, length 64)", "-t",
+          "perplexity.protocol=sliding", "-t", "perplexity.stride=128", expect="larger than the window"),
+    sweep("`--tasks passkey --lengths 100000` beyond free memory (ROPEBENCH_MEMORY_GB=2)", "--tasks", "passkey",
+          "--lengths", "100000", expect="the largest that fits", env={"ROPEBENCH_MEMORY_GB": "2"}),
+    sweep("`--corpus` a binary file", "--corpus", "{tmp}/binary.txt", expect="is binary, not UTF-8 text"),
+    sweep("`--corpus` a UTF-16 file", "--corpus", "{tmp}/utf16.txt", expect="is UTF-16 text, not UTF-8"),
+    sweep("`--corpus` JSONL without a text field", "--corpus", "{tmp}/nofield.jsonl", expect="has no 'text' string"),
+    sweep("`--corpus` broken JSONL", "--corpus", "{tmp}/broken.jsonl", expect="line 2 is not valid JSON"),
+    sweep("`--corpus` a single 10-token document", "--corpus", "{tmp}/tiny.txt", expect="can fill"),
+    sweep("`--corpus` a 100 KB whitespace file", "--corpus", "{tmp}/spaces.txt", expect="has no documents"),
+    sweep("`-o yarn.start_from=bogus`", "--methods", "yarn", "-o", "yarn.start_from=bogus",
+          expect="start_from must be"),
+    sweep("`-o yarn.temperature=hot`", "--methods", "yarn", "-o", "yarn.temperature=hot",
+          expect="temperature must be"),
+    sweep("`-o yarn.layer_types=[global]` (a single-type model)", "--methods", "yarn", "-o",
+          "yarn.layer_types=[global]", expect="layer_types only applies"),
+    sweep("`-o yarn.beta_fast=-5`", "--methods", "yarn", "-o", "yarn.beta_fast=-5",
+          expect="option beta_fast of method 'yarn' must be > 0"),
+    sweep("`-o self-extend.window=0`", "--methods", "self-extend", "-o", "self-extend.window=0",
+          expect="option window of method 'self-extend' must be >= 1"),
+    sweep("`-o rerope.window=-3`", "--methods", "rerope", "-o", "rerope.window=-3", expect="must be >= 1"),
+    sweep("`-o rerope.window=100000` (past the trained context)", "--methods", "rerope", "-o",
+          "rerope.window=100000", expect="below the trained context 8192"),
+    sweep("`-o llama3.low_freq_factor=4 -o llama3.high_freq_factor=1`", "--methods", "llama3", "-o",
+          "llama3.low_freq_factor=4", "-o", "llama3.high_freq_factor=1", expect="llama3 needs high_freq_factor"),
+    sweep("`--methods longrope` with 2-value factor lists", "--methods", "longrope", "-o",
+          "longrope.short_factor=[1,2]", "-o", "longrope.long_factor=[1,2]", expect="must be a list of 32 numbers"),
+    sweep("`--model` a directory whose config.json is `{}`", "--model", "{tmp}/emptycfg",
+          expect="could not read the config"),
+    sweep("`--model` a truncated GGUF", "--model", "{tmp}/truncated.gguf", expect="damaged or truncated"),
+    raw("config `options: {yarm: {beta_fast: 16}}` (a misspelt method)", "--config", "{tmp}/optyarm.yaml", "--out",
+        "{tmp}/o", expect="options.yarm: unknown RoPE method 'yarm' — did you mean yarn"),
+    sweep("`--factors 1e300`", "--methods", "yarn", "--factors", "1e300", expect="beyond the supported maximum"),
+    sweep("`--factors 1e400` (inf)", "--methods", "yarn", "--factors", "1e400", expect="is not finite"),
+    raw('`extend.patch(model, "yarn", 2, beta_fast=-5)`', "yarn", {"beta_fast": -5}, kind="api", code=0,
+        expect="option beta_fast of method 'yarn' must be > 0"),
+    raw("`python -m extend.lm_eval run --model ropebench --model_args method=yarn,factor=2,start_from=bogus`",
+        "run", "--model", "ropebench", "--model_args", "method=yarn,factor=2,start_from=bogus", "--tasks",
+        "ropebench_passkey_16k", kind="lm_eval", expect="start_from must be"),
+    raw("`python -m extend.lm_eval run --model ropebench --model_args device=tpu`", "run", "--model", "ropebench",
+        "--model_args", "device=tpu", "--tasks", "ropebench_passkey_16k", kind="lm_eval", expect="is not a device"),
+    raw("`python -m extend.lm_eval run --model ropebench --model_args batch_size=abc`", "run", "--model",
+        "ropebench", "--model_args", "batch_size=abc", "--tasks", "ropebench_passkey_16k", kind="lm_eval",
+        expect="is not a batch size"),
+    raw("`python -m extend.lm_eval run --model ropebench --tasks ropebench_passky_16k` (a mistyped task)", "run",
+        "--model", "ropebench", "--tasks", "ropebench_passky_16k", kind="lm_eval", expect="tasks not found"),
+]
+
+
+
+# -- issue 25 A: never write over a user's file; damaged or foreign records; plugins; paths that cannot be used
+CASES += [
+    raw("config with an integer key `1: x`", "--config", "{tmp}/intkey.yaml", "--out", "{tmp}/o",
+        expect="key 1 is not a name"),
+    sweep("`--out` on a symlink loop", "--out", "{tmp}/loop/o", expect="ymlink loop"),
+    sweep("`--out` under a directory that may not be read", "--out", "{tmp}/noread/sub/o",
+          expect="Permission denied"),
+    sweep("`--out` a run directory whose records.jsonl is a directory", "--out", "{tmp}/rd_dir",
+          expect="is not a regular file", out_stays=True),
+    sweep("`--out` a run directory whose record has a list as `cell`", "--out", "{tmp}/rd_celllist",
+          expect="cell is a list", out_stays=True),
+    raw("`--dry-run --out` a run directory whose record is a 200000-deep JSON line", "--model", "smollm2-135m",
+        "--methods", "plain", "--tasks", "perplexity", "--lengths", "64", "--out", "{tmp}/rd_deep", "--dry-run",
+        expect="nested too deeply", out_stays=True),
+    sweep("`--out` a run directory whose records file is of a foreign schema", "--out", "{tmp}/rd_foreign",
+          expect="none of its 2 lines is a ropebench record", out_stays=True),
+    sweep("`--plugin` a file that calls sys.exit(3)", "--plugin", "{tmp}/exit_plugin.py",
+          expect="called sys.exit(3) at exit_plugin.py:2"),
+    sweep("`--plugin` a file that raises KeyboardInterrupt", "--plugin", "{tmp}/kbi_plugin.py",
+          expect="raised KeyboardInterrupt at kbi_plugin.py:1"),
+    sweep("`--plugin ''`", "--plugin", "", expect="names no plugin"),
+    raw("`python -m results report RUN --out` a directory of the user's (own report.md)", "report", "{tmp}/run",
+        "--out", "{tmp}/mine", kind="results", expect="non-empty directory ropebench did not make"),
+    raw("`python -m results report RUN --out` a file", "report", "{tmp}/run", "--out", "{tmp}/afile",
+        kind="results", expect="is not a directory"),
+    raw("`python -m results report` a run directory holding the user's tables/perplexity_ppl.md", "report",
+        "{tmp}/ownrun", kind="results", expect="perplexity_ppl.md exists and ropebench did not write it"),
+    raw("`python -m results report` a record with a list as `cell`", "report", "{tmp}/rd_celllist",
+        kind="results", expect="cell is a list"),
+    raw("`python -m results report` a 200000-deep JSON line", "report", "{tmp}/rd_deep", kind="results",
+        expect="nested too deeply"),
+    raw("`python -m results report` a records file of a foreign schema", "report", "{tmp}/rd_foreign",
+        kind="results", expect="none of its 2 lines is a ropebench record"),
+    raw("`python -m results table --rows length --cols length`", "table", "{tmp}/run", "--task", "perplexity",
+        "--metric", "ppl", "--rows", "length", "--cols", "length", kind="results", expect="is given twice"),
+]
+WRITE_SAFETY_FILES = {
+    "intkey.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\nlengths: [64]\n1: x\n",
+    "exit_plugin.py": "import sys\nsys.exit(3)\n",
+    "kbi_plugin.py": "raise KeyboardInterrupt\n",
+    "rd_foreign/records.jsonl": '{"id": 1, "score": 0.5}\n{"id": 2, "score": 0.7}\n',
+    "ownrun/tables/perplexity_ppl.md": "my own table\n",
+}
+
+
+def make_write_safety_fixtures(tmp: Path) -> None:
+    """Run directories (a sweep's lock file marks them) with damaged or foreign records, a symlink loop, a directory
+    that may not be read, and a run whose tables/ holds a file of the user's."""
+    for name, text in WRITE_SAFETY_FILES.items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
+    row = {"task": "perplexity", "metric": "ppl", "value": 1.0, "cell": ["a", "list"], "session": "s", "written": 1}
+    (tmp / "rd_celllist").mkdir()
+    (tmp / "rd_celllist" / "records.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp / "rd_deep").mkdir()
+    (tmp / "rd_deep" / "records.jsonl").write_text("[" * 200000 + "]" * 200000 + "\n")
+    (tmp / "rd_dir" / "records.jsonl").mkdir(parents=True)
+    for d in ("rd_dir", "rd_celllist", "rd_deep", "rd_foreign"):
+        (tmp / d / ".ropebench.lock").touch()
+    (tmp / "loop").symlink_to(tmp / "loop")
+    (tmp / "noread" / "sub").mkdir(parents=True)
+    from results.store import RecordWriter
+    from results.synthetic import synthetic_records
+
+    RecordWriter(tmp / "ownrun").write(synthetic_records("ownrun", tasks=("perplexity",)))
+
+
+@contextlib.contextmanager
+def unreadable_parent(tmp: Path):
+    """`noread/` may not be read (chmod 000). Root is not stopped by permissions, so for root os.stat refuses paths
+    below it as the kernel refuses them for any other user."""
+    noread = tmp / "noread"
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(os.fspath(path)).startswith(str(noread) + os.sep):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    noread.chmod(0)
+    if os.geteuid() == 0:
+        os.stat = stat
+    try:
+        yield
+    finally:
+        os.stat = real_stat
+        noread.chmod(0o755)
+
 
 # ---------------------------------------------------------------------------------------------- fixtures
 FILES = {
@@ -259,7 +414,23 @@ FILES = {
     "syntax_plugin.py": "def broken(:\n    pass\n",
     "raising_plugin.py": "x = 1\ny = x / 0\n",
     "damaged/records.jsonl": "{not json\nalso not json\n",
+    "nofield.jsonl": '{"body": "a document"}\n',
+    "broken.jsonl": '{"text": "fine"}\n{"text": "cut\n',
+    "tiny.txt": "one two three four five six seven eight nine ten",
+    "emptycfg/config.json": "{}",
+    "optyarm.yaml": "model: smollm2-135m\nmethods: [yarn]\noptions: {yarm: {beta_fast: 16}}\ntasks: [perplexity]\n"
+                    "lengths: [64]\n",
 }
+BINARY = {"binary.txt": bytes(range(256)) * 8, "utf16.txt": "a document in UTF-16\n".encode("utf-16"),
+          "spaces.txt": b" \n\t" * 34000}
+
+
+def _truncated_gguf(tmp: Path) -> None:
+    """The embedded GGUF's first 64 KB: the magic bytes are right, the metadata is cut."""
+    import extend
+
+    with open(extend.embedded_gguf(), "rb") as f:
+        (tmp / "truncated.gguf").write_bytes(f.read(1 << 16))
 
 
 def make_fixtures(tmp: Path) -> None:
@@ -267,12 +438,16 @@ def make_fixtures(tmp: Path) -> None:
         path = tmp / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    for name, data in BINARY.items():
+        (tmp / name).write_bytes(data)
+    _truncated_gguf(tmp)
     (tmp / "emptydir").mkdir()
     (tmp / "fake" / "records.jsonl").mkdir(parents=True)
     from results.store import RecordWriter
     from results.synthetic import synthetic_records
 
     RecordWriter(tmp / "run").write(synthetic_records("run"))
+    make_write_safety_fixtures(tmp)
 
 
 @contextlib.contextmanager
@@ -322,7 +497,8 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
         holder = RunLock(tmp / "locked").acquire()  # as if another sweep were running there
     try:
         with environ(case.env), no_model_loads(), contextlib.redirect_stderr(err), \
-                contextlib.redirect_stdout(io.StringIO()):
+                contextlib.redirect_stdout(io.StringIO()), \
+                unreadable_parent(tmp) if "noread" in str(args) else contextlib.nullcontext():
             if case.kind == "sweep":
                 import sweep_lib
 
@@ -445,9 +621,10 @@ def test_corpus_under_home_is_found_by_the_check_and_the_loader(tmp_path, monkey
     from tasks import data
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "x.txt").write_text("a document under the home directory")
+    text = "a document under the home directory, " * 3  # long enough for --lengths 64 (checked in bytes)
+    (tmp_path / "x.txt").write_text(text)
     data.check_corpus("~/x.txt")
-    assert [d.text for d in data.load_corpus("~/x.txt")] == ["a document under the home directory"]
+    assert [d.text for d in data.load_corpus("~/x.txt")] == [text]
     with pytest.raises(data.TaskError, match="unknown corpus '~/nope.txt'"):
         data.check_corpus("~/nope.txt")
     assert sweep_lib.main(["--model", "smollm2-135m", "--methods", "plain", "--tasks", "perplexity", "--lengths",

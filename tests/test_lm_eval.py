@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
            TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
 SMALL = {"passkey_lengths": [256, 512], "depths": (0.0, 0.5, 1.0), "trials": 1, "classification_lengths": [256, 512],
-         "num_docs": 4}
+         "num_docs": 4, "retrieval_lengths": [512], "retrieval_depths": (0.0,), "retrieval_trials": 1}
 
 
 def shim(*args, timeout=600):
@@ -41,7 +41,7 @@ def test_model_args_parsing():
     assert parse_value("[1, 1.5]") == [1, 1.5] and parse_value("1;1.5;2") == [1, 1.5, 2.0]
     assert parse_value("none") is None and parse_value("abc") == "abc"
     method, factor, options, rest = check_model_args(
-        {"pretrained": "x", "method": "yarn", "factor": "4", "beta_fast": "16", "batch_size": 2})
+        {"pretrained": "smollm2-135m", "method": "yarn", "factor": "4", "beta_fast": "16", "batch_size": 2})
     assert (method, factor, options, rest) == ("yarn", 4.0, {"beta_fast": 16}, {"batch_size": 2})
 
 
@@ -92,8 +92,14 @@ def test_committed_tasks_are_templates_plus_lengths():
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     passkey_tasks = {f"ropebench_passkey_{ex.length_name(n)}": n for n in ex.PASSKEY_LENGTHS}
     era_tasks = {f"ropebench_sotu_era_{ex.length_name(n)}": n for n in ex.CLASSIFICATION_LENGTHS}
-    assert set(manager.all_tasks) == {*passkey_tasks, *era_tasks, "ropebench", "ropebench_passkey",
-                                      "ropebench_sotu_era"}
+    retrieval_tasks = {ex.retrieval_task_name(v, n): n for v in ex.retrieval.VARIANTS for n in ex.RETRIEVAL_LENGTHS}
+    assert set(manager.all_tasks) == {*passkey_tasks, *era_tasks, *retrieval_tasks, "ropebench", "ropebench_passkey",
+                                      "ropebench_sotu_era", "ropebench_retrieval"}
+    for name, length in retrieval_tasks.items():
+        config = load_yaml(folder / f"{name}.yaml", resolve_func=False)
+        assert (folder / f"{name}.yaml").read_text(encoding="utf-8") == ex.retrieval_task_yaml(
+            config["metadata"]["variant"], length)
+        assert config["metadata"]["length"] == length
     for name, length in {**passkey_tasks, **era_tasks}.items():
         suite = "passkey" if name in passkey_tasks else "sotu_era"
         assert (folder / f"{name}.yaml").read_text(encoding="utf-8") == ex.task_yaml(suite, length)
@@ -181,7 +187,11 @@ def test_committed_task_folder_is_up_to_date(smollm2):
     assert ex.era_docs(tok, [1024], ex.CLASSIFICATION_DOCS) == [r for r in rows if r["length"] == 1024]
     names = {f"ropebench_passkey_{ex.length_name(n)}.yaml" for n in ex.PASSKEY_LENGTHS}
     names |= {f"ropebench_sotu_era_{ex.length_name(n)}.yaml" for n in ex.CLASSIFICATION_LENGTHS}
-    assert names | set(ex.STATIC_FILES) | {"passkey.jsonl", "sotu_era.jsonl"} == {
+    rows = [json.loads(x) for x in (folder / "retrieval.jsonl").read_text().splitlines()]
+    fresh = ex.retrieval_docs(tok, [4096], ex.RETRIEVAL_DEPTHS, ex.RETRIEVAL_TRIALS)
+    assert fresh == [r for r in rows if r["length"] == 4096]
+    names |= {f"{ex.retrieval_task_name(v, n)}.yaml" for v in ex.retrieval.VARIANTS for n in ex.RETRIEVAL_LENGTHS}
+    assert names | set(ex.STATIC_FILES) | {"passkey.jsonl", "sotu_era.jsonl", "retrieval.jsonl"} == {
         p.name for p in folder.iterdir() if p.is_file()}
 
 

@@ -215,11 +215,6 @@ def test_register_user_method_and_entry_point(monkeypatch):
         extend.registry._REGISTRY.pop("ep-test", None)
 
 
-def test_describe_every_method():
-    for name in extend.methods():
-        info = extend.describe(name)
-        assert info["doc"] and "original_max_position_embeddings" in info["options"]
-    assert extend.describe("longrope")["required"] == ["long_factor", "short_factor"]
 def test_the_default_policy_is_the_model_as_loaded():
     """One default everywhere: describe(), patch(), trained_context() and the shipped module agree on "shipped"."""
     import inspect
@@ -230,6 +225,11 @@ def test_the_default_policy_is_the_model_as_loaded():
         assert handle.options["start_from"] == "shipped"
 
 
+def test_describe_every_method():
+    for name in extend.methods():
+        info = extend.describe(name)
+        assert info["doc"] and "original_max_position_embeddings" in info["options"]
+    assert extend.describe("longrope")["required"] == ["long_factor", "short_factor"]
     assert extend.describe("yarn")["options"]["beta_fast"] == 32.0
 
 

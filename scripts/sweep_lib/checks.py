@@ -7,8 +7,9 @@ from __future__ import annotations
 import sys
 
 from extend import registry
+from extend.errors import ExtendError
 from extend.loading import check_device, check_model_spec
-from tasks.checks import check_task
+from tasks.checks import check_lengths_fit, check_task, extra_tokens, needs_tokenizer
 from tasks.data import check_corpus
 
 from .config import ConfigError
@@ -28,9 +29,50 @@ def check_registries(cfg: dict) -> None:
     for spec in cfg["model"]:
         check_model_spec(spec)
     check_device(cfg["device"])
+    for spec in cfg["model"]:
+        check_against_model(cfg, spec)
+
+
+def check_against_model(cfg: dict, spec: str) -> None:
+    """What needs the model's config or tokenizer but not its weights: every (method, factor, options) patched
+    onto a weightless skeleton, lengths against the suites, the corpora and the tokenizer, and the longest
+    forward against this machine's free memory (extend.memory)."""
+    from extend import memory, preflight
+    from extend.loading import default_device, default_dtype
+
+    config = preflight.config_of(spec, cfg["trust_remote_code"])
+    for m in cfg["methods"]:
+        for factor in m["factors"]:
+            preflight.check_on_config(config, m["method"], factor, m["options"])
+    tokenizer = preflight.tokenizer_of(spec, cfg["trust_remote_code"]) if _needs_tokenizer(cfg) else None
+    for name, t in cfg["tasks"].items():
+        for corpus in _task_corpora(cfg, t):
+            check_lengths_fit(name, t["lengths"], t["options"], corpus, tokenizer)
+    device = cfg["device"] or default_device()
+    dtype = cfg["dtype"] or str(default_dtype(device)).removeprefix("torch.")
+    longest = max(max(t["lengths"]) + extra_tokens(name, t["options"]) for name, t in cfg["tasks"].items())
+    blockwise = all(registry.get(m["method"]).remap for m in cfg["methods"])
+    memory.check_fits(config, longest, model=spec, device=device, dtype=dtype, blockwise=blockwise)
+
+
+def _needs_tokenizer(cfg: dict) -> bool:
+    """The tokenizer makes the short-length bounds exact: read it when a suite has such a bound to check."""
+    return any(needs_tokenizer(name, t["lengths"], t["options"]) for name, t in cfg["tasks"].items())
+
+
+def _task_corpora(cfg: dict, task: dict) -> list:
+    own = task["options"].get("corpus")
+    if own is None:
+        return list(cfg["corpus"])
+    return own if isinstance(own, list) else [own]
 
 
 def check_methods(cfg: dict) -> None:
+    for name in cfg.pop("_option_methods", []):  # a misspelt method's options would be dropped silently
+        try:
+            registry.get(name)
+        except ExtendError as e:
+            raise ConfigError(f"options.{name}: {e}") from None
     broadcast, taken, collapsed = set(), set(), []
     for m in cfg["methods"]:
         method = registry.get(m["method"])

@@ -2,7 +2,6 @@
 (lock, --fresh, resume), run this rank's share of the cells, and let rank 0 summarise the grid."""
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ def sweep(args, cfg: dict) -> int:
     check_registries(cfg)  # names, option values, suite options, corpora, models: all before a model loads
     out = Path(cfg["out"])
     rundir.check_out(out)
+    rundir.check_records(out, args.fresh)  # damaged or foreign records: one line, before the grid is shown
     inherits_demo = not args.config and bool(args.model or args.corpus)
     if inherits_demo:  # the demo's num_docs: 1 gives no interval on another model or corpus
         cfg["num_docs_raised"] = raise_demo_num_docs(cfg, args)
@@ -33,21 +33,18 @@ def sweep(args, cfg: dict) -> int:
     dist = Dist()
     device = dist.device(cfg["device"])
     cells = _cells(cfg, device)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    lock = rundir.RunLock(out, dist.shard_rank)
+    lock, created = rundir.take(out, dist.shard_rank)  # refused: raises, having touched nothing of the holder's
     completed = False
     try:
-        lock.acquire()
         if inherits_demo and dist.main:
             show_grid(cfg)  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
         code = _run(args, cfg, cells, dist, device, out)
         completed = True
         return code
     finally:
-        lock.release()
         if created and not completed and not any(out.glob("records*.jsonl")):
-            shutil.rmtree(out, ignore_errors=True)  # stopped before any record (e.g. the model is rejected)
+            rundir.discard(out, lock, dist.shard_rank)  # stopped before any record (e.g. the model is rejected)
+        lock.release()
 
 
 def _cells(cfg: dict, device: str | None) -> list[G.Cell]:

@@ -53,6 +53,8 @@ def check_lengths(values, where: str) -> list[int]:
     for v in values:
         if isinstance(v, str) and v.strip().lower().endswith("k") and v.strip()[:-1].isdigit():
             v = int(v.strip()[:-1]) * 1024  # "8k" -> 8192
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)  # 1e5 is a whole number of tokens
         if isinstance(v, bool) or not isinstance(v, int):
             raise ConfigError(f"{where}: length {v!r} is not an integer — use whole token counts, e.g. 4096")
         if v <= 0:
@@ -69,7 +71,10 @@ def check_factors(values, where: str) -> list[float]:
     for v in values:
         if isinstance(v, str) and NUMBER.match(v.strip()):
             v = parse_value(v)  # 1e3 in a YAML file is a string (YAML 1.1 wants 1.0e+3)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        if isinstance(v, float) and not math.isfinite(v):  # 1e400 parses to inf
+            raise ConfigError(f"{where}: factor {v!r} is not finite (too large for a float) — use a positive "
+                              f"number such as 2 or 4")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(f"{where}: factor {v!r} is not a positive number — use e.g. 2 or 4")
         out.append(float(v))
     return sorted(set(out))
@@ -107,6 +112,8 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
                               f"smollm2-135m")
     out = {"model": list(dict.fromkeys(m.strip() for m in models)), "methods": _methods(cfg),
            "tasks": _tasks(cfg)}
+    # methods named under options: — checked against the registry once plugins are in (checks.py)
+    out["_option_methods"] = sorted(_check_mapping(cfg.get("options"), "options"))
     corpora = _as_list(cfg.get("corpus", "sotu"), "corpus")
     if not corpora:
         raise ConfigError("empty grid: no corpus — set corpus: or pass --corpus sotu")
@@ -233,7 +240,15 @@ def _run_settings(cfg: dict) -> dict:
         raise ConfigError("out contains a NUL character — give a plain directory path")
     return {"seed": seed, "device": device, "dtype": DTYPES.get(dtype) if dtype else None,
             "trust_remote_code": trust, "plugins": [str(p) for p in _as_list(cfg.get("plugins"), "plugins")],
-            "description": cfg.get("description"), "out": str(Path(outdir).expanduser().resolve())}
+            "description": cfg.get("description"), "out": _absolute(outdir)}
+
+
+def _absolute(outdir: str) -> str:
+    try:
+        return str(Path(outdir).expanduser().resolve())
+    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13), an unreadable parent
+        raise ConfigError(f"cannot use --out {outdir}: {getattr(e, 'strerror', None) or e} — choose a directory "
+                          f"path without symlink loops that you can read and write") from None
 
 
 def check_writable(out: str) -> None:
@@ -241,10 +256,17 @@ def check_writable(out: str) -> None:
     leaves no empty directory behind."""
     path = Path(out)
     probe = path
-    while not probe.exists():
-        if probe.parent == probe:
+    while True:  # the nearest existing ancestor; os.stat, not exists(), so EACCES and ELOOP are not "missing"
+        try:
+            os.stat(probe)
             break
-        probe = probe.parent
+        except (FileNotFoundError, NotADirectoryError):
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        except OSError as e:  # a parent that may not be read (Permission denied), a symlink loop
+            raise ConfigError(f"cannot use --out {out}: {e.strerror or e} at {probe} — choose a directory you "
+                              f"can read and write") from None
     if not probe.is_dir():
         raise ConfigError(f"cannot write to --out {out}: {probe} is a file, not a directory — choose a "
                           f"directory path")

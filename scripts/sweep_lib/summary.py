@@ -9,10 +9,14 @@ from pathlib import Path
 from . import grid as G
 from .run import describe_error
 
-MAIN_TABLES = (("perplexity", "ppl", "perplexity (lower is better)"),
-               ("perplexity", "ppl_tail", "perplexity of the tokens since the previous length (lower is better)"),
-               ("passkey", "correct", "passkey retrieval accuracy"),
-               ("classification", "accuracy", "classification accuracy"))
+
+def main_tables() -> list[tuple[str, str, str]]:
+    """(task, metric, caption) of the tables printed at the end: what each suite declares (tasks/suite.py)."""
+    import tasks
+    from tasks.suite import suite_of
+
+    return [(name, metric, caption) for name, run in tasks.SUITES.items()
+            for metric, caption in suite_of(name, run).tables]
 
 
 def show_grid(cfg: dict) -> None:
@@ -41,21 +45,27 @@ def show_grid(cfg: dict) -> None:
 
 def summarize(cfg: dict, cells: list[G.Cell]) -> int:
     """Tables to stdout, report.md, failed cells; returns the exit code (1 if any cell of the grid failed)."""
+    import pandas as pd
+
     import results
+    from results.overview import rules_caption
+    from results.reach import load_theory
 
     out = Path(cfg["out"])
     df = results.load(out)
     in_grid = df[df["cell"].isin({c.key for c in cells})]
     ok = in_grid[in_grid["status"] == "ok"]
+    theory = load_theory(out)  # the predicted reach beside the measured one
     # no trained_context argument: every row records the one its patch resolved (it follows
     # -o original_max_position_embeddings); the model config's, in the manifest, only fills in where none is
     if not ok.empty:
         try:  # the report's first table: what each setting reaches, every value with its interval and n
             print("\n## summary — value [95% interval] n (details and paired differences in report.md)\n")
-            print(results.to_markdown(results.summary(ok)).rstrip())
+            print(results.to_markdown(results.summary(pd.concat([ok, theory]) if len(theory) else ok)).rstrip())
+            print(f"\n{rules_caption()}")
         except results.ResultsError as e:
             print(f"(no summary: {e})")
-    for task, metric, caption in MAIN_TABLES:
+    for task, metric, caption in main_tables():
         if ((ok["task"] == task) & (ok["metric"] == metric)).any():
             try:
                 t = results.table(in_grid, task, metric, with_ci=True)
