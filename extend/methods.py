@@ -35,6 +35,14 @@ def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: in
     return inv_freq.to(torch.float32), float(attention_factor)
 
 
+def _check_ramp(beta_fast: float, beta_slow: float) -> None:
+    """YaRN's ramp runs from beta_slow rotations (interpolated) up to beta_fast (kept): an empty or inverted ramp
+    is not the method."""
+    if not beta_fast > beta_slow:
+        raise ExtendError(f"yarn's ramp needs beta_fast > beta_slow, got beta_fast={beta_fast} and "
+                          f"beta_slow={beta_slow} — e.g. beta_fast=32, beta_slow=1 (the paper's)")
+
+
 SCALE_RULES = ("paper", "transformers")
 
 
@@ -108,6 +116,7 @@ def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, bet
     """NTK-by-parts (bloc97 2023; YaRN paper eq. 17-18): per dimension, interpolate by s where the
     wavelength is long (fewer than beta_slow rotations in L), keep where short (more than beta_fast
     rotations), linear ramp between. No attention temperature (YaRN without its 0.1 ln s + 1)."""
+    _check_ramp(beta_fast, beta_slow)
     inv_freq, _ = transformers_rope("yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow,
                                     attention_factor=1.0)
     return inv_freq, 1.0
@@ -119,6 +128,7 @@ def yarn(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, beta_slo
     """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts frequencies (ramp between beta_fast=32 and
     beta_slow=1 rotations) and attention temperature sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin.
     Delegates to transformers' `yarn`."""
+    _check_ramp(beta_fast, beta_slow)
     return transformers_rope("yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow,
                              attention_factor=attention_factor)
 
@@ -133,6 +143,7 @@ def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, b
     it once, at factor 1; scale_rule="transformers" s = max(1, factor L'/L - (factor - 1)) (emozilla's
     dynamic-ntk rule, as in transformers' `dynamic`). Unchanged up to the trained context L. The rule is recorded
     in the patch's options."""
+    _check_ramp(beta_fast, beta_slow)
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0

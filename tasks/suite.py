@@ -115,6 +115,9 @@ def fractions(value) -> str | None:
                 f"holds {d!r}, not a fraction in [0, 1] — 0 puts the needle first, 1 last, e.g. "
                 "[0.0, 0.5, 1.0]"
             )
+    repeated = sorted({d for d in values if values.count(d) > 1})
+    if repeated:  # a depth twice would give two prompts one (depth, trial) key: results pair and pool by it
+        return f"holds {repeated[0]!r} more than once — give each depth once, e.g. [0.0, 0.5, 1.0]"
     return None
 
 
