@@ -25,6 +25,13 @@ STEP = 2e-5
 _CANDIDATES = 2048  # bases tried at once on one failing distance
 _BLOCK = 1024  # distances per vectorised step; a failing base usually fails early, so stop at the first block
 _RECENT = 128  # failing distances re-checked first: most candidate bases fail at one of them
+# Search no further: with theta_0 = 1 the sum is cos(m) + the other pairs, so dim 2 never passes, and a tiny dim
+# passes only at bases far past any used (dim 8 at 4k: ~1e15). Beyond this `base_lower_bound` says inf.
+MAX_BASE = 1e15
+# The bound's search costs about (iterations x context x dim); at 32k and head_dim 128 it takes ~1 min on 2 cores.
+# Callers that run unasked (inspect, the sweep) compute it only up to this context; call base_lower_bound directly
+# for more.
+BOUND_MAX_CONTEXT = 32768
 
 
 def _sums(distances: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
@@ -50,17 +57,20 @@ def men_reach(inv_freq, limit: int) -> int:
 @lru_cache(maxsize=64)
 def base_lower_bound(dim: int, context: int) -> float:
     """The smallest RoPE base b with sum_i cos(m b^(-2i/dim)) >= 0 for every m < context (Men et al. 2024), to a
-    relative precision of STEP. `dim` is the rotary dimension (head_dim for full rotary).
+    relative precision of STEP; inf when none up to MAX_BASE does. `dim` is the rotary dimension (head_dim for full
+    rotary).
 
     The criterion is not monotone in b, so no bisection: starting from b = 2, find the first failing distance m,
     step b up on that one distance (O(dim) per candidate) until it passes, and repeat; distances that failed
     before are re-checked first, and only a base that passes them all gets the full O(context x dim) check."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2 or context < 1:
         raise ValueError(f"base_lower_bound needs an even integer dim >= 2 and context >= 1, got {dim}, {context}")
+    if dim == 2 and context > 2:  # cos(m) alone: negative at m = 2 whatever the base
+        return math.inf
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
     steps = (1 + STEP) ** np.arange(1, _CANDIDATES + 1)
     base, recent = 2.0, []
-    while True:
+    while base <= MAX_BASE:
         failing = None
         if recent:
             known = np.array(recent, dtype=np.float64)
@@ -71,13 +81,14 @@ def base_lower_bound(dim: int, context: int) -> float:
             if failing is None:
                 return float(base)
             recent = (recent + [failing])[-_RECENT:]
-        while True:  # the next base at which this distance passes
+        while base <= MAX_BASE:  # the next base at which this distance passes
             candidates = base * steps
             passing = np.flatnonzero(np.cos(failing * candidates[:, None] ** -exponents).sum(axis=1) >= 0)
             if passing.size:
                 base = candidates[passing[0]]
                 break
             base = candidates[-1]
+    return math.inf
 
 
 def critical_dimension(inv_freq, trained_context: int) -> int:
@@ -110,6 +121,11 @@ def describe(inv_freq, *, theta: float, dim: int, trained_context: int, target: 
     low, high = yarn_ramp(theta, dim, trained_context)
     holds = f"every m < {4 * target}" if reach == 4 * target else f"m < {reach}"
     verdict = "meets" if reach >= target else "short of"
+    if target > BOUND_MAX_CONTEXT:
+        smallest = f"not computed above {BOUND_MAX_CONTEXT} tokens (extend.theory.base_lower_bound({dim}, {target}))"
+    else:
+        bound = base_lower_bound(dim, target)
+        smallest = f"is {bound:.3g}" if math.isfinite(bound) else f"above {MAX_BASE:.0e} (none found)"
     return (f"theory: sum_i cos(m theta_i) >= 0 (Men et al.) for {holds}, {verdict} {target}; the smallest base "
-            f"that meets {target} is {base_lower_bound(dim, target):.3g} (theta {theta:g}); critical dimension "
+            f"that meets {target} {smallest} (theta {theta:g}); critical dimension "
             f"(Liu et al.) {critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}")

@@ -81,3 +81,16 @@ def test_yarn_ramp_matches_transformers_frequencies(theta, dim, context):
 def test_bad_dimension_is_refused():
     with pytest.raises(ValueError, match="even integer dim"):
         theory.base_lower_bound(63, 4096)
+
+
+def test_a_dimension_that_no_base_can_serve_ends_with_inf():
+    """dim 2 is cos(m) alone (negative at m = 2 for every base); the search must end, not loop."""
+    assert theory.base_lower_bound(2, 256) == math.inf
+    assert "none found" in theory.describe(np.array([1.0]), theta=1e4, dim=2, trained_context=256)
+
+
+def test_describe_skips_the_bound_past_its_context_limit():
+    """inspect runs unasked: a 128k context (Llama 3.1) must not start a search of many minutes."""
+    inv_freq = 5e5 ** (-np.arange(0, 128, 2) / 128)
+    line = theory.describe(inv_freq, theta=5e5, dim=128, trained_context=131072)
+    assert "not computed above 32768" in line

@@ -113,10 +113,12 @@ def theory_records(model, handle, longest: int) -> list[dict]:
     critical = min(theory.critical_dimension(f, context) for f in freqs.values())
     dim = 2 * min(len(f) for f in freqs.values())
     where = {"layer_types": [str(lt) for lt in types], "rotary_dim": dim, "frequencies_at": target}
-    return [{"metric": "men_reach", "value": float(reach), "n": 1, "task_options": {**where, "limit": limit}},
-            {"metric": "critical_dimension", "value": float(critical), "n": 1, "task_options": where},
-            {"metric": "base_lower_bound", "value": float(theory.base_lower_bound(dim, context)), "n": 1,
-             "length": context, "task_options": where}]
+    rows = [{"metric": "men_reach", "value": float(reach), "n": 1, "task_options": {**where, "limit": limit}},
+            {"metric": "critical_dimension", "value": float(critical), "n": 1, "task_options": where}]
+    if context <= theory.BOUND_MAX_CONTEXT:  # the bound's search grows with the context (extend/theory.py)
+        rows.append({"metric": "base_lower_bound", "value": float(theory.base_lower_bound(dim, context)), "n": 1,
+                     "length": context, "task_options": where})
+    return rows
 
 
 def write_theory(out: Path, rank: int, model, handle, group: list[G.Cell], run: str, resolved: dict,
