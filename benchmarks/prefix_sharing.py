@@ -24,9 +24,11 @@ DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 PARTS = ("many_shot", "passkey", "nothing_to_share", "speed")
 
 
-def _spy_caches(module):
-    """Patch module.PrefixCache so every cache the suite makes is kept (for its token counters)."""
+def _spy_caches():
+    """Patch the suite kit's PrefixCache (every suite makes its caches in tasks.suite.run_cells) so every cache is
+    kept (for its token counters)."""
     from extend import prefix_cache
+    from tasks import suite
 
     made = []
 
@@ -34,7 +36,7 @@ def _spy_caches(module):
         made.append(prefix_cache.PrefixCache(*a, **k))
         return made[-1]
 
-    return mock.patch.object(module, "PrefixCache", make), made
+    return mock.patch.object(suite, "PrefixCache", make), made
 
 
 def trie_tokens(prompts) -> int:
@@ -89,7 +91,7 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
 
     def classify(mode, n, share):
         spy, seen = scores_spy()
-        caches_patch, caches = _spy_caches(classification)
+        caches_patch, caches = _spy_caches()
         with spy, caches_patch:
             recs, secs = _timed(lambda: classification.run(model, tok, lengths=[L], mode=mode, num_docs=n,
                                                            share_prefix=share, progress=False))
@@ -104,7 +106,7 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
         def spy(m, t, ids, n, cache):
             answers[tuple(ids)] = res = real(m, t, ids, n, cache)
             return res
-        caches_patch, caches = _spy_caches(passkey)
+        caches_patch, caches = _spy_caches()
         with mock.patch.object(passkey, "_generate", spy), caches_patch:
             recs, secs = _timed(lambda: passkey.run(model, tok, lengths=[L], depths=DEPTHS, trials=trials,
                                                     share_prefix=share, progress=False))

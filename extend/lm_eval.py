@@ -453,6 +453,33 @@ def tasks_path() -> Path:
     return TASKS_DIR
 
 
+def needs_snapshot(model_args: dict, metadata: dict | None) -> bool:
+    """Would `with_task_tokenizer` convert a GGUF file first (its snapshot not cached yet: seconds to a minute)?"""
+    from extend.loading import _snapshot_dir, check_model_spec
+
+    if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
+        return False
+    spec = check_model_spec(str(model_args.get("pretrained", DEFAULT_PRETRAINED)))
+    if spec not in extend.ALIASES and not spec.endswith(".gguf"):
+        return False
+    path = extend.embedded_gguf(spec) if spec in extend.ALIASES else Path(spec).expanduser()
+    return not (_snapshot_dir(path) / "config.json").is_file()
+
+
+def check_task_names(tasks, include_path) -> None:
+    """lm-eval's own task-name check (its ValueError "Tasks not found: ..."), run early: a mistyped name is refused
+    before the model's weights are converted or loaded."""
+    names = [t for t in (tasks or []) if isinstance(t, str) and not t.endswith(".yaml")]
+    if not names:
+        return
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path)
+    missing = [t for t in names if not manager.match_tasks([t])]
+    if missing:
+        raise ValueError(f"Tasks not found: {', '.join(missing)}")
+
+
 def with_task_tokenizer(model_args: dict, metadata: dict | None) -> dict | None:
     """The task metadata of a `ropebench` run, with `tokenizer` set when the model is an alias or a .gguf file.
     lm-eval hands model_args to tasks as metadata, and tasks that size their own prompts (RULER's) load
@@ -507,11 +534,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args()  # lm-eval's own parsing (inserts 'run' when no subcommand is given)
         if getattr(args, "command", None) == "run":
-            if getattr(args, "model", None) == MODEL_NAME:
-                check_model_args(dict(args.model_args or {}))
-                args.metadata = with_task_tokenizer(dict(args.model_args or {}), args.metadata)
             if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
                 args.include_path = str(tasks_path())
+            if getattr(args, "model", None) == MODEL_NAME:
+                check_model_args(dict(args.model_args or {}))
+                if needs_snapshot(dict(args.model_args or {}), args.metadata):
+                    check_task_names(args.tasks, args.include_path)  # before converting a GGUF's weights
+                args.metadata = with_task_tokenizer(dict(args.model_args or {}), args.metadata)
         parser.execute(args)
     except RopebenchError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -299,7 +299,8 @@ CASES += [
         "ropebench", "--model_args", "batch_size=abc", "--tasks", "ropebench_passkey_16k", kind="lm_eval",
         expect="is not a batch size"),
     raw("`python -m extend.lm_eval run --model ropebench --tasks ropebench_passky_16k` (a mistyped task)", "run",
-        "--model", "ropebench", "--tasks", "ropebench_passky_16k", kind="lm_eval", expect="tasks not found"),
+        "--model", "ropebench", "--tasks", "ropebench_passky_16k", kind="lm_eval", expect="tasks not found",
+        env={"ROPEBENCH_CACHE": "{tmp}/empty-cache"}),  # first use: refused before the GGUF is converted
 ]
 
 
@@ -491,6 +492,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
     """(exit code, stderr) of one case; for API cases (None, the ExtendError's message)."""
     make_fixtures(tmp)
     args = [a.replace("{tmp}", str(tmp)) if isinstance(a, str) else a for a in case.args]
+    env = {k: v.replace("{tmp}", str(tmp)) if isinstance(v, str) else v for k, v in case.env.items()}
     err = io.StringIO()
     holder = None
     if case.kind == "sweep" and "locked" in str(args):
@@ -499,7 +501,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
         (tmp / "locked").mkdir()
         holder = RunLock(tmp / "locked").acquire()  # as if another sweep were running there
     try:
-        with environ(case.env), no_model_loads(), contextlib.redirect_stderr(err), \
+        with environ(env), no_model_loads(), contextlib.redirect_stderr(err), \
                 contextlib.redirect_stdout(io.StringIO()), \
                 unreadable_parent(tmp) if "noread" in str(args) else contextlib.nullcontext():
             if case.kind == "sweep":

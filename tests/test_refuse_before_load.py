@@ -17,17 +17,25 @@ from extend import memory
 from extend.errors import RopebenchError
 
 MEASURE = """
-import resource, sys, torch
+import sys, torch
 from transformers import MistralConfig, AutoModelForCausalLM
+
+def status(field):  # kB, from the kernel's own accounting of this process
+    line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+    return int(line.split()[1])
+
 L, attn = int(sys.argv[1]), sys.argv[2]
 torch.set_num_threads(1)
 cfg = MistralConfig(**{config})
 model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
 with torch.no_grad():
     model.model(input_ids=torch.zeros(1, 16, dtype=torch.long))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Reset the high-water mark to the current RSS (Linux clear_refs "5"): ru_maxrss would keep an earlier, larger
+    # peak (imports on a fresh interpreter can peak above this small forward) and show a growth of 0.
+    open("/proc/self/clear_refs", "w").write("5")
+    base = status("VmRSS")
     model.model(input_ids=torch.zeros(1, L, dtype=torch.long), use_cache=False)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+print((status("VmHWM") - base) * 1024)
 """
 TINY_SLIDING = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "vocab_size": 1000, "sliding_window": 256, "max_position_embeddings": 8192}

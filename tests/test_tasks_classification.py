@@ -174,11 +174,12 @@ def test_many_shot_shared_prefix_on_smollm2(smollm2, monkeypatch):
     """Real model, float32: many-shot scores with the demonstrations computed once equal the unshared ones
     (within 1e-4), so the predictions are the same; the queries after the first run only their own tokens."""
     from extend import prefix_cache
+    from tasks import suite as kit  # run_cells makes every suite's caches
 
     model, tok = smollm2
     caches = []
     real_cache = prefix_cache.PrefixCache
-    monkeypatch.setattr(classification, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1])
+    monkeypatch.setattr(kit, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1])
     seen = _scores(monkeypatch)
     kw = {"lengths": [512], "mode": "many-shot", "num_docs": 3, "excerpt_tokens": 48, "progress": False}
     shared = classification.run(model, tok, **kw)

@@ -110,12 +110,13 @@ def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
     """The real model (float32) answers every prompt of a passkey grid the same with and without sharing, and
     sharing prefills fewer tokens."""
     from extend import prefix_cache
+    from tasks import suite as kit  # run_cells makes every suite's caches
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 16)  # short prompts here: share even a short haystack
     counts = []
     real_cache = prefix_cache.PrefixCache
-    monkeypatch.setattr(passkey, "PrefixCache", lambda *a, **k: counts.append(real_cache(*a, **k)) or counts[-1])
+    monkeypatch.setattr(kit, "PrefixCache", lambda *a, **k: counts.append(real_cache(*a, **k)) or counts[-1])
     seen = _answers(monkeypatch)
     kw = {"lengths": [400], "depths": [0.5, 1.0], "trials": 2, "max_new_tokens": 6, "progress": False}
     shared = passkey.run(model, tok, **kw)
