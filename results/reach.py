@@ -248,6 +248,9 @@ def _rate_trained(s: Setting) -> Verdicts:
 def _rate_short(s: Setting) -> Verdicts:
     short = min(s.cells)
     base = s.cells[short][1]
+    if len(s.cells) < 2:  # the base length passes by definition: alone it would claim itself
+        return Verdicts(f"not computed: one tested length ({short}) is only the short-context base — test a "
+                        f"shorter length too", reference_length=short, reference_value=base.estimate)
     if not (math.isfinite(base.lo) and base.lo >= MIN_BAR):
         return Verdicts(f"not computed: own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < "
                         f"{MIN_BAR:g}, no short-context score to keep (more trials, or a shorter length)",

@@ -61,6 +61,14 @@ def test_nolima_rule_needs_an_established_short_score():
     assert pd.isna(e["effective_length"]) and e["claim"] == "–" and e["rule"].startswith("not computed")
 
 
+
+def test_nolima_rule_claims_nothing_from_one_length():
+    """One tested length is only the base: it passes by definition, so alone it must not claim itself (the demo's
+    passkey at 10240 read "≥ 10240" for 6/6)."""
+    e = results.effective_length(normalize(pd.DataFrame(_rows({10240: 24}))), "needles", "hit",
+                                 rule="short").iloc[0]
+    assert pd.isna(e["effective_length"]) and e["claim"] == "–" and e["rule"].startswith("not computed")
+
 def test_the_three_rules_can_disagree():
     # the own short score is 0.75, so NoLiMa's bar (0.64) is below RULER's absolute 0.8, which 18/24 already
     # misses; 21/24 (lower bound 0.69) passes NoLiMa's; plain at 8000 (the trained context) sets the third bar
