@@ -95,3 +95,20 @@ def test_t_quantiles_match_scipy():
     stats = pytest.importorskip("scipy.stats")
     for dof in (1, 2, 3, 7, 10, 11, 15, 30, 31, 60, 200, 5000):
         assert t975(dof) == pytest.approx(float(stats.t.ppf(0.975, dof)), abs=2e-5)
+
+
+@pytest.mark.parametrize("n, base", [(24, 0.9), (100, 0.9), (400, 0.6)])
+def test_nolima_rule_rarely_claims_a_length_at_the_edge_of_its_bar(n, base):
+    """results.reach's `short` rule: claim L when Wilson's lower bound at L >= 0.85 x the base's point estimate (the
+    base established: its lower bound >= 0.5). The base's own noise is not in the bar, so at a true rate of exactly
+    0.85 x the true base the rule claims L more often than Wilson's one-sided 2.5%: stated in docs/results.md as
+    3-6%; this holds it under 7% (seeded, 40 000 draws: s.e. ~0.0013)."""
+    from results.reach import MIN_BAR, NOLIMA_FRACTION
+    from results.stats import wilson
+
+    lower = np.array([wilson(k, n)[0] for k in range(n + 1)])  # the project's own Wilson bound, per count
+    rng = np.random.default_rng(7)
+    k_base = rng.binomial(n, base, 40_000)
+    k_at = rng.binomial(n, NOLIMA_FRACTION * base, 40_000)
+    claimed = (lower[k_base] >= MIN_BAR) & (lower[k_at] >= NOLIMA_FRACTION * k_base / n)
+    assert 0.01 < claimed.mean() < 0.07
