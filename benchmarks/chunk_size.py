@@ -5,6 +5,7 @@ See benchmarks/NOTES.md.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/chunk_size.py [--length 8192] [--chunks 256 1024 4096]
 """
+
 import argparse
 import time
 from unittest import mock
@@ -26,7 +27,7 @@ def best_of(fn, repeats, *args, **kw):
 
 def head_only(model, hidden, chunk):
     for i in range(0, hidden.shape[0], chunk):
-        model.get_output_embeddings()(hidden[i:i + chunk])
+        model.get_output_embeddings()(hidden[i : i + chunk])
 
 
 def main():
@@ -36,22 +37,33 @@ def main():
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    print("| dtype | chunk | head + loss, blocked (s) | head + loss, whole chunk (s) | head alone (s) | body (s) |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    print(
+        "| dtype | chunk | head + loss, blocked (s) | head + loss, whole chunk (s) | head alone (s) | body (s) |\n"
+        "|---|---:|---:|---:|---:|---:|"
+    )
     for dtype in args.dtypes:
         model, _ = extend.load("smollm2-135m", device="cpu", dtype=dtype)
-        ids = torch.randint(0, model.config.vocab_size, (1, args.length), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(
+            0, model.config.vocab_size, (1, args.length), generator=torch.Generator().manual_seed(0)
+        )
         with torch.inference_mode():
             t0 = time.perf_counter()
             hidden = scoring.body(model)(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
             body_s = time.perf_counter() - t0
             targets = ids[0, 1:]
             for chunk in args.chunks:
-                blocked = best_of(scoring.nll_from_hidden, args.repeats, model, hidden, targets, chunk_size=chunk)
-                with mock.patch.object(scoring, "LOSS_BLOCK_BYTES", 2 ** 62):  # one block = the whole chunk
-                    whole = best_of(scoring.nll_from_hidden, args.repeats, model, hidden, targets, chunk_size=chunk)
+                blocked = best_of(
+                    scoring.nll_from_hidden, args.repeats, model, hidden, targets, chunk_size=chunk
+                )
+                with mock.patch.object(scoring, "LOSS_BLOCK_BYTES", 2**62):  # one block = the whole chunk
+                    whole = best_of(
+                        scoring.nll_from_hidden, args.repeats, model, hidden, targets, chunk_size=chunk
+                    )
                 head_s = best_of(head_only, args.repeats, model, hidden, chunk)
-                print(f"| {dtype} | {chunk} | {blocked:.2f} | {whole:.2f} | {head_s:.2f} | {body_s:.1f} |", flush=True)
+                print(
+                    f"| {dtype} | {chunk} | {blocked:.2f} | {whole:.2f} | {head_s:.2f} | {body_s:.1f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

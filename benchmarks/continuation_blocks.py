@@ -6,6 +6,7 @@ forward's hidden states (max |difference|).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/continuation_blocks.py [prefix, default 2048]
 """
+
 import sys
 import time
 
@@ -34,14 +35,21 @@ with torch.inference_mode():
         hs = []
         with native_gqa(model):
             for s in range(a, L, chunk):
-                hs.append(B(input_ids=ids[:, s:min(L, s + chunk)], use_cache=True,
-                            **with_cache(B, c)).last_hidden_state)
+                hs.append(
+                    B(
+                        input_ids=ids[:, s : min(L, s + chunk)], use_cache=True, **with_cache(B, c)
+                    ).last_hidden_state
+                )
         return time.perf_counter() - t, torch.cat(hs, 1)
+
     t = time.perf_counter()
     full = B(input_ids=ids, use_cache=False).last_hidden_state
     tf = time.perf_counter() - t
     print(f"fresh {L}: {tf:.1f}s", flush=True)
     for chunk in [L - a, 2048, 1024, 512]:
         dt, h = run(chunk)
-        print(f"prefix {a}, tail {L-a} in chunks of {chunk}: {dt:.1f}s  max|dh| vs fresh "
-              f"{(h - full[:, a:]).abs().max().item():.2e}", flush=True)
+        print(
+            f"prefix {a}, tail {L - a} in chunks of {chunk}: {dt:.1f}s  max|dh| vs fresh "
+            f"{(h - full[:, a:]).abs().max().item():.2e}",
+            flush=True,
+        )

@@ -22,16 +22,25 @@ def main() -> None:
     args = p.parse_args()
     caps = torch.cpu.get_capabilities()
     native = [k for k in ("avx512_bf16", "amx_bf16") if caps.get(k)]
-    print(f"- Date: {datetime.date.today()}; CPU: {loading.cpu_key()}; torch capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; native bf16: {', '.join(native) or 'none'}; load average "
-          f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print("\n| tokens | GEMM | attention (SDPA) | decoder layer | choice at these ratios |\n|---:|---:|---:|---:|---|")
+    print(
+        f"- Date: {datetime.date.today()}; CPU: {loading.cpu_key()}; torch capability "
+        f"{torch.backends.cpu.get_cpu_capability()}; native bf16: {', '.join(native) or 'none'}; load average "
+        f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
+    print(
+        "\n| tokens | GEMM | attention (SDPA) | decoder layer | choice at these ratios |\n|---:|---:|---:|---:|---|"
+    )
     for tokens in args.tokens:
         s = loading.measure_bf16_speedup(tokens=tokens, rounds=args.rounds)
         dtype = str(loading.choose_cpu_dtype(s).dtype).removeprefix("torch.")
-        print(f"| {tokens} | {s['gemm']:.2f}x | {s['attention']:.2f}x | {s['layer']:.2f}x | {dtype} |", flush=True)
+        print(
+            f"| {tokens} | {s['gemm']:.2f}x | {s['attention']:.2f}x | {s['layer']:.2f}x | {dtype} |",
+            flush=True,
+        )
     choice = loading.dtype_choice("cpu")
-    print(f"\n`extend.loading.dtype_choice('cpu')`: {str(choice.dtype).removeprefix('torch.')} — {choice.reason}")
+    print(
+        f"\n`extend.loading.dtype_choice('cpu')`: {str(choice.dtype).removeprefix('torch.')} — {choice.reason}"
+    )
 
 
 if __name__ == "__main__":

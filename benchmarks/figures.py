@@ -17,6 +17,7 @@ unless overridden):
 - passkey: `tasks.passkey.run` for one trial vs a plain `model.generate` on the very same prompt ids.
 - prefix_sharing: issue 15's shared-vs-unshared figures and the suite throughput (benchmarks/prefix_sharing.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,6 +33,7 @@ SEED = 0
 
 
 # --- memory ---------------------------------------------------------------------------------------
+
 
 def _status(key: str) -> int:
     """A /proc/self/status field in bytes (VmRSS, VmHWM)."""
@@ -59,8 +61,12 @@ class Section:
         return False
 
     def report(self, prefix: str = "") -> dict:
-        return {f"{prefix}seconds": self.seconds, f"{prefix}peak_rss": self.peak, f"{prefix}score_rss": self.delta,
-                f"{prefix}start_rss": self.start_rss}
+        return {
+            f"{prefix}seconds": self.seconds,
+            f"{prefix}peak_rss": self.peak,
+            f"{prefix}score_rss": self.delta,
+            f"{prefix}start_rss": self.start_rss,
+        }
 
 
 def process_peak() -> int:
@@ -68,6 +74,7 @@ def process_peak() -> int:
 
 
 # --- shared setup ---------------------------------------------------------------------------------
+
 
 def load(model_dir: str, dtype: str):
     import torch
@@ -87,9 +94,14 @@ def model_facts(model) -> dict:
     import extend
 
     c = model.config
-    return {"name": snapshot_stem(model.name_or_path), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
-            "layers": c.num_hidden_layers, "parameters": sum(p.numel() for p in model.parameters()),
-            "trained_context": extend.trained_context(model)}
+    return {
+        "name": snapshot_stem(model.name_or_path),
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+        "layers": c.num_hidden_layers,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trained_context": extend.trained_context(model),
+    }
 
 
 def document_ids(tok, length: int):
@@ -99,8 +111,10 @@ def document_ids(tok, length: int):
     from tasks.data import iter_corpus, seeded_order, take_long
 
     bos = special_prefix(tok)  # what tasks.perplexity puts first by default: the tokenizer's own encoding
-    (doc, ids), = take_long(seeded_order(list(iter_corpus("sotu")), SEED), encoder(tok), length - len(bos), 1)[0]
-    return doc.id, bos + ids[:length - len(bos)]
+    ((doc, ids),) = take_long(
+        seeded_order(list(iter_corpus("sotu")), SEED), encoder(tok), length - len(bos), 1
+    )[0]
+    return doc.id, bos + ids[: length - len(bos)]
 
 
 def _curve(records) -> dict:
@@ -115,24 +129,41 @@ def _curve(records) -> dict:
 
 # --- children -------------------------------------------------------------------------------------
 
+
 def child_onepass(model_dir, lengths, dtype, force_per_length=False, **_):
     import extend
     import tasks
 
     model, tok = load(model_dir, dtype)
     after_load = _status("VmRSS")
-    force = mock.patch.object(tasks.perplexity, "length_dependent", lambda m: True) if force_per_length else _null()
+    force = (
+        mock.patch.object(tasks.perplexity, "length_dependent", lambda m: True)
+        if force_per_length
+        else _null()
+    )
     with extend.patched(model, METHOD, factor=FACTOR), force, Section() as s:
-        records = tasks.perplexity.run(model, tok, lengths=lengths, corpus="sotu", num_docs=1, seed=SEED,
-                                       progress=False)
+        records = tasks.perplexity.run(
+            model, tok, lengths=lengths, corpus="sotu", num_docs=1, seed=SEED, progress=False
+        )
     curve = _curve(records)
     per_doc = [r["seconds"] for r in records if r["doc"] is not None and r["metric"] == "loss"]
     # one pass: every length's record carries the one forward's time; per length: one forward each
     model_seconds = sum(per_doc) if force_per_length else max(per_doc)
-    length_seconds = {str(r["length"]): r["seconds"] for r in records if r["doc"] is not None and r["metric"] == "loss"}
-    return {**s.report(), "after_load_rss": after_load, "process_peak": process_peak(), "doc": curve.pop("doc"),
-            "loss": curve, "model_seconds": model_seconds, "length_seconds": length_seconds,
-            "method": METHOD, "factor": FACTOR, "model": model_facts(model)}
+    length_seconds = {
+        str(r["length"]): r["seconds"] for r in records if r["doc"] is not None and r["metric"] == "loss"
+    }
+    return {
+        **s.report(),
+        "after_load_rss": after_load,
+        "process_peak": process_peak(),
+        "doc": curve.pop("doc"),
+        "loss": curve,
+        "model_seconds": model_seconds,
+        "length_seconds": length_seconds,
+        "method": METHOD,
+        "factor": FACTOR,
+        "model": model_facts(model),
+    }
 
 
 def child_perlength(model_dir, lengths, dtype, **kw):
@@ -154,8 +185,13 @@ def child_labels(model_dir, lengths, dtype, **_):
     after_load = _status("VmRSS")
     with extend.patched(model, METHOD, factor=FACTOR), torch.inference_mode(), Section() as s:
         loss = model(input_ids=x, labels=x).loss.item()
-    return {**s.report(), "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc,
-            "loss": {str(len(ids)): loss}}
+    return {
+        **s.report(),
+        "after_load_rss": after_load,
+        "process_peak": process_peak(),
+        "doc": doc,
+        "loss": {str(len(ids)): loss},
+    }
 
 
 def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
@@ -179,16 +215,20 @@ def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
 
     def ours():
         with extend.patched(model, METHOD, factor=FACTOR), Section() as s:
-            tasks.perplexity.run(model, tok, lengths=lengths, corpus="sotu", num_docs=1, seed=SEED, progress=False)
+            tasks.perplexity.run(
+                model, tok, lengths=lengths, corpus="sotu", num_docs=1, seed=SEED, progress=False
+            )
         out["ours_seconds"] = s.seconds
 
     def bare():
         with torch.inference_mode():
             with Section() as s:
                 hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
-            with Section() as h:  # the LM head alone, in ropebench's chunks and the model's dtype (no upcast, no loss)
+            with (
+                Section() as h
+            ):  # the LM head alone, in ropebench's chunks and the model's dtype (no upcast, no loss)
                 for i in range(0, hidden.shape[1] - 1, chunk):
-                    model.get_output_embeddings()(hidden[0, i:min(i + chunk, hidden.shape[1] - 1)])
+                    model.get_output_embeddings()(hidden[0, i : min(i + chunk, hidden.shape[1] - 1)])
         out.update(s.report(), head_seconds=h.seconds)
 
     def forward():  # the plain forward a user would call: body + full logits, no loss
@@ -211,7 +251,7 @@ def _rolling_text(tok, tokens: int) -> tuple[str, str]:
     if tokens:
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         if len(enc["input_ids"]) > tokens:
-            text = text[:enc["offset_mapping"][tokens - 1][1]]
+            text = text[: enc["offset_mapping"][tokens - 1][1]]
     return doc.id, text
 
 
@@ -227,13 +267,29 @@ def child_rolling_ropebench(model_dir, window, rolling_tokens, dtype, **_):
             f.write(text)
         after_load = _status("VmRSS")
         with Section() as s:
-            records = tasks.perplexity.run(model, tok, lengths=[window], corpus=path, protocol="sliding",
-                                           stride=window - 1, span=n_text, num_docs=1, add_bos=True,
-                                           progress=False)  # BOS first, as lm-eval's rolling windows
+            records = tasks.perplexity.run(
+                model,
+                tok,
+                lengths=[window],
+                corpus=path,
+                protocol="sliding",
+                stride=window - 1,
+                span=n_text,
+                num_docs=1,
+                add_bos=True,
+                progress=False,
+            )  # BOS first, as lm-eval's rolling windows
     loss = next(r for r in records if r["doc"] is None and r["metric"] == "loss")
-    return {**s.report(), "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc,
-            "model_seconds": loss["seconds"],
-            "nll_sum": loss["value"] * loss["n"], "tokens": loss["n"], "text_tokens": n_text}
+    return {
+        **s.report(),
+        "after_load_rss": after_load,
+        "process_peak": process_peak(),
+        "doc": doc,
+        "model_seconds": loss["seconds"],
+        "nll_sum": loss["value"] * loss["n"],
+        "tokens": loss["n"],
+        "text_tokens": n_text,
+    }
 
 
 def child_rolling_lmeval(model_dir, window, rolling_tokens, dtype, **_):
@@ -247,8 +303,15 @@ def child_rolling_lmeval(model_dir, window, rolling_tokens, dtype, **_):
     after_load = _status("VmRSS")
     with Section() as s:
         (loglik,) = lm.loglikelihood_rolling([request], disable_tqdm=True)
-    return {**s.report(), "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc,
-            "nll_sum": -loglik, "tokens": len(lm.tok_encode(text)), "prefix_token": lm.prefix_token_id}
+    return {
+        **s.report(),
+        "after_load_rss": after_load,
+        "process_peak": process_peak(),
+        "doc": doc,
+        "nll_sum": -loglik,
+        "tokens": len(lm.tok_encode(text)),
+        "prefix_token": lm.prefix_token_id,
+    }
 
 
 def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
@@ -263,8 +326,12 @@ def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
 
     model, tok = load(model_dir, dtype)
     # The prompt of trial 0, depth 0.5 exactly as tasks.passkey builds it (checked against what it generates on).
-    key = random.Random(((SEED * passkey.MIX + passkey_length) * passkey.MIX + 0) * passkey.MIX + 0).randint(10000, 99999)
-    sentences = passkey.haystack_sentences(None, random.Random(SEED * passkey.MIX), int(1.5 * passkey_length) + 64)
+    key = random.Random(((SEED * passkey.MIX + passkey_length) * passkey.MIX + 0) * passkey.MIX + 0).randint(
+        10000, 99999
+    )
+    sentences = passkey.haystack_sentences(
+        None, random.Random(SEED * passkey.MIX), int(1.5 * passkey_length) + 64
+    )
     ids = passkey.build_prompt(tok, passkey_length, 0.5, key, sentences)
     captured, inner = {}, passkey._generate
 
@@ -276,33 +343,45 @@ def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
 
     def ours():
         with mock.patch.object(passkey, "_generate", spy), Section() as s:
-            records = tasks.passkey.run(model, tok, lengths=[passkey_length], depths=[0.5], trials=1, seed=SEED,
-                                        progress=False)
+            records = tasks.passkey.run(
+                model, tok, lengths=[passkey_length], depths=[0.5], trials=1, seed=SEED, progress=False
+            )
         return s, next(r["value"] for r in records if r["metric"] == "correct")
 
     def plain():
-        config = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id,
-                                  eos_token_id=tok.eos_token_id)
+        config = GenerationConfig(
+            max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+        )
         x = torch.tensor([ids], device=device_of(model))
         with torch.inference_mode(), Section() as s:
             out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
-        return s, tok.decode(out[0, x.shape[1]:], skip_special_tokens=True)
+        return s, tok.decode(out[0, x.shape[1] :], skip_special_tokens=True)
 
     if repeat_index % 2 == 0:  # alternate the order between repeats (the second call may find warm caches)
         (s_ours, correct), (s_plain, answer) = ours(), plain()
     else:
         (s_plain, answer), (s_ours, correct) = plain(), ours()
-    return {"seconds": s_ours.seconds, "plain_seconds": s_plain.seconds, "generate_seconds_inside": captured["seconds"],
-            "prompt_tokens": len(ids), "same_prompt": captured["ids"] == list(ids),
-            "same_answer": answer.strip() == captured["answer"].strip(), "correct": correct,
-            "peak_rss": s_ours.peak, "plain_peak_rss": s_plain.peak}
+    return {
+        "seconds": s_ours.seconds,
+        "plain_seconds": s_plain.seconds,
+        "generate_seconds_inside": captured["seconds"],
+        "prompt_tokens": len(ids),
+        "same_prompt": captured["ids"] == list(ids),
+        "same_answer": answer.strip() == captured["answer"].strip(),
+        "correct": correct,
+        "peak_rss": s_ours.peak,
+        "plain_peak_rss": s_plain.peak,
+    }
 
 
 def child_snapshot(model_dir, **_):
     """The cached save_pretrained snapshot of the embedded GGUF that extend.load uses (fp32, identical)."""
     import extend
 
-    return {"model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())), "gguf": str(extend.embedded_gguf())}
+    return {
+        "model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())),
+        "gguf": str(extend.embedded_gguf()),
+    }
 
 
 from prefix_sharing import child_prefix_sharing  # noqa: F401  (a child: issue 15's measurements)
@@ -313,4 +392,4 @@ def _null():
     yield
 
 
-CHILDREN = {name[len("child_"):]: fn for name, fn in globals().items() if name.startswith("child_")}
+CHILDREN = {name[len("child_") :]: fn for name, fn in globals().items() if name.startswith("child_")}

@@ -12,6 +12,7 @@ The key-span cache lives in a temporary directory for the run.
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/longppl_cost.py [--length 8192] [--dtype float32]
         [--trunc-len N] [--sliding-window N] [--repeats 1] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,11 +40,13 @@ def timed(fn, repeats: int) -> tuple[float, list]:
 
 def cold(fn):
     """fn with an empty key-span cache (memory and disk)."""
+
     def run():
         key_tokens._MEMORY.clear()
         for f in key_tokens.cache_dir().glob("*.json"):
             f.unlink()
         return fn()
+
     return run
 
 
@@ -61,7 +64,9 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="ropebench-keytokens-"))
     key_tokens.cache_dir = lambda: cache
     model, tok = extend.load("smollm2-135m", device="cpu", dtype=getattr(torch, args.dtype))
-    settings = {k: v for k, v in (("trunc_len", args.trunc_len), ("sliding_window", args.sliding_window)) if v}
+    settings = {
+        k: v for k, v in (("trunc_len", args.trunc_len), ("sliding_window", args.sliding_window)) if v
+    }
     kw = {"lengths": [args.length], "num_docs": 1, "corpus": args.corpus, "progress": False}
 
     def run(**extra):
@@ -71,6 +76,7 @@ def main() -> None:
         def go():
             with extend.patched(model, "yarn", factor=2):
                 return fn()
+
         return go
 
     perplexity.run(model, tok, **dict(kw, lengths=[min(args.length, 512)]))  # warm-up
@@ -87,11 +93,25 @@ def main() -> None:
         base = base or seconds
         keys = next((r for r in rows if r["metric"] == "longppl" and r["doc"] is None), None)
         used = next(iter(rows))["task_options"].get("key_tokens")
-        out.append({"case": name, "seconds": round(seconds, 2), "ratio": round(seconds / base, 2),
-                    "key_tokens": keys["n"] if keys else None, "settings": used})
+        out.append(
+            {
+                "case": name,
+                "seconds": round(seconds, 2),
+                "ratio": round(seconds / base, 2),
+                "key_tokens": keys["n"] if keys else None,
+                "settings": used,
+            }
+        )
         print(f"{name:34s} {seconds:8.2f} s  {seconds / base:5.2f}x  key tokens: {out[-1]['key_tokens']}")
-    info = {"length": args.length, "dtype": args.dtype, "corpus": args.corpus, "machine": machine(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "cases": out}
+    info = {
+        "length": args.length,
+        "dtype": args.dtype,
+        "corpus": args.corpus,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cases": out,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(info, indent=1))
     print(json.dumps({k: v for k, v in info.items() if k != "cases"}))

@@ -1,10 +1,11 @@
 """Reading the saved benchmark JSON (see report.py for its layout): medians over repeats and what the children
 recorded about the run and the model. Pure functions, shared by the report modules."""
+
 from __future__ import annotations
 
 import statistics
 
-MB, GB = 1024 ** 2, 1024 ** 3
+MB, GB = 1024**2, 1024**3
 # Runs saved before the children recorded their method all used yarn x2 (figures.METHOD / FACTOR at the time).
 LEGACY_METHOD = {"method": "yarn", "factor": 2.0}
 

@@ -1,6 +1,7 @@
 """Running the measurements: every child in a fresh subprocess (`run.py --child NAME ...`, one JSON line on
 stdout) so peak-memory figures do not pollute each other; the parent collects what they return, saves it as JSON
 and has benchmarks/report.py render the markdown. See figures.py for what each child measures."""
+
 from __future__ import annotations
 
 import datetime
@@ -30,18 +31,26 @@ class BenchmarkError(RopebenchError):
 
 # --- child side -----------------------------------------------------------------------------------
 
+
 def child_main(args) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import figures
 
-    out = figures.CHILDREN[args.child](model_dir=args.model_dir, lengths=args.lengths, window=args.window,
-                                       rolling_tokens=args.rolling_tokens, passkey_length=args.passkey_length,
-                                       repeat_index=args.repeat_index, dtype=args.dtype,
-                                       prefix=json.loads(args.prefix_json) if args.prefix_json else None)
+    out = figures.CHILDREN[args.child](
+        model_dir=args.model_dir,
+        lengths=args.lengths,
+        window=args.window,
+        rolling_tokens=args.rolling_tokens,
+        passkey_length=args.passkey_length,
+        repeat_index=args.repeat_index,
+        dtype=args.dtype,
+        prefix=json.loads(args.prefix_json) if args.prefix_json else None,
+    )
     print(MARK + json.dumps(out), flush=True)
 
 
 # --- plan -----------------------------------------------------------------------------------------
+
 
 def forward_seconds(length: int) -> float:
     """fp32 forward of SmolLM2-135M on this 2-core CPU, fitted to 8k ~26 s and 16k ~80 s (linear + quadratic)."""
@@ -50,8 +59,12 @@ def forward_seconds(length: int) -> float:
 
 
 def prefix_options(args) -> dict:
-    return {"length": args.prefix_length, "queries": args.prefix_queries, "trials": args.prefix_trials,
-            "zero_shot_queries": args.prefix_zero_shot_queries}
+    return {
+        "length": args.prefix_length,
+        "queries": args.prefix_queries,
+        "trials": args.prefix_trials,
+        "zero_shot_queries": args.prefix_zero_shot_queries,
+    }
 
 
 def prefix_estimate(args) -> float:
@@ -83,17 +96,36 @@ def plan(args) -> list[tuple[str, float]]:
 def total_estimate(args) -> float:
     """Seconds for the whole run: the prefix-sharing child runs min(--repeats, --prefix-repeats) times."""
     return args.repeats * sum(s for n, s in plan(args) if n != "prefix_sharing") + min(
-        args.repeats, args.prefix_repeats) * prefix_estimate(args)
+        args.repeats, args.prefix_repeats
+    ) * prefix_estimate(args)
 
 
 # --- parent side ----------------------------------------------------------------------------------
 
+
 def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
-    cmd = [sys.executable, str(HERE / "run.py"), "--child", name, "--model-dir", str(args.model_dir),
-           "--lengths", *map(str, args.lengths), "--window", str(args.window), "--rolling-tokens",
-           str(args.rolling_tokens), "--passkey-length", str(args.passkey_length), "--repeat-index", str(repeat),
-           "--dtype", args.prefix_dtype if name == "prefix_sharing" else args.dtype,
-           "--prefix-json", json.dumps(prefix if prefix is not None else prefix_options(args))]
+    cmd = [
+        sys.executable,
+        str(HERE / "run.py"),
+        "--child",
+        name,
+        "--model-dir",
+        str(args.model_dir),
+        "--lengths",
+        *map(str, args.lengths),
+        "--window",
+        str(args.window),
+        "--rolling-tokens",
+        str(args.rolling_tokens),
+        "--passkey-length",
+        str(args.passkey_length),
+        "--repeat-index",
+        str(repeat),
+        "--dtype",
+        args.prefix_dtype if name == "prefix_sharing" else args.dtype,
+        "--prefix-json",
+        json.dumps(prefix if prefix is not None else prefix_options(args)),
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
@@ -101,7 +133,7 @@ def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
     if proc.returncode or not lines:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"benchmark child {name!r} failed (exit {proc.returncode}) — see its stderr above")
-    out = json.loads(lines[-1][len(MARK):])
+    out = json.loads(lines[-1][len(MARK) :])
     out["child_wall"] = time.perf_counter() - t0
     return out
 
@@ -143,8 +175,14 @@ def machine() -> dict:
         ram = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) * 1024
     except (OSError, AttributeError):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram": ram, "avx512_bf16": bf16, "os": platform.platform(),
-            "load": os.getloadavg()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram": ram,
+        "avx512_bf16": bf16,
+        "os": platform.platform(),
+        "load": os.getloadavg(),
+    }
 
 
 def versions() -> dict:
@@ -160,8 +198,12 @@ def versions() -> dict:
 
 
 def started(command: str) -> dict:
-    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine(),
-            "versions": versions(), "command": command}
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(),
+        "command": command,
+    }
 
 
 def save_json(path: Path, data: dict) -> None:
@@ -177,8 +219,11 @@ def write_report(path: Path, text: str) -> None:
 def run_all(args, out: Path, command: str) -> None:
     """Every child, --repeats times; the raw measurements are saved before the report is rendered, so a failed
     rendering can be redone with --from-json."""
-    print(f"ropebench benchmark: lengths {args.lengths}, window {args.window}, passkey {args.passkey_length}, "
-          f"{args.repeats} repeat(s); estimated {total_estimate(args) / 60:.1f} min on a quiet 2-core CPU", flush=True)
+    print(
+        f"ropebench benchmark: lengths {args.lengths}, window {args.window}, passkey {args.passkey_length}, "
+        f"{args.repeats} repeat(s); estimated {total_estimate(args) / 60:.1f} min on a quiet 2-core CPU",
+        flush=True,
+    )
     data = {**started(command), "estimate_seconds": total_estimate(args)}
     args.model_dir = model_snapshot(args)
     runs = []
@@ -190,11 +235,17 @@ def run_all(args, out: Path, command: str) -> None:
                 continue
             t0 = time.perf_counter()
             rep[name] = spawn_prefix(args, r) if name == "prefix_sharing" else spawn(args, name, r)
-            print(f"  repeat {r + 1}/{args.repeats} {name:18s} {time.perf_counter() - t0:7.1f} s "
-                  f"(est. {est:.0f} s)", flush=True)
+            print(
+                f"  repeat {r + 1}/{args.repeats} {name:18s} {time.perf_counter() - t0:7.1f} s "
+                f"(est. {est:.0f} s)",
+                flush=True,
+            )
         runs.append(rep)
-    data.update(runs=runs, total_seconds=time.perf_counter() - t_start,
-                args={k: str(x) if isinstance(x, Path) else x for k, x in vars(args).items()})
+    data.update(
+        runs=runs,
+        total_seconds=time.perf_counter() - t_start,
+        args={k: str(x) if isinstance(x, Path) else x for k, x in vars(args).items()},
+    )
     saved = out.with_suffix(".json")
     save_json(saved, data)
     rows, checks = report.figure_rows(data)
@@ -208,16 +259,26 @@ def run_all(args, out: Path, command: str) -> None:
 def run_prefix_only(args, out: Path, command: str) -> None:
     """`--only prefix-sharing`: the prefix-cache child alone; its section replaces the previous one in the report
     (everything else in it stays), with the perplexity targets restated from the saved full run."""
-    print(f"ropebench benchmark, prefix sharing only: {prefix_options(args)}, {args.prefix_dtype}, "
-          f"{args.repeats} repeat(s); estimated {args.repeats * prefix_estimate(args) / 60:.1f} min on a quiet "
-          "2-core CPU", flush=True)
+    print(
+        f"ropebench benchmark, prefix sharing only: {prefix_options(args)}, {args.prefix_dtype}, "
+        f"{args.repeats} repeat(s); estimated {args.repeats * prefix_estimate(args) / 60:.1f} min on a quiet "
+        "2-core CPU",
+        flush=True,
+    )
     args.model_dir = model_snapshot(args)
-    data = {**started(command), "dtype": args.prefix_dtype, "options": prefix_options(args), "runs": [],
-            "complete": False}
+    data = {
+        **started(command),
+        "dtype": args.prefix_dtype,
+        "options": prefix_options(args),
+        "runs": [],
+        "complete": False,
+    }
     saved = out.with_name("BENCHMARKS.prefix.json")
     for r in range(args.repeats):
         t0 = time.perf_counter()
-        run = spawn_prefix(args, r, lambda part_run: save_json(saved, {**data, "runs": data["runs"] + [part_run]}))
+        run = spawn_prefix(
+            args, r, lambda part_run: save_json(saved, {**data, "runs": data["runs"] + [part_run]})
+        )
         data["runs"].append(run)
         print(f"  repeat {r + 1}/{args.repeats} prefix_sharing {time.perf_counter() - t0:7.1f} s", flush=True)
     data["complete"] = True

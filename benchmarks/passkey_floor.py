@@ -10,6 +10,7 @@ the scorer's blocks) checks the model on the kind of forward the shared path run
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/passkey_floor.py [--length 8192] [--trials 4] [--dtype float32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,9 @@ def timed_forward(model, ids, cache=None, block=None) -> float:
     start = time.perf_counter()
     step = block or ids.shape[1]
     for i in range(0, ids.shape[1], step):
-        model.model(input_ids=ids[:, i:i + step], use_cache=cache is not None, **with_cache(model.model, cache))
+        model.model(
+            input_ids=ids[:, i : i + step], use_cache=cache is not None, **with_cache(model.model, cache)
+        )
     return time.perf_counter() - start
 
 
@@ -61,7 +64,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--tail-from", type=int, default=2048, help="cached prefix of the measured continuation")
+    parser.add_argument(
+        "--tail-from", type=int, default=2048, help="cached prefix of the measured continuation"
+    )
     args = parser.parse_args()
     model, tok = extend.load("smollm2-135m", dtype=args.dtype)
     cell = prompts(model, tok, args.length, args.trials)
@@ -69,25 +74,35 @@ def main() -> None:
     L = args.length
     ids = torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(0))
     timed_forward(model, ids)  # warm-up: page faults and allocator growth of the first long forward
-    times = {n: min(timed_forward(model, ids[:, :n]) for _ in range(2)) for n in (L // 4, L // 2, 3 * L // 4, L)}
+    times = {
+        n: min(timed_forward(model, ids[:, :n]) for _ in range(2)) for n in (L // 4, L // 2, 3 * L // 4, L)
+    }
     a, b = quadratic_fit(times)
     model_t = lambda s, e: a * (e - s) + b * (e * e - s * s)
     cache = DynamicCache()
-    timed_forward(model, ids[:, :args.tail_from], cache)
-    tail = timed_forward(model, ids[:, args.tail_from:], cache, block=CONTINUE_BLOCK)
+    timed_forward(model, ids[:, : args.tail_from], cache)
+    tail = timed_forward(model, ids[:, args.tail_from :], cache, block=CONTINUE_BLOCK)
     unshared = sum(model_t(0, e) for _, e in segs)
     m = machine()
-    print(f"SmolLM2-135M, {model.dtype}, {torch.get_num_threads()} threads, {m['cpu']} ({m['cores']} cores, "
-          f"avx512_bf16: {'yes' if m['avx512_bf16'] else 'no'})")
+    print(
+        f"SmolLM2-135M, {model.dtype}, {torch.get_num_threads()} threads, {m['cpu']} ({m['cores']} cores, "
+        f"avx512_bf16: {'yes' if m['avx512_bf16'] else 'no'})"
+    )
     print("fresh forwards (best of 2): " + ", ".join(f"{n}: {t:.1f} s" for n, t in times.items()))
-    print(f"fit t(L) = a L + b L^2: attention share at {L}: {b * L / (a + b * L):.3f}; "
-          + ", ".join(f"{n}: model {model_t(0, n):.1f} s" for n in times))
-    print(f"continuation {args.tail_from}->{L} on a cache in {CONTINUE_BLOCK}-token blocks: {tail:.1f} s "
-          f"measured, {model_t(args.tail_from, L):.1f} s modelled")
-    print(f"{len(cell)} prompts: tokens computed {sum(e - s for s, e in segs)} of {sum(e for _, e in segs)} "
-          f"({sum(e - s for s, e in segs) / sum(e for _, e in segs):.3f}); modelled prefill cost, shared / unshared: "
-          f"{sum(model_t(s, e) for s, e in segs) / unshared:.3f} (the floor of exact prefix reuse, before the "
-          "answer tokens, which cost the same on both sides)")
+    print(
+        f"fit t(L) = a L + b L^2: attention share at {L}: {b * L / (a + b * L):.3f}; "
+        + ", ".join(f"{n}: model {model_t(0, n):.1f} s" for n in times)
+    )
+    print(
+        f"continuation {args.tail_from}->{L} on a cache in {CONTINUE_BLOCK}-token blocks: {tail:.1f} s "
+        f"measured, {model_t(args.tail_from, L):.1f} s modelled"
+    )
+    print(
+        f"{len(cell)} prompts: tokens computed {sum(e - s for s, e in segs)} of {sum(e for _, e in segs)} "
+        f"({sum(e - s for s, e in segs) / sum(e for _, e in segs):.3f}); modelled prefill cost, shared / unshared: "
+        f"{sum(model_t(s, e) for s, e in segs) / unshared:.3f} (the floor of exact prefix reuse, before the "
+        "answer tokens, which cost the same on both sides)"
+    )
 
 
 if __name__ == "__main__":

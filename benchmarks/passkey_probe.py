@@ -4,6 +4,7 @@ model that does not retrieve from a broken cached path.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/passkey_probe.py METHOD FACTOR LENGTH
 """
+
 import sys
 import time
 from unittest import mock

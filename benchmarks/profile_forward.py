@@ -4,6 +4,7 @@ BENCHMARKS.md (see NOTES.md).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/profile_forward.py [--lengths 4096 16384] [--dtypes float32 bfloat16]
 """
+
 import argparse
 
 import torch
@@ -13,7 +14,10 @@ from torch.profiler import ProfilerActivity, profile
 import extend
 from tasks.scoring import body
 
-GROUPS = {"aten::mm": "linear layers (mm)", "aten::_scaled_dot_product_flash_attention_for_cpu": "attention (sdpa)"}
+GROUPS = {
+    "aten::mm": "linear layers (mm)",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "attention (sdpa)",
+}
 
 
 def sdpa_call(model, ids) -> str:
@@ -21,8 +25,10 @@ def sdpa_call(model, ids) -> str:
     seen, inner = [], F.scaled_dot_product_attention
 
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
-        seen.append(f"q {tuple(q.shape)} k {tuple(k.shape)} attn_mask "
-                    f"{None if attn_mask is None else tuple(attn_mask.shape)} is_causal {is_causal} {kw}")
+        seen.append(
+            f"q {tuple(q.shape)} k {tuple(k.shape)} attn_mask "
+            f"{None if attn_mask is None else tuple(attn_mask.shape)} is_causal {is_causal} {kw}"
+        )
         return inner(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
 
     F.scaled_dot_product_attention = spy
@@ -41,22 +47,34 @@ def main():
     args = p.parse_args()
     for dtype in args.dtypes:
         model, _ = extend.load("smollm2-135m", device="cpu", dtype=dtype)
-        print(f"\n{dtype}: SDPA called with {sdpa_call(model, torch.arange(64).reshape(1, -1))}\n", flush=True)
-        print("| dtype | length | total (s) | linear layers (mm) | attention (sdpa) | other |\n"
-              "|---|---:|---:|---:|---:|---:|")
+        print(
+            f"\n{dtype}: SDPA called with {sdpa_call(model, torch.arange(64).reshape(1, -1))}\n", flush=True
+        )
+        print(
+            "| dtype | length | total (s) | linear layers (mm) | attention (sdpa) | other |\n"
+            "|---|---:|---:|---:|---:|---:|"
+        )
         for length in args.lengths:
-            ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+            ids = torch.randint(
+                0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0)
+            )
             with torch.inference_mode():
                 body(model)(input_ids=ids[:, :32])  # warm-up
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
                     body(model)(input_ids=ids, use_cache=False)
             events = prof.key_averages()
             total = sum(e.self_cpu_time_total for e in events) / 1e6
-            parts = {name: sum(e.self_cpu_time_total for e in events if e.key == key) / 1e6
-                     for key, name in GROUPS.items()}
+            parts = {
+                name: sum(e.self_cpu_time_total for e in events if e.key == key) / 1e6
+                for key, name in GROUPS.items()
+            }
             other = total - sum(parts.values())
-            print(f"| {dtype} | {length} | {total:.1f} | " + " | ".join(
-                f"{v:.1f} s ({100 * v / total:.0f}%)" for v in [*parts.values(), other]) + " |", flush=True)
+            print(
+                f"| {dtype} | {length} | {total:.1f} | "
+                + " | ".join(f"{v:.1f} s ({100 * v / total:.0f}%)" for v in [*parts.values(), other])
+                + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

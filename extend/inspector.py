@@ -1,7 +1,7 @@
 """What RoPE a model has and what a method would change, per layer type — so a user can trust a patch.
 
-    print(extend.inspect(model))                          # or: python -m extend inspect MODEL
-    print(extend.inspect(model, "yarn", factor=2))        #     python -m extend inspect MODEL --method yarn --factor 2
+print(extend.inspect(model))                          # or: python -m extend inspect MODEL
+print(extend.inspect(model, "yarn", factor=2))        #     python -m extend inspect MODEL --method yarn --factor 2
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def _installed(model) -> dict:
     out = {}
     for lt in model.base_model.rotary_emb.bases:
         prefix = f"{lt}_" if lt else ""
-        out[lt] = (getattr(rotary, f"{prefix}inv_freq").detach().double().cpu(),
-                   float(getattr(rotary, f"{prefix}attention_scaling", 1.0)))
+        out[lt] = (
+            getattr(rotary, f"{prefix}inv_freq").detach().double().cpu(),
+            float(getattr(rotary, f"{prefix}attention_scaling", 1.0)),
+        )
     return out
 
 
@@ -45,24 +47,39 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
     rotary = rotary_module(model)
     shipped = shipped_ropes(model.config)
     bases = rope_bases(model, rotary)
-    lines = [(f"model family {family(model)}; trained context {context_for(shipped, 'pretrained')} pretrained, "
-              f"{context_for(shipped, 'shipped')} as shipped (from the {global_type(shipped) or 'single'} "
-              f"layer type); length-dependent RoPE as loaded: {'yes' if length_dependent(model) else 'no'}")]
+    lines = [
+        (
+            f"model family {family(model)}; trained context {context_for(shipped, 'pretrained')} pretrained, "
+            f"{context_for(shipped, 'shipped')} as shipped (from the {global_type(shipped) or 'single'} "
+            f"layer type); length-dependent RoPE as loaded: {'yes' if length_dependent(model) else 'no'}"
+        )
+    ]
     for lt, info in shipped.items():
         base = bases[lt]
         window = "global" if info.window is None else f"window {info.window}"
-        lines.append(f"  {lt or 'all layers'}: rotary dims {base.dim} of head_dim {base.head_dim}, theta "
-                     f"{info.theta:g}, shipped {info.label()}, context {info.pretrained_context} pretrained / "
-                     f"{info.shipped_context} shipped, {window}, wavelengths {_wavelengths(base.inv_freq)}")
-        lines.append("    " + theory.describe(base.inv_freq.double().cpu().numpy(), theta=info.theta, dim=base.dim,
-                                             trained_context=info.shipped_context))
+        lines.append(
+            f"  {lt or 'all layers'}: rotary dims {base.dim} of head_dim {base.head_dim}, theta "
+            f"{info.theta:g}, shipped {info.label()}, context {info.pretrained_context} pretrained / "
+            f"{info.shipped_context} shipped, {window}, wavelengths {_wavelengths(base.inv_freq)}"
+        )
+        lines.append(
+            "    "
+            + theory.describe(
+                base.inv_freq.double().cpu().numpy(),
+                theta=info.theta,
+                dim=base.dim,
+                trained_context=info.shipped_context,
+            )
+        )
     if method is None:
         return "\n".join(lines)
     with patched(model, method, factor, **options) as handle:
         wrapper = model.base_model.rotary_emb
         for lt in wrapper.bases:  # dynamic methods: show them at factor x the trained context
             if wrapper.layer_dynamic(lt):
-                wrapper.install(lt, wrapper.rope_for(lt, math.ceil(handle.options["trained_context"] * factor)))
+                wrapper.install(
+                    lt, wrapper.rope_for(lt, math.ceil(handle.options["trained_context"] * factor))
+                )
         after = _installed(model)
         extended = wrapper.extended
         dynamic = handle.length_dependent
@@ -79,17 +96,28 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
         if scalings.get(lt):
             own = [s for _, s in wrapper.attention[lt]]
             temp += f", attention logits x{scalings[lt][0] / own[0]:.4g}"
-        lines.append(f"  {lt or 'all layers'}: {what}; {changed} of {len(before)} frequency pairs differ from the "
-                     f"loaded model "
-                     f"(ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
-                     f"{_wavelengths(inv_freq)}; {temp}")
+        lines.append(
+            f"  {lt or 'all layers'}: {what}; {changed} of {len(before)} frequency pairs differ from the "
+            f"loaded model "
+            f"(ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
+            f"{_wavelengths(inv_freq)}; {temp}"
+        )
         target = math.ceil(handle.options["trained_context"] * factor)
-        lines.append("    " + theory.describe(inv_freq.numpy(), theta=handle.options["base_theta"],
-                                             dim=len(inv_freq) * 2, trained_context=handle.options["trained_context"],
-                                             target=target))
+        lines.append(
+            "    "
+            + theory.describe(
+                inv_freq.numpy(),
+                theta=handle.options["base_theta"],
+                dim=len(inv_freq) * 2,
+                trained_context=handle.options["trained_context"],
+                target=target,
+            )
+        )
     if dynamic:
-        lines.append(f"  frequencies depend on the sequence length (shown at {factor:g} x the trained context); "
-                     f"one generate/score call keeps one set under extend.fixed_length(model, n)")
+        lines.append(
+            f"  frequencies depend on the sequence length (shown at {factor:g} x the trained context); "
+            f"one generate/score call keeps one set under extend.fixed_length(model, n)"
+        )
     return "\n".join(lines)
 
 

@@ -19,7 +19,9 @@ Importing `extend` never imports this module (lm-eval is slow to import).
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # `python -m extend.lm_eval`: run the importable module, so the model registers once
+if (
+    __name__ == "__main__"
+):  # `python -m extend.lm_eval`: run the importable module, so the model registers once
     import sys
 
     from extend.lm_eval import main
@@ -68,13 +70,27 @@ TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "lm_eval_tasks"
 LM_EVAL_RANGE = SpecifierSet(">=0.4.10,<0.4.14")
 LM_EVAL_VERSION = Version(importlib.metadata.version("lm_eval"))
 # model_args this class consumes itself (everything else: HFLM's own arguments or method options).
-OWN_ARGS = ("pretrained", "method", "factor", "max_length", "device", "dtype", "attn_implementation",
-            "trust_remote_code", "tokenizer", "scored_logits_only", "share_prefix")
+OWN_ARGS = (
+    "pretrained",
+    "method",
+    "factor",
+    "max_length",
+    "device",
+    "dtype",
+    "attn_implementation",
+    "trust_remote_code",
+    "tokenizer",
+    "scored_logits_only",
+    "share_prefix",
+)
 
 
 def _hflm_args() -> set[str]:
-    return {k for k, p in inspect.signature(HFLM.__init__).parameters.items()
-            if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return {
+        k
+        for k, p in inspect.signature(HFLM.__init__).parameters.items()
+        if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
 
 
 def loading_args() -> set[str]:
@@ -124,12 +140,17 @@ def split_model_args(method: str, args: dict) -> tuple[dict, dict]:
             unknown.append(key)
     if unknown:
         odd = [k for k in unknown if not k.isidentifier()]
-        hint = (" — a list value was split at its commas: write it as a;b;c (or pass model_args as a dict/JSON)"
-                if odd else "")
+        hint = (
+            " — a list value was split at its commas: write it as a;b;c (or pass model_args as a dict/JSON)"
+            if odd
+            else ""
+        )
         valid = ", ".join(sorted(option_names)) or "none"
-        raise ExtendError(f"unknown model_args {', '.join(map(repr, sorted(unknown)))} for method {method!r}"
-                          f"{hint} — method options: {valid}; loading: {', '.join(OWN_ARGS)}; or any HFLM "
-                          f"argument (batch_size, add_bos_token, ...)")
+        raise ExtendError(
+            f"unknown model_args {', '.join(map(repr, sorted(unknown)))} for method {method!r}"
+            f"{hint} — method options: {valid}; loading: {', '.join(OWN_ARGS)}; or any HFLM "
+            f"argument (batch_size, add_bos_token, ...)"
+        )
     return options, passthrough
 
 
@@ -138,16 +159,20 @@ def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
     rest = {k: v for k, v in args.items() if k not in OWN_ARGS}
     method = parse_value(args.get("method", "plain"))
     if not isinstance(method, str) or not method:
-        raise ExtendError(f"method must be a method name, got {method!r} — choose one of "
-                          f"{', '.join(extend.methods())}")
+        raise ExtendError(
+            f"method must be a method name, got {method!r} — choose one of {', '.join(extend.methods())}"
+        )
     spec = get_method(method)
     factor = check_factor(spec, parse_value(args.get("factor", 1.0)))
     options, passthrough = split_model_args(method, rest)
     check_options(spec, dict(options))
     max_length = parse_value(args.get("max_length"))
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
-                                   or max_length <= 0):
-        raise ExtendError(f"max_length must be a positive integer, got {max_length!r} — e.g. max_length=16384")
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0
+    ):
+        raise ExtendError(
+            f"max_length must be a positive integer, got {max_length!r} — e.g. max_length=16384"
+        )
     _check_device_arg(args.get("device"))
     _check_batch_size(passthrough)
     pretrained = args.get("pretrained", DEFAULT_PRETRAINED)
@@ -166,7 +191,9 @@ def _check_device_arg(device) -> None:
     text = "" if device is None else str(device).strip()
     if text in ("", "auto", "cpu", "cuda", "mps") or (text.startswith("cuda:") and text[5:].isdigit()):
         return
-    raise ExtendError(f"model_args device={text!r} is not a device — use cpu, cuda, cuda:N or mps (or leave it out)")
+    raise ExtendError(
+        f"model_args device={text!r} is not a device — use cpu, cuda, cuda:N or mps (or leave it out)"
+    )
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -182,12 +209,16 @@ def check_tokenizer_arg(tokenizer) -> None:
     path = Path(text).expanduser()
     if text and path.is_dir():
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise ExtendError(f"model_args tokenizer={text!r} is a folder without tokenizer files "
-                              f"({', '.join(TOKENIZER_FILES)}) — pass a folder saved with save_pretrained, {hint}")
+            raise ExtendError(
+                f"model_args tokenizer={text!r} is a folder without tokenizer files "
+                f"({', '.join(TOKENIZER_FILES)}) — pass a folder saved with save_pretrained, {hint}"
+            )
         return
     if path.exists() or not text or text.startswith((".", "/", "~")):
-        raise ExtendError(f"model_args tokenizer={text!r} is not a tokenizer folder — pass a folder with tokenizer "
-                          f"files or a hub id owner/name ({hint})")
+        raise ExtendError(
+            f"model_args tokenizer={text!r} is not a tokenizer folder — pass a folder with tokenizer "
+            f"files or a hub id owner/name ({hint})"
+        )
     _check_tokenizer_cached_offline(text)
 
 
@@ -202,9 +233,11 @@ def _check_tokenizer_cached_offline(repo_id: str) -> None:
     except Exception:  # noqa: BLE001 - a malformed id: reported as not cached
         cached = False
     if not cached:
-        raise ExtendError(f"model_args tokenizer={repo_id!r} is neither a local folder nor in the Hugging Face cache "
-                          f"and HF_HUB_OFFLINE is set — pass a tokenizer folder (e.g. tokenizer=$(python -m "
-                          f"extend.lm_eval tokenizer {DEFAULT_PRETRAINED})) or unset HF_HUB_OFFLINE")
+        raise ExtendError(
+            f"model_args tokenizer={repo_id!r} is neither a local folder nor in the Hugging Face cache "
+            f"and HF_HUB_OFFLINE is set — pass a tokenizer folder (e.g. tokenizer=$(python -m "
+            f"extend.lm_eval tokenizer {DEFAULT_PRETRAINED})) or unset HF_HUB_OFFLINE"
+        )
 
 
 def tokenizer_source(pretrained=DEFAULT_PRETRAINED) -> str:
@@ -215,7 +248,9 @@ def tokenizer_source(pretrained=DEFAULT_PRETRAINED) -> str:
 
     spec = check_model_spec(pretrained)
     if spec in extend.ALIASES or spec.endswith(".gguf"):
-        return str(gguf_snapshot(extend.embedded_gguf(spec) if spec in extend.ALIASES else Path(spec).expanduser()))
+        return str(
+            gguf_snapshot(extend.embedded_gguf(spec) if spec in extend.ALIASES else Path(spec).expanduser())
+        )
     return spec
 
 
@@ -225,10 +260,13 @@ def _check_batch_size(passthrough: dict) -> None:
         return
     value = parse_value(passthrough["batch_size"])
     ok = (isinstance(value, int) and not isinstance(value, bool) and value > 0) or (
-        isinstance(value, str) and (value == "auto" or (value.startswith("auto:") and value[5:].isdigit())))
+        isinstance(value, str) and (value == "auto" or (value.startswith("auto:") and value[5:].isdigit()))
+    )
     if not ok:
-        raise ExtendError(f"model_args batch_size={value!r} is not a batch size — use a positive integer, auto or "
-                          f"auto:N (e.g. batch_size=1)")
+        raise ExtendError(
+            f"model_args batch_size={value!r} is not a batch size — use a positive integer, auto or "
+            f"auto:N (e.g. batch_size=1)"
+        )
 
 
 @register_model(MODEL_NAME)
@@ -245,16 +283,38 @@ class RopebenchLM(HFLM):
     `extend.prefix_cache`), and any HFLM argument (batch_size, add_bos_token, ...).
     The active patch is ``self.patch`` (``.undo()`` / ``close()`` restore the model)."""
 
-    def __init__(self, pretrained=DEFAULT_PRETRAINED, method="plain", factor=1.0, max_length=None, device=None,
-                 dtype=None, attn_implementation=None, trust_remote_code=False, tokenizer=None,
-                 scored_logits_only=True, share_prefix=True, **kwargs):
-        args = dict(kwargs, pretrained=pretrained, method=method, factor=factor, max_length=max_length,
-                    trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+    def __init__(
+        self,
+        pretrained=DEFAULT_PRETRAINED,
+        method="plain",
+        factor=1.0,
+        max_length=None,
+        device=None,
+        dtype=None,
+        attn_implementation=None,
+        trust_remote_code=False,
+        tokenizer=None,
+        scored_logits_only=True,
+        share_prefix=True,
+        **kwargs,
+    ):
+        args = dict(
+            kwargs,
+            pretrained=pretrained,
+            method=method,
+            factor=factor,
+            max_length=max_length,
+            trust_remote_code=trust_remote_code,
+            tokenizer=tokenizer,
+        )
         method, factor, options, passthrough = check_model_args(args)
         if not overrides_apply():
-            warnings.warn(f"lm-eval {LM_EVAL_VERSION} is outside {LM_EVAL_RANGE}, the range ropebench's scoring "
-                          f"follows: using stock HFLM loglikelihood and generation (whole-window logits, no prefix "
-                          f"sharing) — install 'lm-eval{LM_EVAL_RANGE}' for bounded-memory scoring", stacklevel=2)
+            warnings.warn(
+                f"lm-eval {LM_EVAL_VERSION} is outside {LM_EVAL_RANGE}, the range ropebench's scoring "
+                f"follows: using stock HFLM loglikelihood and generation (whole-window logits, no prefix "
+                f"sharing) — install 'lm-eval{LM_EVAL_RANGE}' for bounded-memory scoring",
+                stacklevel=2,
+            )
         max_length = parse_value(max_length)
         if isinstance(pretrained, (str, os.PathLike)):
             spec = str(pretrained)
@@ -262,27 +322,44 @@ class RopebenchLM(HFLM):
             if device and device.startswith("cuda") and not torch.cuda.is_available():
                 log.warning("device %r requested but no CUDA GPU is available: using cpu", device)  # as HFLM
                 device = "cpu"
-            model, tok = extend.load(spec, device=device, dtype=None if dtype in (None, "auto") else dtype,
-                                     attn_implementation=attn_implementation,
-                                     trust_remote_code=bool(parse_value(trust_remote_code)))
+            model, tok = extend.load(
+                spec,
+                device=device,
+                dtype=None if dtype in (None, "auto") else dtype,
+                attn_implementation=attn_implementation,
+                trust_remote_code=bool(parse_value(trust_remote_code)),
+            )
             tok = tok if tokenizer is None else tokenizer  # as lm-eval's hf: HFLM loads a folder or hub id
         else:  # an already loaded model (e.g. one shared by several evaluations in one process)
             if tokenizer is None or isinstance(tokenizer, str):
                 raise ExtendError("pass tokenizer=<tokenizer object> together with an already loaded model")
-            model, tok, spec = pretrained, tokenizer, getattr(pretrained, "name_or_path", type(pretrained).__name__)
+            model, tok, spec = (
+                pretrained,
+                tokenizer,
+                getattr(pretrained, "name_or_path", type(pretrained).__name__),
+            )
         self.patch = extend.patch(model, method, factor, **options)
         self.trained_context = self.patch.options["trained_context"]  # the L of the patch's start_from policy
         if max_length is None:
             max_length = max(1, round(factor * self.trained_context))
         try:
-            super().__init__(pretrained=model, tokenizer=tok, max_length=int(max_length),
-                             trust_remote_code=bool(parse_value(trust_remote_code)), **passthrough)
+            super().__init__(
+                pretrained=model,
+                tokenizer=tok,
+                max_length=int(max_length),
+                trust_remote_code=bool(parse_value(trust_remote_code)),
+                **passthrough,
+            )
         except Exception as e:
             self.patch.undo()
-            if isinstance(e, OSError) and isinstance(tok, (str, os.PathLike)):  # the only file HFLM reads here
+            if isinstance(e, OSError) and isinstance(
+                tok, (str, os.PathLike)
+            ):  # the only file HFLM reads here
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ExtendError(f"could not load model_args tokenizer={str(tok)!r}: {first[:200]} — pass a folder "
-                                  f"with tokenizer files or a hub id (with network access)") from e
+                raise ExtendError(
+                    f"could not load model_args tokenizer={str(tok)!r}: {first[:200]} — pass a folder "
+                    f"with tokenizer files or a hub id (with network access)"
+                ) from e
             raise
         self.pretrained = spec  # a string again: lm-eval's logs and results name the model by it
         self.method, self.factor, self.method_options = method, factor, options
@@ -295,15 +372,27 @@ class RopebenchLM(HFLM):
         self.patch.undo()
 
     def get_model_info(self) -> dict:
-        info = {"model_num_parameters": sum(p.numel() for p in self._model.parameters()),
-                "model_dtype": str(next(self._model.parameters()).dtype), "model_revision": self.revision,
-                "model_sha": ""}
-        if not (self.pretrained in extend.ALIASES or Path(self.pretrained).expanduser().exists()
-                or self.pretrained.endswith(".gguf")):
+        info = {
+            "model_num_parameters": sum(p.numel() for p in self._model.parameters()),
+            "model_dtype": str(next(self._model.parameters()).dtype),
+            "model_revision": self.revision,
+            "model_sha": "",
+        }
+        if not (
+            self.pretrained in extend.ALIASES
+            or Path(self.pretrained).expanduser().exists()
+            or self.pretrained.endswith(".gguf")
+        ):
             info = super().get_model_info()  # a hub id: lm-eval looks its sha up (skipped when offline)
-        info.update({"ropebench_method": self.method, "ropebench_factor": self.factor,
-                     "ropebench_options": json.dumps(self.patch.options, sort_keys=True),  # + start_from, L, theta
-                     "ropebench_max_length": self.max_length, "ropebench_trained_context": self.trained_context})
+        info.update(
+            {
+                "ropebench_method": self.method,
+                "ropebench_factor": self.factor,
+                "ropebench_options": json.dumps(self.patch.options, sort_keys=True),  # + start_from, L, theta
+                "ropebench_max_length": self.max_length,
+                "ropebench_trained_context": self.trained_context,
+            }
+        )
         return info
 
     # --- loglikelihood: logits only for the scored positions, a block at a time -----------------------------
@@ -311,8 +400,12 @@ class RopebenchLM(HFLM):
     def _shares_prefix(self) -> bool:
         """Requests reuse a cached prefix: one row per forward (batch_size 1), and one set of frequencies for
         every length (a dynamic method's cached keys would be rotated for another length)."""
-        return (self.share_prefix and overrides_apply() and str(self.batch_size) == "1"
-                and not extend.length_dependent(self.model))
+        return (
+            self.share_prefix
+            and overrides_apply()
+            and str(self.batch_size) == "1"
+            and not extend.length_dependent(self.model)
+        )
 
     def _scored(self, rows: list[list[int]], spans: list[tuple[int, int]], cache=None):
         """Per row of a right-padded batch (one row at a time when the method's frequencies depend on the
@@ -327,11 +420,17 @@ class RopebenchLM(HFLM):
         width = max(map(len, rows))
         batch = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         for i, r in enumerate(rows):
-            batch[i, :len(r)] = torch.tensor(r, dtype=torch.long, device=self.device)
+            batch[i, : len(r)] = torch.tensor(r, dtype=torch.long, device=self.device)
         head, postprocess = model.get_output_embeddings(), logit_postprocess(model)
         out = []
-        with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
-                                             enabled=self.mixed_precision_dtype is not None):
+        with (
+            torch.no_grad(),
+            torch.autocast(
+                device_type=self.device.type,
+                dtype=self.mixed_precision_dtype,
+                enabled=self.mixed_precision_dtype is not None,
+            ),
+        ):
             if cache is not None and len(rows) == 1:  # hidden states from the first scored position on
                 part, offset = cache.prefill(rows[0], keep_at_most=spans[0][0])
                 hidden = torch.zeros(1, width, part.shape[-1], dtype=part.dtype, device=part.device)
@@ -346,7 +445,7 @@ class RopebenchLM(HFLM):
                     logp = F.log_softmax(postprocess(head(hidden[i, s:e])), dim=-1, dtype=self.softmax_dtype)
                     inner = min(e, b - 1) - s  # positions whose next token is in the row (all but the last)
                     if inner > 0:
-                        target = batch[i, s + 1:s + 1 + inner]
+                        target = batch[i, s + 1 : s + 1 + inner]
                         picked.append(logp[:inner].gather(1, target[:, None])[:, 0])
                         greedy = greedy and bool((logp[:inner].argmax(dim=-1) == target).all())
                     if e == b:
@@ -374,17 +473,25 @@ class RopebenchLM(HFLM):
         def _lookup_one_token_cont(req):
             return req[-2] + req[-1][:-1]
 
-        re_ord = Collator(requests, sort_fn=_collate, group_by="contexts" if self.logits_cache else None,
-                          group_fn=_lookup_one_token_cont)
+        re_ord = Collator(
+            requests,
+            sort_fn=_collate,
+            group_by="contexts" if self.logits_cache else None,
+            group_fn=_lookup_one_token_cont,
+        )
         n = len(re_ord)
-        batch_size = self.batch_size if self.batch_size != "auto" else (override_bs if override_bs is not None
-                                                                         else 0)
+        batch_size = (
+            self.batch_size if self.batch_size != "auto" else (override_bs if override_bs is not None else 0)
+        )
         batch_fn = self._batch_scheduler if self.batch_size == "auto" and n > 0 and not override_bs else None
         if batch_fn is not None:
             self.batch_sizes = {}
         res = []
-        pbar = tqdm(total=len(requests), disable=(disable_tqdm or (self.rank != 0)),
-                    desc="Running loglikelihood requests")
+        pbar = tqdm(
+            total=len(requests),
+            disable=(disable_tqdm or (self.rank != 0)),
+            desc="Running loglikelihood requests",
+        )
         for chunk in re_ord.get_batched(n=batch_size, batch_fn=batch_fn):
             rows, spans = [], []
             for _, context_enc, continuation_enc in chunk:
@@ -392,10 +499,15 @@ class RopebenchLM(HFLM):
                 assert len(continuation_enc) <= self.max_length
                 total = len(context_enc) + len(continuation_enc)
                 if total > self.max_length + 1:
-                    log.warning("Combined length of context (%d) and continuation (%d) exceeds max_length (%d). "
-                                "Truncating %d tokens from the left.", len(context_enc), len(continuation_enc),
-                                self.max_length, total - self.max_length + 1)
-                inp = (context_enc + continuation_enc)[-(self.max_length + 1):][:-1]
+                    log.warning(
+                        "Combined length of context (%d) and continuation (%d) exceeds max_length (%d). "
+                        "Truncating %d tokens from the left.",
+                        len(context_enc),
+                        len(continuation_enc),
+                        self.max_length,
+                        total - self.max_length + 1,
+                    )
+                inp = (context_enc + continuation_enc)[-(self.max_length + 1) :][:-1]
                 rows.append(inp)
                 spans.append((len(inp) - len(continuation_enc), len(inp)))
             scored = self._scored(rows, spans, cache)
@@ -403,9 +515,12 @@ class RopebenchLM(HFLM):
                 # A cache group shares context + continuation[:-1]: only the last token differs between members,
                 # so the last position's whole row ([1, 1, vocab]) is what get_cache hands around.
                 for request_str, cont_toks, logits in re_ord.get_cache(  # noqa: B020  (as stock HFLM)
-                        req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=last.view(1, 1, -1)):
+                    req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=last.view(1, 1, -1)
+                ):
                     row, token = logits[0, -1], cont_toks[-1]
-                    logp = torch.cat([prefix, row[token:token + 1]])  # summed at once, in stock's dtype and order
+                    logp = torch.cat(
+                        [prefix, row[token : token + 1]]
+                    )  # summed at once, in stock's dtype and order
                     answer = (float(logp.sum()), greedy and int(row.argmax()) == token)
                     res.append(answer)
                     if request_str is not None:
@@ -438,13 +553,15 @@ class RopebenchLM(HFLM):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         past = cache.prime(context[0].tolist())
         with prefix_cache.native_gqa(self.model):
-            out = super()._model_generate(context, max_length, stop, **with_cache(self.model, past),
-                                          **generation_kwargs)
+            out = super()._model_generate(
+                context, max_length, stop, **with_cache(self.model, past), **generation_kwargs
+            )
         cache.settle()  # back to the prompt: the next one may share it
         return out
 
 
 # --- task folder -----------------------------------------------------------------------------------------
+
 
 def tasks_path() -> Path:
     """The folder with ropebench's lm-eval tasks (for --include_path / TaskManager(include_path=...))."""
@@ -522,8 +639,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lm_eval._cli import HarnessCLI
     except ImportError:
-        print(f"error: lm-eval {LM_EVAL_VERSION} has no lm_eval._cli (new in 0.4.10), which this command drives — "
-              f"install 'lm-eval{LM_EVAL_RANGE}'", file=sys.stderr)
+        print(
+            f"error: lm-eval {LM_EVAL_VERSION} has no lm_eval._cli (new in 0.4.10), which this command drives — "
+            f"install 'lm-eval{LM_EVAL_RANGE}'",
+            file=sys.stderr,
+        )
         return 2
     from lm_eval.utils import setup_logging
 
@@ -548,8 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # lm-eval checks the task names before it loads the model
         if not str(e).startswith("Tasks not found"):
             raise
-        print(f"error: lm-eval {str(e)[0].lower()}{str(e)[1:]} — check the names (`python -m extend.lm_eval ls "
-              f"tasks` lists them; ropebench's are ropebench_*)", file=sys.stderr)
+        print(
+            f"error: lm-eval {str(e)[0].lower()}{str(e)[1:]} — check the names (`python -m extend.lm_eval ls "
+            f"tasks` lists them; ropebench's are ropebench_*)",
+            file=sys.stderr,
+        )
         return 2
     finally:
         sys.argv = saved

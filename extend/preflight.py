@@ -24,8 +24,10 @@ def config_of(spec: str, trust_remote_code: bool = False):
     config = load_config(spec, trust_remote_code)
     text = getattr(config, "text_config", None) or config
     if not getattr(text, "num_hidden_layers", None) or not getattr(text, "hidden_size", None):
-        raise ExtendError(f"the config of {spec!r} has no num_hidden_layers / hidden_size — not a decoder "
-                          f"config; pass a causal LM (saved with save_pretrained) or a .gguf file")
+        raise ExtendError(
+            f"the config of {spec!r} has no num_hidden_layers / hidden_size — not a decoder "
+            f"config; pass a causal LM (saved with save_pretrained) or a .gguf file"
+        )
     return config
 
 
@@ -45,12 +47,14 @@ def tokenizer_of(spec: str, trust_remote_code: bool = False):
                 return AutoTokenizer.from_pretrained(str(snapshot))
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         path = Path(spec).expanduser()
-        return AutoTokenizer.from_pretrained(str(path) if path.exists() else spec,
-                                             trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            str(path) if path.exists() else spec, trust_remote_code=trust_remote_code
+        )
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ExtendError(f"could not read the tokenizer of {spec!r}: {first} — check the model's tokenizer "
-                          f"files") from e
+        raise ExtendError(
+            f"could not read the tokenizer of {spec!r}: {first} — check the model's tokenizer files"
+        ) from e
 
 
 _SKELETONS: dict[int, tuple] = {}  # id(config) -> (config, skeleton); configs are unhashable
@@ -78,5 +82,6 @@ def check_on_config(config, method: str, factor: float = 1.0, options: dict | No
     except ExtendError as e:
         if " — " in str(e):
             raise
-        raise ExtendError(f"{e} — fix the option (`python -m extend inspect MODEL` shows the model's RoPE and "
-                          f"layer types)") from None
+        raise ExtendError(
+            f"{e} — fix the option (`python -m extend inspect MODEL` shows the model's RoPE and layer types)"
+        ) from None

@@ -26,8 +26,12 @@ from .errors import ExtendError, closest
 
 ENTRY_POINT_GROUP = "ropebench.methods"
 # Options every method takes (handled by extend.patching; defaults in COMMON_DEFAULTS).
-COMMON_DEFAULTS = {"original_max_position_embeddings": None, "start_from": "shipped", "layer_types": None,
-                   "temperature": None}
+COMMON_DEFAULTS = {
+    "original_max_position_embeddings": None,
+    "start_from": "shipped",
+    "layer_types": None,
+    "temperature": None,
+}
 COMMON_OPTIONS = tuple(COMMON_DEFAULTS)
 
 
@@ -50,8 +54,12 @@ class Range:
 
     def problem(self, value) -> str | None:
         """None when `value` is within the range, else what it must be (e.g. "> 0")."""
-        for bound, holds, sign in ((self.gt, lambda b: value > b, ">"), (self.ge, lambda b: value >= b, ">="),
-                                   (self.lt, lambda b: value < b, "<"), (self.le, lambda b: value <= b, "<=")):
+        for bound, holds, sign in (
+            (self.gt, lambda b: value > b, ">"),
+            (self.ge, lambda b: value >= b, ">="),
+            (self.lt, lambda b: value < b, "<"),
+            (self.le, lambda b: value <= b, "<="),
+        ):
             if bound is not None and not holds(bound):
                 return f"{sign} {bound:g}"
         return None
@@ -130,9 +138,18 @@ _REGISTRY: dict[str, Method] = {}
 _entry_points_loaded = False
 
 
-def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, identity_at_one: bool = False,
-             replace: bool = False, remap: bool = False, uses_factor: bool | Callable[[dict], bool] = True,
-             reach: Callable[[float, int, dict], float] | None = None, record: tuple[str, ...] = ()):
+def register(
+    name: str,
+    *,
+    dynamic: bool = False,
+    min_factor: float = 0.0,
+    identity_at_one: bool = False,
+    replace: bool = False,
+    remap: bool = False,
+    uses_factor: bool | Callable[[dict], bool] = True,
+    reach: Callable[[float, int, dict], float] | None = None,
+    record: tuple[str, ...] = (),
+):
     """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
     returns `(inv_freq, attention_factor)` or a `Rope` — or, with `remap=True`, a `extend.remap.Remap` (the
     position indices each (query, key) pair sees; see extend/remap.py). Registering an existing name needs
@@ -144,20 +161,38 @@ def register(name: str, *, dynamic: bool = False, min_factor: float = 0.0, ident
         if not isinstance(name, str) or not name:
             raise ExtendError("a method name must be a non-empty string — pass e.g. @register('my-method')")
         if name in _REGISTRY and not replace:
-            raise ExtendError(f"method {name!r} is already registered — pick another name or pass replace=True")
+            raise ExtendError(
+                f"method {name!r} is already registered — pick another name or pass replace=True"
+            )
         params = inspect.signature(fn).parameters
         if "factor" not in params:
             raise ExtendError(f"method {name!r}: the function must take a keyword argument 'factor'")
         if dynamic and "seq_len" not in params:
             raise ExtendError(f"method {name!r} is dynamic, so its function must take 'seq_len'")
-        options = {k: p.default for k, p in params.items()
-                   if p.kind == p.KEYWORD_ONLY and k not in ("factor", "seq_len")}
+        options = {
+            k: p.default
+            for k, p in params.items()
+            if p.kind == p.KEYWORD_ONLY and k not in ("factor", "seq_len")
+        }
         unknown = [k for k in record if options.get(k, inspect.Parameter.empty) is inspect.Parameter.empty]
         if unknown:
-            raise ExtendError(f"method {name!r}: record={unknown} names no option with a default — record only "
-                              f"options of the function that have defaults")
-        _REGISTRY[name] = Method(name, fn, dynamic, min_factor, identity_at_one, options,
-                                 inspect.cleandoc(fn.__doc__ or ""), remap, uses_factor, reach, tuple(record))
+            raise ExtendError(
+                f"method {name!r}: record={unknown} names no option with a default — record only "
+                f"options of the function that have defaults"
+            )
+        _REGISTRY[name] = Method(
+            name,
+            fn,
+            dynamic,
+            min_factor,
+            identity_at_one,
+            options,
+            inspect.cleandoc(fn.__doc__ or ""),
+            remap,
+            uses_factor,
+            reach,
+            tuple(record),
+        )
         return fn
 
     return decorate
@@ -195,9 +230,16 @@ def describe(name: str) -> dict:
     m = get(name)
     options = {k: (None if v is inspect.Parameter.empty else v) for k, v in m.options.items()}
     options.update(COMMON_DEFAULTS)  # None: resolved per model (trained context, extended layer types, ...)
-    return {"name": m.name, "doc": m.doc, "options": options, "required": sorted(
-        k for k, v in m.options.items() if v is inspect.Parameter.empty), "dynamic": m.dynamic,
-        "min_factor": m.min_factor, "remap": m.remap, "uses_factor": m.factor_applies()}
+    return {
+        "name": m.name,
+        "doc": m.doc,
+        "options": options,
+        "required": sorted(k for k, v in m.options.items() if v is inspect.Parameter.empty),
+        "dynamic": m.dynamic,
+        "min_factor": m.min_factor,
+        "remap": m.remap,
+        "uses_factor": m.factor_applies(),
+    }
 
 
 def check_factor(method: Method, factor) -> float:
@@ -207,11 +249,15 @@ def check_factor(method: Method, factor) -> float:
     if not math.isfinite(factor) or factor <= 0:
         raise ExtendError(f"factor must be a finite number > 0, got {factor} — pass e.g. factor=2.0")
     if factor > MAX_FACTOR:
-        raise ExtendError(f"factor {factor:g} of method {method.name!r} is beyond the supported maximum "
-                          f"{MAX_FACTOR:g} (its positions or frequencies would underflow) — use e.g. factor=2, 4 or 8")
+        raise ExtendError(
+            f"factor {factor:g} of method {method.name!r} is beyond the supported maximum "
+            f"{MAX_FACTOR:g} (its positions or frequencies would underflow) — use e.g. factor=2, 4 or 8"
+        )
     if factor < method.min_factor:
-        raise ExtendError(f"method {method.name!r} only extends context: factor must be >= {method.min_factor:g}, "
-                          f"got {factor:g} — use factors >= {method.min_factor:g} (or 'pi' to compress positions)")
+        raise ExtendError(
+            f"method {method.name!r} only extends context: factor must be >= {method.min_factor:g}, "
+            f"got {factor:g} — use factors >= {method.min_factor:g} (or 'pi' to compress positions)"
+        )
     return factor
 
 
@@ -230,12 +276,18 @@ def check_options(method: Method, options: dict) -> dict:
     if unknown:
         close = closest(unknown[0], known, "options") if len(unknown) == 1 else ""
         mean = f"{close} " if close.startswith("did you mean") else ""
-        raise ExtendError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method.name!r} — {mean}"
-                          f"valid options: {', '.join(sorted(known))}")
-    missing = sorted(k for k, v in method.options.items() if v is inspect.Parameter.empty and k not in options)
+        raise ExtendError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for method {method.name!r} — {mean}"
+            f"valid options: {', '.join(sorted(known))}"
+        )
+    missing = sorted(
+        k for k, v in method.options.items() if v is inspect.Parameter.empty and k not in options
+    )
     if missing:
-        raise ExtendError(f"method {method.name!r} needs option(s) {', '.join(missing)} (no default) — give "
-                          f"them, e.g. {missing[0]}=[...]")
+        raise ExtendError(
+            f"method {method.name!r} needs option(s) {', '.join(missing)} (no default) — give "
+            f"them, e.g. {missing[0]}=[...]"
+        )
     for key, value in options.items():
         check_option_value(method, key, value)
     return {**{k: method.options[k] for k in method.record}, **options}
@@ -263,8 +315,9 @@ def _option_kinds(method: Method, key: str) -> tuple[set, bool] | None:
             optional = True
             continue
         origin = typing.get_origin(a) or a
-        if origin in (list, tuple) or (isinstance(origin, type) and issubclass(origin, collections.abc.Sequence)
-                                        and origin is not str):
+        if origin in (list, tuple) or (
+            isinstance(origin, type) and issubclass(origin, collections.abc.Sequence) and origin is not str
+        ):
             kinds.add(list)
         elif origin in _KINDS:
             kinds.add(origin)
@@ -280,9 +333,11 @@ def check_option_value(method: Method, key: str, value) -> None:
         return  # start_from, layer_types, temperature: checked by extend.patching against the model
     if key in COMMON_OPTIONS:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ExtendError(f"option {key} of method {method.name!r} must be a positive integer (the trained "
-                              f"context in tokens), got {value!r} — e.g. {key}=8192, or leave it out to use the "
-                              f"model's own")
+            raise ExtendError(
+                f"option {key} of method {method.name!r} must be a positive integer (the trained "
+                f"context in tokens), got {value!r} — e.g. {key}=8192, or leave it out to use the "
+                f"model's own"
+            )
         return
     found = _option_kinds(method, key)
     if found is None:
@@ -318,23 +373,32 @@ def check_option_range(method: Method, key: str, value) -> None:
         default = method.options.get(key)
         example = f"e.g. {key}={default!r}" if isinstance(default, (int, float)) else f"a value {problem}"
         why = f" ({rng.why})" if rng.why else ""
-        raise ExtendError(f"option {key} of method {method.name!r} must be {problem}{why}, got {value!r} — "
-                          f"use {example}")
+        raise ExtendError(
+            f"option {key} of method {method.name!r} must be {problem}{why}, got {value!r} — use {example}"
+        )
 
 
 def _check_kind(method: Method, key: str, value, kinds: set, optional: bool) -> None:
-    ok = ((bool in kinds and isinstance(value, bool))
-          or (not isinstance(value, bool) and (
-              (float in kinds and isinstance(value, (int, float)) and math.isfinite(value))
-              or (int in kinds and isinstance(value, int))
-              or (str in kinds and isinstance(value, str))
-              or (list in kinds and isinstance(value, (list, tuple))))))
+    ok = (bool in kinds and isinstance(value, bool)) or (
+        not isinstance(value, bool)
+        and (
+            (float in kinds and isinstance(value, (int, float)) and math.isfinite(value))
+            or (int in kinds and isinstance(value, int))
+            or (str in kinds and isinstance(value, str))
+            or (list in kinds and isinstance(value, (list, tuple)))
+        )
+    )
     if not ok:
         want = " or ".join(_KINDS[k] for k in (float, int, bool, str, list) if k in kinds)
         if float in kinds and isinstance(value, float):
             want = "a finite number"
         default = method.options.get(key)
-        example = f" — e.g. {key}={default!r}" if default not in (None, inspect.Parameter.empty) else \
-            f" — pass {want}"
-        raise ExtendError(f"option {key} of method {method.name!r} must be {want}{' (or None)' if optional else ''}, "
-                          f"got {value!r} ({type(value).__name__}){example}")
+        example = (
+            f" — e.g. {key}={default!r}"
+            if default not in (None, inspect.Parameter.empty)
+            else f" — pass {want}"
+        )
+        raise ExtendError(
+            f"option {key} of method {method.name!r} must be {want}{' (or None)' if optional else ''}, "
+            f"got {value!r} ({type(value).__name__}){example}"
+        )

@@ -87,8 +87,10 @@ def _far_keys(window: int):
 
 def _check_window(name: str, window, context: int, option: str = "window") -> int:
     if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < context:
-        raise ExtendError(f"{name}: {option} must be an integer in 1..{context - 1} (below the trained context "
-                          f"{context}), got {window!r} — e.g. {option}={context // 8}")
+        raise ExtendError(
+            f"{name}: {option} must be an integer in 1..{context - 1} (below the trained context "
+            f"{context}), got {window!r} — e.g. {option}={context // 8}"
+        )
     return window
 
 
@@ -99,8 +101,9 @@ def self_extend_group(factor: float, window: int, context: int) -> int:
     for group in range(1, target + 1):
         if (target - 1) // group + window - window // group <= context - 1:
             return group
-    raise ExtendError(f"self-extend: no group size reaches factor {factor:g} with window {window} — use a "
-                      f"smaller window")
+    raise ExtendError(
+        f"self-extend: no group size reaches factor {factor:g} with window {window} — use a smaller window"
+    )
 
 
 def _self_extend_reach(factor: float, context: int, options: dict) -> float:
@@ -112,8 +115,13 @@ def _self_extend_reach(factor: float, context: int, options: dict) -> float:
     return group * (context - window + window // group)
 
 
-@register("self-extend", min_factor=1.0, remap=True, uses_factor=lambda o: o["group"] is None,
-          reach=_self_extend_reach)
+@register(
+    "self-extend",
+    min_factor=1.0,
+    remap=True,
+    uses_factor=lambda o: o["group"] is None,
+    reach=_self_extend_reach,
+)
 def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, group: Tokens | None = None):
     """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv:2401.01325): neighbour attention with plain
     positions for keys within `window` tokens (i - j < window); beyond, grouped attention with positions
@@ -128,18 +136,31 @@ def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, 
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
             raise ExtendError(f"self-extend: group must be a positive integer, got {group!r} — e.g. group=4")
         if factor != 1.0:
-            raise ExtendError(f"self-extend: give either factor (the group size is derived from it) or group, "
-                              f"not both — got factor={factor:g} and group={group}")
+            raise ExtendError(
+                f"self-extend: give either factor (the group size is derived from it) or group, "
+                f"not both — got factor={factor:g} and group={group}"
+            )
     else:
         group = self_extend_group(factor, window, context)
     shift = window - window // group
-    grouped = Piece("grouped", lambda p: torch.div(p, group, rounding_mode="floor") + shift,
-                    lambda p: torch.div(p, group, rounding_mode="floor"), _far_keys(window))
-    return Remap((_near(window), grouped), math.inf if group == 1 else window, {"window": window, "group": group})
+    grouped = Piece(
+        "grouped",
+        lambda p: torch.div(p, group, rounding_mode="floor") + shift,
+        lambda p: torch.div(p, group, rounding_mode="floor"),
+        _far_keys(window),
+    )
+    return Remap(
+        (_near(window), grouped), math.inf if group == 1 else window, {"window": window, "group": group}
+    )
 
 
-@register("rerope", min_factor=1.0, remap=True, uses_factor=lambda o: bool(o["leaky"]),
-          reach=lambda factor, context, o: factor * context if o["leaky"] else math.inf)
+@register(
+    "rerope",
+    min_factor=1.0,
+    remap=True,
+    uses_factor=lambda o: bool(o["leaky"]),
+    reach=lambda factor, context, o: factor * context if o["leaky"] else math.inf,
+)
 def rerope(rope: RopeBase, *, factor: float, window: Tokens | None = None, leaky: bool = True):
     """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative positions
     clipped at `window` — plain for i - j < window, `window` beyond (query at position window, key at 0).
@@ -154,20 +175,37 @@ def rerope(rope: RopeBase, *, factor: float, window: Tokens | None = None, leaky
         raise ExtendError(f"rerope: leaky must be true or false, got {leaky!r}")
     if not leaky:
         if factor != 1.0:
-            raise ExtendError(f"rerope with leaky=False (clipped positions) has no scale: it works at any length "
-                              f"— pass factor=1, or leaky=True to use factor {factor:g} as the target context")
-        far = Piece("far", lambda p: torch.full_like(p, window, dtype=torch.float64),
-                    lambda p: torch.zeros_like(p, dtype=torch.float64), _far_keys(window))
+            raise ExtendError(
+                f"rerope with leaky=False (clipped positions) has no scale: it works at any length "
+                f"— pass factor=1, or leaky=True to use factor {factor:g} as the target context"
+            )
+        far = Piece(
+            "far",
+            lambda p: torch.full_like(p, window, dtype=torch.float64),
+            lambda p: torch.zeros_like(p, dtype=torch.float64),
+            _far_keys(window),
+        )
         return Remap((_near(window), far), window, {"window": window, "leaky": False})
     k = (factor * context - 1 - window) / (context - 1 - window)
-    far = Piece("far", lambda p: p.to(torch.float64) / k + window * (1 - 1 / k),
-                lambda p: p.to(torch.float64) / k, _far_keys(window))
-    return Remap((_near(window), far), math.inf if k == 1.0 else window, {"window": window, "leaky": True, "k": k})
+    far = Piece(
+        "far",
+        lambda p: p.to(torch.float64) / k + window * (1 - 1 / k),
+        lambda p: p.to(torch.float64) / k,
+        _far_keys(window),
+    )
+    return Remap(
+        (_near(window), far), math.inf if k == 1.0 else window, {"window": window, "leaky": True, "k": k}
+    )
 
 
 @register("dca", min_factor=1.0, remap=True, reach=lambda factor, context, o: math.inf)
-def dca(rope: RopeBase, *, factor: float, chunk_size: Tokens | None = None,
-        local_window: TokensOrZero | None = None):
+def dca(
+    rope: RopeBase,
+    *,
+    factor: float,
+    chunk_size: Tokens | None = None,
+    local_window: TokensOrZero | None = None,
+):
     """Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; the authors' ChunkLlama code and option names):
     chunks of s = chunk_size - local_window tokens; every key at position j % s. A query i attends its own
     chunk at i % s (intra-chunk), the previous chunk at min(i % s + s, chunk_size) (successive-chunk: the
@@ -176,12 +214,19 @@ def dca(rope: RopeBase, *, factor: float, chunk_size: Tokens | None = None,
     c/16 (ChunkLlama's). `factor`: positional interpolation inside DCA, every position index / factor
     (ChunkLlama's scaling_factor; factor 1 = DCA alone, which works at any length). Not length-dependent."""
     context = rope.original_max_position_embeddings
-    chunk_size = _check_window("dca", context * 3 // 4 if chunk_size is None else chunk_size, context,
-                               "chunk_size")
+    chunk_size = _check_window(
+        "dca", context * 3 // 4 if chunk_size is None else chunk_size, context, "chunk_size"
+    )
     local_window = context // 16 if local_window is None else local_window
-    if isinstance(local_window, bool) or not isinstance(local_window, int) or not 0 <= local_window < chunk_size:
-        raise ExtendError(f"dca: local_window must be an integer in 0..chunk_size-1 ({chunk_size - 1}), got "
-                          f"{local_window!r} — e.g. local_window={max(1, context // 16)}")
+    if (
+        isinstance(local_window, bool)
+        or not isinstance(local_window, int)
+        or not 0 <= local_window < chunk_size
+    ):
+        raise ExtendError(
+            f"dca: local_window must be an integer in 0..chunk_size-1 ({chunk_size - 1}), got "
+            f"{local_window!r} — e.g. local_window={max(1, context // 16)}"
+        )
     s = chunk_size - local_window
 
     def within(p):
@@ -195,9 +240,20 @@ def dca(rope: RopeBase, *, factor: float, chunk_size: Tokens | None = None,
 
     key = scaled(within)
     intra = Piece("intra", scaled(within), key, lambda p: (start(p), p + 1))
-    successive = Piece("successive", scaled(lambda p: (within(p) + s).clamp(max=chunk_size)), key,
-                       lambda p: ((start(p) - s).clamp(min=0), start(p)))
-    inter = Piece("inter", scaled(lambda p: torch.full_like(p, min(2 * s - 1, chunk_size))), key,
-                  lambda p: (torch.zeros_like(p), (start(p) - s).clamp(min=0)))
-    return Remap((intra, successive, inter), s if factor == 1.0 else 0,
-                 {"chunk_size": chunk_size, "local_window": local_window})
+    successive = Piece(
+        "successive",
+        scaled(lambda p: (within(p) + s).clamp(max=chunk_size)),
+        key,
+        lambda p: ((start(p) - s).clamp(min=0), start(p)),
+    )
+    inter = Piece(
+        "inter",
+        scaled(lambda p: torch.full_like(p, min(2 * s - 1, chunk_size))),
+        key,
+        lambda p: (torch.zeros_like(p), (start(p) - s).clamp(min=0)),
+    )
+    return Remap(
+        (intra, successive, inter),
+        s if factor == 1.0 else 0,
+        {"chunk_size": chunk_size, "local_window": local_window},
+    )

@@ -72,14 +72,17 @@ def remap_attention(module, query, key, value, attention_mask, scaling=None, dro
     """Registered attention function (see the module docstring)."""
     state = _STATE.get(module)
     if state is None:
-        raise ExtendError(f"attention module {type(module).__name__} runs a ropebench remap attention but its model "
-                          f"is not patched — patch it with extend.patch, or set attn_implementation back")
+        raise ExtendError(
+            f"attention module {type(module).__name__} runs a ropebench remap attention but its model "
+            f"is not patched — patch it with extend.patch, or set attn_implementation back"
+        )
     kv_len = key.shape[2]
     offsets = _offsets(kwargs.get("position_ids"), query.shape[0], kv_len)
     lt = state.layer_type(module)
     if lt not in state.extended or kv_len - min(offsets) <= state.remap.plain_within:
-        return state.original_function(module)(module, query, key, value, attention_mask, scaling=scaling,
-                                               dropout=dropout, **kwargs)
+        return state.original_function(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if kwargs.get("softcap") or getattr(module.config, "attn_logit_softcapping", None):
         raise ExtendError(_softcap_message(state.method, family(module)))
     window = kwargs.get("sliding_window")  # keys j with i - j < window only, as transformers' sliding mask
@@ -91,9 +94,22 @@ def remap_attention(module, query, key, value, attention_mask, scaling=None, dro
     if len(set(offsets)) == 1:
         out = _attend(state, lt, query, key, value, keep, offsets[0], scale, window)
     else:  # left padding: every row has its own positions
-        out = torch.cat([_attend(state, lt, query[b:b + 1], key[b:b + 1], value[b:b + 1],
-                                 None if keep is None else keep[b:b + 1], off, scale, window)
-                         for b, off in enumerate(offsets)])
+        out = torch.cat(
+            [
+                _attend(
+                    state,
+                    lt,
+                    query[b : b + 1],
+                    key[b : b + 1],
+                    value[b : b + 1],
+                    None if keep is None else keep[b : b + 1],
+                    off,
+                    scale,
+                    window,
+                )
+                for b, off in enumerate(offsets)
+            ]
+        )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -169,8 +185,11 @@ def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int, window: 
                             calls.append((index, run[0], run[1], "full", None, None))
                         run = (t0, t1)
                     continue
-                if t0 == kv_len - q_len + a and t1 - t0 == b - a and bool(
-                        (lo <= t0).all() and torch.equal(hi, torch.arange(t0 + 1, t1 + 1))):
+                if (
+                    t0 == kv_len - q_len + a
+                    and t1 - t0 == b - a
+                    and bool((lo <= t0).all() and torch.equal(hi, torch.arange(t0 + 1, t1 + 1)))
+                ):
                     calls.append((index, t0, t1, "causal", None, None))
                 else:
                     calls.append((index, t0, t1, "mixed", lo, hi))
@@ -181,7 +200,9 @@ def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int, window: 
     return blocks
 
 
-def _attend(state: _State, lt, q, k, v, keep, off: int, scale: float, window: int | None = None) -> torch.Tensor:
+def _attend(
+    state: _State, lt, q, k, v, keep, off: int, scale: float, window: int | None = None
+) -> torch.Tensor:
     batch, heads, q_len, dim = q.shape
     kv_len, groups = k.shape[2], heads // k.shape[1]
     q_pos = torch.arange(kv_len - q_len, kv_len) - off
@@ -205,19 +226,31 @@ def _attend(state: _State, lt, q, k, v, keep, off: int, scale: float, window: in
         acc = lse_acc = None
         for index, t0, t1, kind, lo, hi in calls:
             piece = state.remap.pieces[index]
-            qb, kb, vb = queries[index][:, :, a:b], keys[id(piece.key_position)][:, :, t0:t1], values[:, :, t0:t1]
+            qb, kb, vb = (
+                queries[index][:, :, a:b],
+                keys[id(piece.key_position)][:, :, t0:t1],
+                values[:, :, t0:t1],
+            )
             empty = mask = None
             if kind == "mixed" or keep is not None:
                 j = torch.arange(t0, t1)
-                inside = ((j >= lo[:, None]) & (j < hi[:, None])) if kind == "mixed" else (
-                    torch.ones(b - a, t1 - t0, dtype=torch.bool) if kind == "full" else
-                    j[None, :] <= torch.arange(t0, t0 + b - a)[:, None])
+                inside = (
+                    ((j >= lo[:, None]) & (j < hi[:, None]))
+                    if kind == "mixed"
+                    else (
+                        torch.ones(b - a, t1 - t0, dtype=torch.bool)
+                        if kind == "full"
+                        else j[None, :] <= torch.arange(t0, t0 + b - a)[:, None]
+                    )
+                )
                 inside = inside.to(q.device)
                 if keep is not None:
                     inside = inside & keep[:, :, a:b, t0:t1]
                 inside = inside.expand(batch, 1, b - a, t1 - t0)
                 empty = ~inside.any(-1)  # rows with no key here: the kernel reports lse 0, not -inf
-                mask = torch.zeros(inside.shape, dtype=q.dtype, device=q.device).masked_fill_(~inside, float("-inf"))
+                mask = torch.zeros(inside.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                    ~inside, float("-inf")
+                )
                 kind = "mixed"
             o, lse = _flash(qb, kb, vb, 0.0, kind == "causal", attn_mask=mask, scale=scale)
             if empty is not None:
@@ -266,25 +299,35 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
     own = {k: v for k, v in options.items() if k not in COMMON_OPTIONS}
     common = {k: v for k, v in options.items() if k in COMMON_OPTIONS}
     if common.get("temperature") is not None:
-        raise ExtendError(f"{spec.name} keeps RoPE's frequencies and has no attention temperature — drop the "
-                          f"temperature option")
+        raise ExtendError(
+            f"{spec.name} keeps RoPE's frequencies and has no attention temperature — drop the "
+            f"temperature option"
+        )
     rotary = rotary_module(model)
     start_from = check_start_from(common.get("start_from", DEFAULT_START_FROM))
     bases = rope_bases(model, rotary, common.get("original_max_position_embeddings"), start_from)
-    remap = spec.fn(bases[global_type(shipped_ropes(model.config))], factor=factor,
-                    **dict(spec.options_with_defaults(), **own))
+    remap = spec.fn(
+        bases[global_type(shipped_ropes(model.config))],
+        factor=factor,
+        **dict(spec.options_with_defaults(), **own),
+    )
     if not isinstance(remap, Remap):
-        raise ExtendError(f"method {spec.name!r} is registered with remap=True but returned "
-                          f"{type(remap).__name__} — return an extend.remap.Remap")
+        raise ExtendError(
+            f"method {spec.name!r} is registered with remap=True but returned "
+            f"{type(remap).__name__} — return an extend.remap.Remap"
+        )
     identity = remap.plain_within == float("inf")  # reduces to plain RoPE (factor 1): no attention to switch
     original = getattr(model.config, "_attn_implementation", None)
     apply = getattr(sys.modules.get(type(model.base_model).__module__), "apply_rotary_pos_emb", None)
     if not identity and original not in SUPPORTED:
-        raise ExtendError(f"{spec.name} needs the model loaded with attn_implementation 'sdpa' or 'eager', not "
-                          f"{original!r} — e.g. extend.load(..., attn_implementation='sdpa')")
+        raise ExtendError(
+            f"{spec.name} needs the model loaded with attn_implementation 'sdpa' or 'eager', not "
+            f"{original!r} — e.g. extend.load(..., attn_implementation='sdpa')"
+        )
     if not identity and apply is None:
-        raise ExtendError(f"{spec.name} is not supported for {family(model)}: its modeling code has no "
-                          f"apply_rotary_pos_emb")
+        raise ExtendError(
+            f"{spec.name} is not supported for {family(model)}: its modeling code has no apply_rotary_pos_emb"
+        )
     if not identity and getattr(model.config, "attn_logit_softcapping", None):
         raise ExtendError(_softcap_message(spec.name, family(model)))
     handle = patch_plain(**common)  # frequencies as plain leaves them
@@ -304,15 +347,20 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
 
 
 def _softcap_message(method: str, name: str) -> str:
-    return (f"{method} is not supported for {name}: its attention logits are soft-capped "
-            f"(attn_logit_softcapping), which the blockwise flash kernel cannot apply — use a frequency method "
-            f"(e.g. yarn), or set config.attn_logit_softcapping=None if your model does without it")
+    return (
+        f"{method} is not supported for {name}: its attention logits are soft-capped "
+        f"(attn_logit_softcapping), which the blockwise flash kernel cannot apply — use a frequency method "
+        f"(e.g. yarn), or set config.attn_logit_softcapping=None if your model does without it"
+    )
 
 
 def _switch(model: nn.Module, state: _State, handle) -> None:
     """Point every attention module of `model` at the remap attention; undone through handle.undo()."""
-    modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)
-               and hasattr(m, "config") and m is not model]
+    modules = [
+        m
+        for m in model.modules()
+        if isinstance(getattr(m, "layer_idx", None), int) and hasattr(m, "config") and m is not model
+    ]
     configs = list({id(c): c for c in [model.config] + [m.config for m in modules]}.values())
     name = _register(state.original)
     for module in modules:

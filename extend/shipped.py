@@ -123,10 +123,19 @@ def shipped_ropes(config) -> dict[str | None, Shipped]:
         rope_type = params.get("rope_type") or params.get("type") or "default"
         factor = params.get("factor")
         pretrained, shipped = _contexts(config, dict(params, rope_type=rope_type))
-        out[lt] = Shipped(lt, rope_type, float(factor) if factor else None, float(params["rope_theta"]), pretrained,
-                          shipped, window_of(config, lt))
+        out[lt] = Shipped(
+            lt,
+            rope_type,
+            float(factor) if factor else None,
+            float(params["rope_theta"]),
+            pretrained,
+            shipped,
+            window_of(config, lt),
+        )
     if not out:
-        raise ExtendError("the model's rotary module has no RoPE parameters (config.rope_parameters is empty)")
+        raise ExtendError(
+            "the model's rotary module has no RoPE parameters (config.rope_parameters is empty)"
+        )
     return out
 
 
@@ -146,8 +155,9 @@ def default_extended(shipped: dict[str | None, Shipped], context: int) -> list:
     return [lt for lt, s in shipped.items() if s.window is None or s.window > context]
 
 
-def shipped_frequencies(rotary: nn.Module, info: Shipped, seq_len: int | None, original: torch.Tensor,
-                        scaling: float) -> tuple[torch.Tensor, float]:
+def shipped_frequencies(
+    rotary: nn.Module, info: Shipped, seq_len: int | None, original: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, float]:
     """The shipped (inv_freq, attention scaling) of one layer type for a forward of `seq_len` positions,
     computed from the length alone (no call history). `original`/`scaling`: the module's own buffers as they
     were before patching (its initial frequencies and attention scaling)."""
@@ -174,6 +184,8 @@ def pretrained_frequencies(theta: float, dim: int, device) -> torch.Tensor:
 
 def check_start_from(value) -> str:
     if value not in START_FROM:
-        raise ExtendError(f"start_from must be 'shipped' (default: stack on the RoPE the model ships) or "
-                          f"'pretrained' (restart from the unscaled theta and pretraining context), got {value!r}")
+        raise ExtendError(
+            f"start_from must be 'shipped' (default: stack on the RoPE the model ships) or "
+            f"'pretrained' (restart from the unscaled theta and pretraining context), got {value!r}"
+        )
     return value

@@ -41,7 +41,9 @@ def _sums(distances: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
 def _first_negative(inv_freq: np.ndarray, limit: int) -> int | None:
     """The smallest distance m in [0, limit) with sum_i cos(m theta_i) < 0, or None."""
     for start in range(0, limit, _BLOCK):
-        negative = np.flatnonzero(_sums(np.arange(start, min(start + _BLOCK, limit), dtype=np.float64), inv_freq) < 0)
+        negative = np.flatnonzero(
+            _sums(np.arange(start, min(start + _BLOCK, limit), dtype=np.float64), inv_freq) < 0
+        )
         if negative.size:
             return start + int(negative[0])
     return None
@@ -64,7 +66,9 @@ def base_lower_bound(dim: int, context: int) -> float:
     step b up on that one distance (O(dim) per candidate) until it passes, and repeat; distances that failed
     before are re-checked first, and only a base that passes them all gets the full O(context x dim) check."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2 or context < 1:
-        raise ValueError(f"base_lower_bound needs an even integer dim >= 2 and context >= 1, got {dim}, {context}")
+        raise ValueError(
+            f"base_lower_bound needs an even integer dim >= 2 and context >= 1, got {dim}, {context}"
+        )
     if dim == 2 and context > 2:  # cos(m) alone: negative at m = 2 whatever the base
         return math.inf
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
@@ -74,10 +78,10 @@ def base_lower_bound(dim: int, context: int) -> float:
         failing = None
         if recent:
             known = np.array(recent, dtype=np.float64)
-            bad = np.flatnonzero(_sums(known, base ** -exponents) < 0)
+            bad = np.flatnonzero(_sums(known, base**-exponents) < 0)
             failing = int(known[bad[0]]) if bad.size else None
         if failing is None:
-            failing = _first_negative(base ** -exponents, context)
+            failing = _first_negative(base**-exponents, context)
             if failing is None:
                 return float(base)
             recent = (recent + [failing])[-_RECENT:]
@@ -99,12 +103,14 @@ def critical_dimension(inv_freq, trained_context: int) -> int:
     return 2 * int(np.count_nonzero(2 * math.pi / theta <= trained_context))
 
 
-def yarn_ramp(base: float, dim: int, trained_context: int, beta_fast: float = 32.0,
-              beta_slow: float = 1.0) -> tuple[int, int]:
+def yarn_ramp(
+    base: float, dim: int, trained_context: int, beta_fast: float = 32.0, beta_slow: float = 1.0
+) -> tuple[int, int]:
     """YaRN's ramp (pair indices, eq. 17-18): pairs below `low` turn more than beta_fast times in the trained
     context L (kept), above `high` fewer than beta_slow times (interpolated). Pair i turns L theta_i / 2 pi
     times, so the pair that turns r times is i(r) = dim ln(L / (2 pi r)) / (2 ln base); low = floor(i(beta_fast)),
     high = ceil(i(beta_slow)), clipped to the pairs [0, dim/2 - 1]."""
+
     def pair(rotations: float) -> float:
         return dim * math.log(trained_context / (2 * math.pi * rotations)) / (2 * math.log(base))
 
@@ -122,10 +128,14 @@ def describe(inv_freq, *, theta: float, dim: int, trained_context: int, target: 
     holds = f"every m < {4 * target}" if reach == 4 * target else f"m < {reach}"
     verdict = "meets" if reach >= target else "short of"
     if target > BOUND_MAX_CONTEXT:
-        smallest = f"not computed above {BOUND_MAX_CONTEXT} tokens (extend.theory.base_lower_bound({dim}, {target}))"
+        smallest = (
+            f"not computed above {BOUND_MAX_CONTEXT} tokens (extend.theory.base_lower_bound({dim}, {target}))"
+        )
     else:
         bound = base_lower_bound(dim, target)
         smallest = f"is {bound:.3g}" if math.isfinite(bound) else f"above {MAX_BASE:.0e} (none found)"
-    return (f"theory: sum_i cos(m theta_i) >= 0 (Men et al.) for {holds}, {verdict} {target}; the smallest base "
-            f"that meets {target} {smallest} (theta {theta:g}); critical dimension "
-            f"(Liu et al.) {critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}")
+    return (
+        f"theory: sum_i cos(m theta_i) >= 0 (Men et al.) for {holds}, {verdict} {target}; the smallest base "
+        f"that meets {target} {smallest} (theta {theta:g}); critical dimension "
+        f"(Liu et al.) {critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}"
+    )

@@ -37,20 +37,26 @@ def max_offset(zeta: torch.Tensor, scale_base: float) -> float:
     return EXPONENT_LIMIT * scale_base / abs(math.log(float(zeta.min())))
 
 
-def check_span(low: int, high: int, centre: float, zeta: torch.Tensor, scale_base: float, fixed: bool) -> None:
+def check_span(
+    low: int, high: int, centre: float, zeta: torch.Tensor, scale_base: float, fixed: bool
+) -> None:
     """ExtendError unless one forward over positions low..high with this centre stays finite: q and k within
     max_offset of the centre, and every (query, key) pair of the forward, masked ones included, within max_offset
     of each other."""
     limit = max_offset(zeta, scale_base)
     if high - low > limit:
-        raise ExtendError(f"xpos (scale_base {scale_base:g} after the factor) keeps every q.k finite (masked pairs "
-                          f"included) only for positions at most {int(limit)} apart in one forward; positions "
-                          f"{low}..{high} go beyond — use shorter lengths, a larger factor or scale_base")
+        raise ExtendError(
+            f"xpos (scale_base {scale_base:g} after the factor) keeps every q.k finite (masked pairs "
+            f"included) only for positions at most {int(limit)} apart in one forward; positions "
+            f"{low}..{high} go beyond — use shorter lengths, a larger factor or scale_base"
+        )
     if max(centre - low, high - centre) > limit:
         hint = "" if fixed else ", or run the whole call inside extend.fixed_length(model, total_length)"
-        raise ExtendError(f"xpos (scale_base {scale_base:g} after the factor) keeps q and k finite at most "
-                          f"{int(limit)} positions from its centre; positions {low}..{high} with centre {centre:g} "
-                          f"go beyond — use shorter lengths, a larger factor or scale_base{hint}")
+        raise ExtendError(
+            f"xpos (scale_base {scale_base:g} after the factor) keeps q and k finite at most "
+            f"{int(limit)} positions from its centre; positions {low}..{high} with centre {centre:g} "
+            f"go beyond — use shorter lengths, a larger factor or scale_base{hint}"
+        )
 
 
 def scale_cos_sin(cos, sin, position_ids, zeta, scale_base: float, centre: float, layout: str, hits: list):
@@ -58,8 +64,8 @@ def scale_cos_sin(cos, sin, position_ids, zeta, scale_base: float, centre: float
     zeta = zeta.to(cos.device)
     zeta = torch.cat((zeta, zeta)) if layout == "half" else zeta.repeat_interleave(2)
     exponent = (position_ids.to(torch.float32)[..., None] - centre) / scale_base
-    scale_q = zeta ** exponent  # (batch, seq, rotary dims)
-    scale_k = zeta ** -exponent
+    scale_q = zeta**exponent  # (batch, seq, rotary dims)
+    scale_k = zeta**-exponent
     cos_q, sin_q = (cos.float() * scale_q).to(cos.dtype), (sin.float() * scale_q).to(sin.dtype)
     cos_k, sin_k = (cos.float() * scale_k).to(cos.dtype), (sin.float() * scale_k).to(sin.dtype)
     key = id(cos_q)
@@ -106,10 +112,16 @@ def rotation_layout(rotary: nn.Module, bases: dict, model) -> str:
     args = (lt,) if lt else ()
     probe = torch.ones(1, 1, 1, device=bases[lt].inv_freq.device)
     out = rotary(probe, torch.ones(1, 1, dtype=torch.long, device=probe.device), *args)
-    if not (isinstance(out, tuple) and len(out) == 2 and out[0].shape[-1] == bases[lt].dim
-            and not out[0].is_complex()):
-        raise ExtendError(f"xpos is not supported for {family(model)}: its rotary module does not return "
-                          f"(cos, sin) over the rotary dims")
+    if not (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and out[0].shape[-1] == bases[lt].dim
+        and not out[0].is_complex()
+    ):
+        raise ExtendError(
+            f"xpos is not supported for {family(model)}: its rotary module does not return "
+            f"(cos, sin) over the rotary dims"
+        )
     cos = out[0][0, 0]
     half = bases[lt].dim // 2
     if torch.equal(cos[:half], cos[half:]):
@@ -122,8 +134,10 @@ def rotation_layout(rotary: nn.Module, bases: dict, model) -> str:
 def apply_module(model: nn.Module) -> str:
     name = type(model.base_model).__module__
     if not hasattr(sys.modules.get(name), "apply_rotary_pos_emb"):
-        raise ExtendError(f"xpos is not supported for {family(model)}: its modeling code has no "
-                          f"apply_rotary_pos_emb to route q and k scalings through")
+        raise ExtendError(
+            f"xpos is not supported for {family(model)}: its modeling code has no "
+            f"apply_rotary_pos_emb to route q and k scalings through"
+        )
     return name
 
 
@@ -136,9 +150,13 @@ def guard(model: nn.Module, hits: list) -> list:
 
     def check(module, args, kwargs, output):
         if hits[0] == 0:
-            raise ExtendError(f"xpos is not supported for {family(model)}: its attention did not apply the "
-                              f"patched rotary embedding")
+            raise ExtendError(
+                f"xpos is not supported for {family(model)}: its attention did not apply the "
+                f"patched rotary embedding"
+            )
 
     base = model.base_model
-    return [base.register_forward_pre_hook(reset, with_kwargs=True),
-            base.register_forward_hook(check, with_kwargs=True)]
+    return [
+        base.register_forward_pre_hook(reset, with_kwargs=True),
+        base.register_forward_hook(check, with_kwargs=True),
+    ]

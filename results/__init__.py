@@ -11,11 +11,23 @@ from typing import Any
 from .store import SCHEMA, RecordWriter, ResultsError, ResultsWarning, finished_cells
 
 _LAZY = {
-    "load": "frame", "from_lm_eval": "frame",
-    "table": "tables", "summarize": "tables", "to_markdown": "tables", "to_csv": "tables",
-    "to_latex": "tables", "write_table": "tables", "compare": "comparisons", "paired_differences": "comparisons",
-    "effective_length": "reach", "summary": "overview", "wilson": "stats",
-    "Plot": "plots", "plot_perplexity": "plots", "plot_passkey": "plots", "plot_classification": "plots",
+    "load": "frame",
+    "from_lm_eval": "frame",
+    "table": "tables",
+    "summarize": "tables",
+    "to_markdown": "tables",
+    "to_csv": "tables",
+    "to_latex": "tables",
+    "write_table": "tables",
+    "compare": "comparisons",
+    "paired_differences": "comparisons",
+    "effective_length": "reach",
+    "summary": "overview",
+    "wilson": "stats",
+    "Plot": "plots",
+    "plot_perplexity": "plots",
+    "plot_passkey": "plots",
+    "plot_classification": "plots",
     "report": "reporting",
 }
 

@@ -15,9 +15,12 @@ from .store import ResultsError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2 (argparse prints the whole usage first)
-        print(f"error: {message} — run `python -m results {self.prog.split()[-1]} --help` for usage"
-              if self.prog != "python -m results" else f"error: {message} — run `python -m results --help`",
-              file=sys.stderr)
+        print(
+            f"error: {message} — run `python -m results {self.prog.split()[-1]} --help` for usage"
+            if self.prog != "python -m results"
+            else f"error: {message} — run `python -m results --help`",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -25,24 +28,45 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m results", description="ropebench results: reports and tables")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("report", help="write report.md, tables/ and plots/ for one or more run directories")
-    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="sweep output directories (or lm-eval .json)")
+    r.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="sweep output directories (or lm-eval .json)"
+    )
     r.add_argument("--out", help="report directory (default: the first RUN_DIR)")
-    r.add_argument("--trained-context", type=int, default=None,
-                   help="the model's trained context in tokens (reference of the summary / effective lengths)")
-    r.add_argument("--threshold", type=float, default=0.8,
-                   help="passkey effective length: Wilson lower bound at or above this (default 0.8)")
-    r.add_argument("--tolerance", type=float, default=0.10,
-                   help="perplexity effective length: ppl_tail within this fraction of its trained-context value")
+    r.add_argument(
+        "--trained-context",
+        type=int,
+        default=None,
+        help="the model's trained context in tokens (reference of the summary / effective lengths)",
+    )
+    r.add_argument(
+        "--threshold",
+        type=float,
+        default=0.8,
+        help="passkey effective length: Wilson lower bound at or above this (default 0.8)",
+    )
+    r.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        help="perplexity effective length: ppl_tail within this fraction of its trained-context value",
+    )
     t = sub.add_parser("table", help="print one table (method x length) to stdout")
     t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     t.add_argument("--task", required=True)
     t.add_argument("--metric", required=True)
     t.add_argument("--rows", default="method")
     t.add_argument("--cols", default="length", help="column variable ('none' for a single column)")
-    t.add_argument("--baseline", default=None,
-                   help="show each method's paired difference (ratio for perplexities) to this method")
-    t.add_argument("--ci", action="store_true", help="show value [95%% interval] n=N (with --baseline: paired, "
-                                                      "* where the interval excludes no-difference)")
+    t.add_argument(
+        "--baseline",
+        default=None,
+        help="show each method's paired difference (ratio for perplexities) to this method",
+    )
+    t.add_argument(
+        "--ci",
+        action="store_true",
+        help="show value [95%% interval] n=N (with --baseline: paired, "
+        "* where the interval excludes no-difference)",
+    )
     t.add_argument("--format", choices=("md", "csv", "tex"), default="md")
     return p
 
@@ -58,13 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "report" and args.trained_context is not None and args.trained_context <= 0:
-            raise ResultsError(f"--trained-context must be a positive number of tokens, got {args.trained_context} "
-                               f"— e.g. --trained-context 8192 (or leave it out: the sweep records it)")
+            raise ResultsError(
+                f"--trained-context must be a positive number of tokens, got {args.trained_context} "
+                f"— e.g. --trained-context 8192 (or leave it out: the sweep records it)"
+            )
         if args.command == "report":
             from .reporting import report
 
-            path = report(args.run_dirs, out=args.out, trained_context=args.trained_context,
-                          threshold=args.threshold, tolerance=args.tolerance)
+            path = report(
+                args.run_dirs,
+                out=args.out,
+                trained_context=args.trained_context,
+                threshold=args.threshold,
+                tolerance=args.tolerance,
+            )
             print(f"wrote {path}")
             return 0
         from .comparisons import compare
@@ -75,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         cols = None if args.cols.lower() == "none" else args.cols
         check_axes(df, [args.rows], [cols] if cols else [], ("--rows", "--cols"))
         if args.baseline:
-            t = compare(df, args.task, args.metric, baseline=args.baseline, rows=args.rows, cols=cols,
-                        with_ci=args.ci)
+            t = compare(
+                df, args.task, args.metric, baseline=args.baseline, rows=args.rows, cols=cols, with_ci=args.ci
+            )
         else:
             t = table(df, args.task, args.metric, rows=args.rows, cols=cols, with_ci=args.ci)
         writer = {"md": to_markdown, "csv": to_csv, "tex": to_latex}[args.format]

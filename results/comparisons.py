@@ -38,11 +38,14 @@ def _pair(rows: pd.DataFrame, base: pd.DataFrame, metric: str, how: str, seed: i
     ua, ub = _units(rows), _units(base)
     if len(ua) and len(ub):
         m = ua.merge(ub[["_key", "value", "n"]], on="_key", suffixes=("", "_base")).sort_values("_key")
-        kind = metric_kind(metric, np.concatenate([m["value"].to_numpy(float), m["value_base"].to_numpy(float)]))
+        kind = metric_kind(
+            metric, np.concatenate([m["value"].to_numpy(float), m["value_base"].to_numpy(float)])
+        )
         wa = None if kind == "rate" else m["n"].fillna(1).to_numpy(float)
         wb = None if kind == "rate" else m["n_base"].fillna(1).to_numpy(float)
-        return paired_interval(kind, m["value"].to_numpy(float), m["value_base"].to_numpy(float), wa, wb, how=how,
-                               seed=seed)
+        return paired_interval(
+            kind, m["value"].to_numpy(float), m["value_base"].to_numpy(float), wa, wb, how=how, seed=seed
+        )
     a, b = cell_interval(rows, metric, seed=seed), cell_interval(base, metric, seed=seed)
     if how == "delta" and a.method == b.method == "wilson":
         return unpaired_rate_interval(a.estimate * a.n, a.n, b.estimate * b.n, b.n)
@@ -51,9 +54,18 @@ def _pair(rows: pd.DataFrame, base: pd.DataFrame, metric: str, how: str, seed: i
     return Paired(float(est), math.nan, math.nan, min(a.n, b.n), 0, "none", 1.0 if how == "ratio" else 0.0)
 
 
-def paired_differences(df: pd.DataFrame, task: str, metric: str, baseline: str = "plain", *,
-                       rows: str | Sequence[str] = "method", cols: str | Sequence[str] | None = "length",
-                       how: str | None = None, seed: int = 0, **where: Any) -> pd.DataFrame:
+def paired_differences(
+    df: pd.DataFrame,
+    task: str,
+    metric: str,
+    baseline: str = "plain",
+    *,
+    rows: str | Sequence[str] = "method",
+    cols: str | Sequence[str] | None = "length",
+    how: str | None = None,
+    seed: int = 0,
+    **where: Any,
+) -> pd.DataFrame:
     """Long form of :func:`compare`: one row per (rows x cols) cell with ``estimate`` (difference or ratio to
     the baseline), ``lo``/``hi`` (95%), ``n`` (pairs), ``informative`` (pairs that differ), ``interval``
     (how it was computed), ``p`` (the exact McNemar p-value for paired 0/1 outcomes, else NaN),
@@ -67,15 +79,19 @@ def paired_differences(df: pd.DataFrame, task: str, metric: str, baseline: str =
     sub = select(df, task, metric, units=True, **where)
     keys = _auto_rows(sub, rows_l, cols_l) + cols_l
     unit_values = sub.loc[is_unit(sub), "value"].dropna().to_numpy(float)
-    how = how or ("ratio" if metric_kind(metric, unit_values if len(unit_values) else None) == "log" else "delta")
+    how = how or (
+        "ratio" if metric_kind(metric, unit_values if len(unit_values) else None) == "log" else "delta"
+    )
     if how not in ("ratio", "delta"):
         raise ResultsError(f"unknown comparison {how!r} — use how='ratio' or how='delta'")
     groups = {k if isinstance(k, tuple) else (k,): g for k, g in sub.groupby(keys, dropna=False, sort=True)}
     frame = pd.DataFrame(list(groups), columns=keys)
     methods = list(dict.fromkeys(frame["method"]))
     if baseline not in methods:
-        raise ResultsError(f"baseline method {baseline!r} not in the {task}/{metric} rows — available methods: "
-                           f"{', '.join(map(str, methods))}")
+        raise ResultsError(
+            f"baseline method {baseline!r} not in the {task}/{metric} rows — available methods: "
+            f"{', '.join(map(str, methods))}"
+        )
     is_base = (frame["method"] == baseline).to_numpy()
     # Match each row to the baseline row with the same model/corpus/length...; factor and options only count
     # when the baseline itself ran with several (the usual baseline is "plain" at factor 1).
@@ -85,8 +101,10 @@ def paired_differences(df: pd.DataFrame, task: str, metric: str, baseline: str =
     for key in (k for k, b in zip(groups, is_base) if b):
         mk = tuple(str(key[keys.index(c)]) for c in match)
         if mk in lookup:
-            raise ResultsError(f"baseline {baseline!r} has several rows for {dict(zip(match, mk))} — narrow it "
-                               f"with a filter such as factor=... or options=...")
+            raise ResultsError(
+                f"baseline {baseline!r} has several rows for {dict(zip(match, mk))} — narrow it "
+                f"with a filter such as factor=... or options=..."
+            )
         lookup[mk] = key
     null = 1.0 if how == "ratio" else 0.0
     out = []
@@ -98,16 +116,38 @@ def paired_differences(df: pd.DataFrame, task: str, metric: str, baseline: str =
             res = Paired(math.nan, math.nan, math.nan, 0, 0, "no baseline cell", null)
         else:
             res = _pair(g, groups[base_key], metric, how, seed)
-        out.append({**dict(zip(keys, key)), "estimate": res.estimate, "lo": res.lo, "hi": res.hi, "n": res.n,
-                    "informative": res.informative, "interval": res.method, "p": res.p, "significant": res.significant,
-                    "how": how, "baseline": baseline})
+        out.append(
+            {
+                **dict(zip(keys, key)),
+                "estimate": res.estimate,
+                "lo": res.lo,
+                "hi": res.hi,
+                "n": res.n,
+                "informative": res.informative,
+                "interval": res.method,
+                "p": res.p,
+                "significant": res.significant,
+                "how": how,
+                "baseline": baseline,
+            }
+        )
     return pd.DataFrame(out)
 
 
-def compare(df: pd.DataFrame, task: str, metric: str, baseline: str = "plain", *,
-            rows: str | Sequence[str] = "method", cols: str | Sequence[str] | None = "length",
-            how: str | None = None, with_ci: bool = False, seed: int = 0, digits: int | None = None,
-            **where: Any) -> pd.DataFrame:
+def compare(
+    df: pd.DataFrame,
+    task: str,
+    metric: str,
+    baseline: str = "plain",
+    *,
+    rows: str | Sequence[str] = "method",
+    cols: str | Sequence[str] | None = "length",
+    how: str | None = None,
+    with_ci: bool = False,
+    seed: int = 0,
+    digits: int | None = None,
+    **where: Any,
+) -> pd.DataFrame:
     """Each method relative to the ``baseline`` method on the same documents / prompts, per ``cols``.
 
     ``how``: "ratio" (value / baseline; the default for perplexities) or "delta" (value - baseline; the
@@ -120,15 +160,21 @@ def compare(df: pd.DataFrame, task: str, metric: str, baseline: str = "plain", *
     """
     long = paired_differences(df, task, metric, baseline, rows=rows, cols=cols, how=how, seed=seed, **where)
     cols_l = _as_list(cols)
-    keys = [c for c in long.columns if c not in ("estimate", "lo", "hi", "n", "informative", "interval", "p",
-                                                 "significant", "how", "baseline")]
+    keys = [
+        c
+        for c in long.columns
+        if c
+        not in ("estimate", "lo", "hi", "n", "informative", "interval", "p", "significant", "how", "baseline")
+    ]
     rows_l = [k for k in keys if k not in cols_l]
     if with_ci:
         long["cell"] = [
-            "baseline" if r.interval == "baseline" else
-            fmt_interval(r.estimate, r.lo, r.hi, r.n if r.n else None, digits)
+            "baseline"
+            if r.interval == "baseline"
+            else fmt_interval(r.estimate, r.lo, r.hi, r.n if r.n else None, digits)
             + (f" {SIGNIFICANT_MARK}" if r.significant else "")
-            for r in long.itertuples()]
+            for r in long.itertuples()
+        ]
         value = "cell"
     else:
         value = "estimate"

@@ -26,8 +26,22 @@ FLOAT_COLUMNS = ("factor", "depth", "value", "seconds")
 INT_COLUMNS = ("length", "trial", "n", "seed")
 STR_COLUMNS = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error")
 # The identity of one measured value: two rows equal on all of these are copies of the same number.
-KEY_COLUMNS = ("run", "cell", "model", "method", "factor", "options", "task", "corpus", "task_options",
-               "length", "depth", "doc", "trial", "metric")
+KEY_COLUMNS = (
+    "run",
+    "cell",
+    "model",
+    "method",
+    "factor",
+    "options",
+    "task",
+    "corpus",
+    "task_options",
+    "length",
+    "depth",
+    "doc",
+    "trial",
+    "metric",
+)
 
 
 def _as_paths(path_or_paths: Any) -> list[Path]:
@@ -37,18 +51,24 @@ def _as_paths(path_or_paths: Any) -> list[Path]:
         paths = [Path(p) for p in path_or_paths]
         if paths:
             return paths
-    raise ResultsError(f"no run directory given (got {path_or_paths!r}) — pass a run directory or a list of them")
+    raise ResultsError(
+        f"no run directory given (got {path_or_paths!r}) — pass a run directory or a list of them"
+    )
 
 
 def _rows_of(path: Path) -> list[dict[str, Any]]:
     """Rows of one source with "latest wins" applied inside it (a resume writes into the same directory;
     different directories are different sweeps and never replace each other's rows)."""
     if not path.exists():
-        raise ResultsError(f"run directory not found: {path} — check the path (a sweep's output directory "
-                           f"holds records*.jsonl)")
+        raise ResultsError(
+            f"run directory not found: {path} — check the path (a sweep's output directory "
+            f"holds records*.jsonl)"
+        )
     if path.is_dir() and path.suffix in (".jsonl", ".json"):
-        raise ResultsError(f"{path} is a directory, not a records file — pass the run directory that holds "
-                           f"records*.jsonl (or a records .jsonl file)")
+        raise ResultsError(
+            f"{path} is a directory, not a records file — pass the run directory that holds "
+            f"records*.jsonl (or a records .jsonl file)"
+        )
     if path.is_file():
         if path.suffix == ".json":  # an lm-eval results file sits in the same tables
             return lm_eval_rows(path)
@@ -58,8 +78,10 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
         files = record_files(path)
         default_run = path.name
     if not files:
-        raise ResultsError(f"no records in {path} — expected records*.jsonl there; run a sweep into this "
-                           f"directory first (or point to the right one)")
+        raise ResultsError(
+            f"no records in {path} — expected records*.jsonl there; run a sweep into this "
+            f"directory first (or point to the right one)"
+        )
     rows: list[dict[str, Any]] = []
     for f in files:
         for r in read_jsonl(f, strict=True):  # a foreign file: one line naming it, not empty tables
@@ -97,7 +119,9 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
             df[col] = num
     for col in STR_COLUMNS:
         df[col] = pd.Series([None if _isna(v) else str(v) for v in df[col]], index=df.index, dtype="object")
-    extras = sorted(c for c in df.columns if c not in SCHEMA and c not in BOOKKEEPING and not c.startswith("_"))
+    extras = sorted(
+        c for c in df.columns if c not in SCHEMA and c not in BOOKKEEPING and not c.startswith("_")
+    )
     tail = [c for c in ("written",) if c in df.columns]
     return df[list(SCHEMA) + extras + tail]
 
@@ -121,8 +145,10 @@ def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     for p in paths:
         rows.extend(_rows_of(p))
     if not rows:
-        raise ResultsError(f"no records in {', '.join(map(str, paths))} — the records files are empty; "
-                           f"run (or resume) the sweep first")
+        raise ResultsError(
+            f"no records in {', '.join(map(str, paths))} — the records files are empty; "
+            f"run (or resume) the sweep first"
+        )
     df = pd.DataFrame.from_records(rows)
     if "written" in df.columns:
         df["written"] = pd.to_numeric(df["written"], errors="coerce")
@@ -132,8 +158,14 @@ def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     return df.reset_index(drop=True)
 
 
-def from_lm_eval(path: str | os.PathLike, *, run: str | None = None, method: str | None = None,
-                 factor: float | None = None, length: int | None = None) -> pd.DataFrame:
+def from_lm_eval(
+    path: str | os.PathLike,
+    *,
+    run: str | None = None,
+    method: str | None = None,
+    factor: float | None = None,
+    length: int | None = None,
+) -> pd.DataFrame:
     """An lm-eval results JSON (or a directory of them) as a DataFrame with the ropebench schema.
 
     method/factor/options are what the ``ropebench`` model recorded in the results config (the patch's

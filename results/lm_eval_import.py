@@ -70,8 +70,10 @@ def _what_ran(config: dict, args: dict, f: Path) -> tuple[str, float, dict[str, 
         try:
             options = json.loads(options) if isinstance(options, str) else dict(options)
         except (ValueError, TypeError) as e:
-            raise ResultsError(f"{f}: config.ropebench_options is not a JSON object ({e}) — pass an unedited "
-                               f"lm-eval results file") from e
+            raise ResultsError(
+                f"{f}: config.ropebench_options is not a JSON object ({e}) — pass an unedited "
+                f"lm-eval results file"
+            ) from e
         return str(config["ropebench_method"]), float(config.get("ropebench_factor") or 1.0), options
     loading = _loading_args()
     options = {k: v for k, v in args.items() if k not in loading}
@@ -83,12 +85,20 @@ def _result_files(path: Path) -> list[Path]:
         return [path]
     files = sorted(path.rglob("results*.json"))
     if not files:
-        raise ResultsError(f"no lm-eval results in {path} — expected results_<date>.json (lm-eval --output_path)")
+        raise ResultsError(
+            f"no lm-eval results in {path} — expected results_<date>.json (lm-eval --output_path)"
+        )
     return files
 
 
-def lm_eval_rows(path: str | os.PathLike, *, run: str | None = None, method: str | None = None,
-                 factor: float | None = None, length: int | None = None) -> list[dict[str, Any]]:
+def lm_eval_rows(
+    path: str | os.PathLike,
+    *,
+    run: str | None = None,
+    method: str | None = None,
+    factor: float | None = None,
+    length: int | None = None,
+) -> list[dict[str, Any]]:
     """Rows (plain dicts) from one lm-eval results file or a directory of them."""
     path = Path(path)
     if not path.exists():
@@ -98,7 +108,9 @@ def lm_eval_rows(path: str | os.PathLike, *, run: str | None = None, method: str
         try:
             blob = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
-            raise ResultsError(f"{f} is not a readable JSON file ({e}) — pass an lm-eval results_*.json") from e
+            raise ResultsError(
+                f"{f} is not a readable JSON file ({e}) — pass an lm-eval results_*.json"
+            ) from e
         if not isinstance(blob, dict) or not isinstance(blob.get("results"), dict):
             raise ResultsError(f"{f} has no 'results' section — is it an lm-eval results file?")
         rows.extend(_rows_of_blob(blob, f, run=run, method=method, factor=factor, length=length))
@@ -108,8 +120,13 @@ def lm_eval_rows(path: str | os.PathLike, *, run: str | None = None, method: str
 def _rows_of_blob(blob: dict, f: Path, *, run, method, factor, length) -> list[dict[str, Any]]:
     config = blob.get("config") or {}
     args = parse_model_args(config.get("model_args"))
-    model = args.get("pretrained") or args.get("model") or args.get("spec") or config.get("model") \
+    model = (
+        args.get("pretrained")
+        or args.get("model")
+        or args.get("spec")
+        or config.get("model")
         or blob.get("model_name")
+    )
     ran_method, ran_factor, options = _what_ran(config, args, f)
     meth = method or ran_method
     fac = factor if factor is not None else ran_factor
@@ -133,16 +150,38 @@ def _rows_of_blob(blob: dict, f: Path, *, run, method, factor, length) -> list[d
                 continue
             stderr = metrics.get(f"{name}_stderr,{filt}" if filt else f"{name}_stderr")
             metric = name if filt in ("", "none") else f"{name},{filt}"
-            task_options = {"source": "lm-eval", "num_fewshot": (blob.get("n-shot") or {}).get(task),
-                            "filter": filt or None, "max_length": max_length,
-                            "limit": config.get("limit")}
+            task_options = {
+                "source": "lm-eval",
+                "num_fewshot": (blob.get("n-shot") or {}).get(task),
+                "filter": filt or None,
+                "max_length": max_length,
+                "limit": config.get("limit"),
+            }
             cell_src = json.dumps([run_id, model, meth, fac, canonical_json(options), task, task_len, metric])
-            rows.append({
-                "run": run_id, "cell": hashlib.sha1(cell_src.encode()).hexdigest()[:16], "model": model,
-                "method": meth, "factor": fac, "options": canonical_json(options), "task": task, "corpus": None,
-                "task_options": canonical_json(task_options), "length": task_len, "depth": None, "doc": None,
-                "trial": None, "metric": metric, "value": float(value), "n": n, "seed": seed, "seconds": None,
-                "status": "ok", "error": None,
-                "stderr": float(stderr) if isinstance(stderr, (int, float)) else None, "written": written,
-            })
+            rows.append(
+                {
+                    "run": run_id,
+                    "cell": hashlib.sha1(cell_src.encode()).hexdigest()[:16],
+                    "model": model,
+                    "method": meth,
+                    "factor": fac,
+                    "options": canonical_json(options),
+                    "task": task,
+                    "corpus": None,
+                    "task_options": canonical_json(task_options),
+                    "length": task_len,
+                    "depth": None,
+                    "doc": None,
+                    "trial": None,
+                    "metric": metric,
+                    "value": float(value),
+                    "n": n,
+                    "seed": seed,
+                    "seconds": None,
+                    "status": "ok",
+                    "error": None,
+                    "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+                    "written": written,
+                }
+            )
     return rows

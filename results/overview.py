@@ -62,6 +62,7 @@ def suite_tasks(df: pd.DataFrame) -> list[str]:
 @dataclass(frozen=True)
 class Quantity:
     """One task/metric as the summary shows it; ``label`` names its columns ("ppl", "passkey", "retrieval rank1")."""
+
     task: str
     metric: str
     kind: str
@@ -70,9 +71,9 @@ class Quantity:
 
 @dataclass
 class Quantities:
-    values: list[Quantity]       # headline values: "@ longest" (log metrics also "@ trained"), paired mark
-    reaches: list[Quantity]      # metrics with a pass/fail bar: one reach per applicable rule
-    references: list[Quantity]   # shown beside their task's values (chance)
+    values: list[Quantity]  # headline values: "@ longest" (log metrics also "@ trained"), paired mark
+    reaches: list[Quantity]  # metrics with a pass/fail bar: one reach per applicable rule
+    references: list[Quantity]  # shown beside their task's values (chance)
 
 
 def quantities(df: pd.DataFrame) -> Quantities:
@@ -81,14 +82,20 @@ def quantities(df: pd.DataFrame) -> Quantities:
     out = Quantities([], [], [])
     for task in suite_tasks(ok):
         rows = ok[ok["task"] == task]
-        specs = {str(m): metric_spec(m, g.loc[is_unit(g), "value"].dropna().to_numpy(float))
-                 for m, g in rows.groupby("metric", sort=True)}
+        specs = {
+            str(m): metric_spec(m, g.loc[is_unit(g), "value"].dropna().to_numpy(float))
+            for m, g in rows.groupby("metric", sort=True)
+        }
         with_bar = reach_metrics(ok, task)
         headline = [m for m, s in specs.items() if s.headline and not s.reference]
         named = {m for m in [*headline, *with_bar] if specs[m].kind != "log"}
-        out.values += [Quantity(task, m, specs[m].kind, _label(task, m, specs[m].kind, named))
-                       for m in _ordered(headline)]
-        out.reaches += [Quantity(task, m, specs[m].kind, _label(task, m, specs[m].kind, named)) for m in with_bar]
+        out.values += [
+            Quantity(task, m, specs[m].kind, _label(task, m, specs[m].kind, named))
+            for m in _ordered(headline)
+        ]
+        out.reaches += [
+            Quantity(task, m, specs[m].kind, _label(task, m, specs[m].kind, named)) for m in with_bar
+        ]
         out.references += [Quantity(task, m, s.kind, m) for m, s in specs.items() if s.reference]
     return out
 
@@ -115,15 +122,17 @@ def reach_column(q: Quantity, rule: str) -> str:
 
 def rules_caption(threshold: float = 0.8, tolerance: float = 0.10, baseline: str = "plain") -> str:
     """The bars behind the reach columns, in words (summary captions and the sweep's printout)."""
-    return (f"reach = longest tested length whose 95% interval clears the bar (≥: no longer tested length failed; "
-            f"<: the shortest already failed; not established: the interval straddles the bar). 0/1 rates — "
-            f"reach: Wilson lower bound ≥ {threshold:g} (absolute, RULER); reach (short): ≥ {NOLIMA_FRACTION:g} × "
-            f"the setting's own rate at its shortest tested length (NoLiMa; that rate's lower bound ≥ "
-            f"{MIN_BAR:g}); reach (trained): ≥ {baseline}'s Wilson lower bound at the trained context, when that is "
-            f"≥ {MIN_BAR:g}. Perplexities — reach: upper bound of the paired ratio to the setting's own value at the "
-            f"trained context ≤ {1 + tolerance:g}; reach (trained): the same against {baseline}'s value. "
-            f"{PREDICTED}: the first distance where Σ cos(m θ_i) < 0 for the patched frequencies (≥: held up to "
-            f"the distance checked)")
+    return (
+        f"reach = longest tested length whose 95% interval clears the bar (≥: no longer tested length failed; "
+        f"<: the shortest already failed; not established: the interval straddles the bar). 0/1 rates — "
+        f"reach: Wilson lower bound ≥ {threshold:g} (absolute, RULER); reach (short): ≥ {NOLIMA_FRACTION:g} × "
+        f"the setting's own rate at its shortest tested length (NoLiMa; that rate's lower bound ≥ "
+        f"{MIN_BAR:g}); reach (trained): ≥ {baseline}'s Wilson lower bound at the trained context, when that is "
+        f"≥ {MIN_BAR:g}. Perplexities — reach: upper bound of the paired ratio to the setting's own value at the "
+        f"trained context ≤ {1 + tolerance:g}; reach (trained): the same against {baseline}'s value. "
+        f"{PREDICTED}: the first distance where Σ cos(m θ_i) < 0 for the patched frequencies (≥: held up to "
+        f"the distance checked)"
+    )
 
 
 def _of(frame: pd.DataFrame, setting: dict) -> pd.DataFrame:
@@ -158,13 +167,28 @@ def _lengths(df: pd.DataFrame, q: Quantity, setting: dict) -> list[int]:
 def _settings(ok: pd.DataFrame, baseline: str) -> list[dict]:
     rows = ok[ok["task"] != THEORY_TASK]
     settings = rows[list(SETTING)].drop_duplicates()
-    return sorted((dict(zip(SETTING, s)) for s in settings.itertuples(index=False)),
-                  key=lambda s: (str(s["model"]), s["method"] != baseline, str(s["method"]), str(s["factor"]),
-                                 str(s["options"])))
+    return sorted(
+        (dict(zip(SETTING, s)) for s in settings.itertuples(index=False)),
+        key=lambda s: (
+            str(s["model"]),
+            s["method"] != baseline,
+            str(s["method"]),
+            str(s["factor"]),
+            str(s["options"]),
+        ),
+    )
 
 
-def summary(df: pd.DataFrame, *, trained_context: int | Mapping[str, int] | None = None, threshold: float = 0.8,
-            tolerance: float = 0.10, baseline: str = "plain", seed: int = 0, with_ci: bool = True) -> pd.DataFrame:
+def summary(
+    df: pd.DataFrame,
+    *,
+    trained_context: int | Mapping[str, int] | None = None,
+    threshold: float = 0.8,
+    tolerance: float = 0.10,
+    baseline: str = "plain",
+    seed: int = 0,
+    with_ci: bool = True,
+) -> pd.DataFrame:
     """One row per setting. ``with_ci=True`` (default): display strings "value [lo, hi] n=N" (columns named
     with the lengths when every setting shares them); ``with_ci=False``: numeric columns ``<name>``,
     ``<name>_lo``, ``<name>_hi``, ``<name>_n``, ``<name>_length`` for every value, ``<name>`` (the claim),
@@ -188,9 +212,17 @@ def summary(df: pd.DataFrame, *, trained_context: int | Mapping[str, int] | None
     for q in qs.reaches:
         for rule in rules_for(q.kind):
             try:
-                reach[(q, rule)] = effective_length(ok, q.task, q.metric, threshold=threshold, tolerance=tolerance,
-                                                    trained_context=trained_context, rule=rule, baseline=baseline,
-                                                    seed=seed)
+                reach[(q, rule)] = effective_length(
+                    ok,
+                    q.task,
+                    q.metric,
+                    threshold=threshold,
+                    tolerance=tolerance,
+                    trained_context=trained_context,
+                    rule=rule,
+                    baseline=baseline,
+                    seed=seed,
+                )
             except ResultsError:
                 pass
     diffs = {}
@@ -203,7 +235,9 @@ def summary(df: pd.DataFrame, *, trained_context: int | Mapping[str, int] | None
     columns: list[tuple[str, str]] = []  # (name, type) in display order
     rows = []
     for s in _settings(ok, baseline):
-        tc = trained_context_of(setting_rows(ok, s), trained_context, s["model"])  # the rows' own, per setting
+        tc = trained_context_of(
+            setting_rows(ok, s), trained_context, s["model"]
+        )  # the rows' own, per setting
         r: dict[str, Any] = dict(s)
         columns = []
         for task in suite_tasks(ok):
@@ -217,8 +251,17 @@ def summary(df: pd.DataFrame, *, trained_context: int | Mapping[str, int] | None
     return _display(numeric, columns) if with_ci else numeric
 
 
-def _task_columns(r: dict, ok: pd.DataFrame, qs: Quantities, task: str, s: dict, tc: int | None, reach: dict,
-                  diffs: dict, seed: int) -> list[tuple[str, str]]:
+def _task_columns(
+    r: dict,
+    ok: pd.DataFrame,
+    qs: Quantities,
+    task: str,
+    s: dict,
+    tc: int | None,
+    reach: dict,
+    diffs: dict,
+    seed: int,
+) -> list[tuple[str, str]]:
     """Fill one setting's columns of one task into ``r``; returns their (name, type) in display order."""
     columns = []
     longest_of_task = None
@@ -227,11 +270,21 @@ def _task_columns(r: dict, ok: pd.DataFrame, qs: Quantities, task: str, s: dict,
         longest = lengths[-1] if lengths else None
         if q.kind == "log":
             at_tc = max((L for L in lengths if tc and L <= tc), default=None)
-            _put(r, f"{q.label} @ trained", _cell(ok, q, s, at_tc, seed), at_tc,
-                 _significant(diffs.get(q), s, at_tc))
+            _put(
+                r,
+                f"{q.label} @ trained",
+                _cell(ok, q, s, at_tc, seed),
+                at_tc,
+                _significant(diffs.get(q), s, at_tc),
+            )
             columns.append((f"{q.label} @ trained", "value"))
-        _put(r, f"{q.label} @ longest", _cell(ok, q, s, longest, seed), longest,
-             _significant(diffs.get(q), s, longest))
+        _put(
+            r,
+            f"{q.label} @ longest",
+            _cell(ok, q, s, longest, seed),
+            longest,
+            _significant(diffs.get(q), s, longest),
+        )
         columns.append((f"{q.label} @ longest", "value"))
         longest_of_task = longest_of_task or longest
     for q in (q for q in qs.reaches if q.task == task):
@@ -256,8 +309,9 @@ def _one(e: pd.DataFrame | None, s: dict) -> pd.Series | None:
     return hit.iloc[0] if len(hit) == 1 else None
 
 
-def _ratio_column(r: dict, ok: pd.DataFrame, q: Quantity, s: dict, e: pd.Series | None,
-                  seed: int) -> list[tuple[str, str]]:
+def _ratio_column(
+    r: dict, ok: pd.DataFrame, q: Quantity, s: dict, e: pd.Series | None, seed: int
+) -> list[tuple[str, str]]:
     """A perplexity's value at the longest tested length over its value at the trained context (paired t)."""
     name = f"{q.label} ratio"
     ci = None
@@ -265,13 +319,22 @@ def _ratio_column(r: dict, ok: pd.DataFrame, q: Quantity, s: dict, e: pd.Series 
     if e is not None and not pd.isna(e["reference_length"]) and e["longest_tested"] > e["reference_length"]:
         ref, last = int(e["reference_length"]), int(e["longest_tested"])
         rows_of = _of(select(ok, q.task, q.metric, units=True), s)
-        ci = ratio_to(rows_of[rows_of["length"] == last], rows_of[rows_of["length"] == ref], q.metric, seed=seed)
+        ci = ratio_to(
+            rows_of[rows_of["length"] == last], rows_of[rows_of["length"] == ref], q.metric, seed=seed
+        )
     _put(r, name, ci, last, ref_length=ref)
     return [(name, "ratio")]
 
 
-def _put(r: dict, name: str, ci: Any, length: int | None, significant: bool = False, *,
-         ref_length: int | None = None) -> None:
+def _put(
+    r: dict,
+    name: str,
+    ci: Any,
+    length: int | None,
+    significant: bool = False,
+    *,
+    ref_length: int | None = None,
+) -> None:
     r[name] = ci.estimate if ci else math.nan
     r[f"{name}_lo"] = ci.lo if ci else math.nan
     r[f"{name}_hi"] = ci.hi if ci else math.nan
@@ -282,11 +345,13 @@ def _put(r: dict, name: str, ci: Any, length: int | None, significant: bool = Fa
 
 
 def _display(numeric: pd.DataFrame, columns: list[tuple[str, str]]) -> pd.DataFrame:
-    out = pd.DataFrame({"model": numeric["model"].map(short_model), "method": numeric["method"],
-                        "factor": numeric["factor"]})
+    out = pd.DataFrame(
+        {"model": numeric["model"].map(short_model), "method": numeric["method"], "factor": numeric["factor"]}
+    )
     if numeric["options"].nunique() > 1:
-        out["options"] = numeric["options"].map(lambda o: ", ".join(f"{k}={v}" for k, v in json.loads(o).items())
-                                                if o and o != "{}" else "")
+        out["options"] = numeric["options"].map(
+            lambda o: ", ".join(f"{k}={v}" for k, v in json.loads(o).items()) if o and o != "{}" else ""
+        )
     if out["model"].nunique() == 1:
         out = out.drop(columns="model")
     for name, kind in columns:
@@ -298,7 +363,9 @@ def _display(numeric: pd.DataFrame, columns: list[tuple[str, str]]) -> pd.DataFr
                 out[name] = numeric[name]
         elif kind == "predicted":
             if numeric[name].notna().any():
-                out[name] = [predicted_claim(v, lim) for v, lim in zip(numeric[name], numeric[f"{name}_limit"])]
+                out[name] = [
+                    predicted_claim(v, lim) for v, lim in zip(numeric[name], numeric[f"{name}_limit"])
+                ]
         elif not numeric[f"{name}_length"].isna().all():
             label, cells = _interval_column(numeric, name, kind)
             out[label] = cells
@@ -314,7 +381,9 @@ def _interval_column(numeric: pd.DataFrame, name: str, kind: str) -> tuple[str, 
         refs = numeric[f"{name}_reference_length"].dropna().unique()
         label = f"{name.removesuffix(' ratio')} {int(lengths[0])} / {int(refs[0]) if len(refs) == 1 else 'trained'}"
     elif shared:
-        label = name.replace("@ trained", f"@ {int(lengths[0])} (trained)").replace("@ longest", f"@ {int(lengths[0])}")
+        label = name.replace("@ trained", f"@ {int(lengths[0])} (trained)").replace(
+            "@ longest", f"@ {int(lengths[0])}"
+        )
     cells = []
     for _, r in numeric.iterrows():
         if pd.isna(r[name]):

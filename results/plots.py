@@ -55,8 +55,10 @@ def _label_series(sub: pd.DataFrame) -> pd.Series:
 def _single(sub: pd.DataFrame, col: str, what: str) -> Any:
     vals = sub[col].dropna().unique()
     if len(vals) > 1:
-        raise ResultsError(f"{what}: rows from several {col}s ({', '.join(map(str, vals))}) — pass {col}=... "
-                           f"to plot one at a time")
+        raise ResultsError(
+            f"{what}: rows from several {col}s ({', '.join(map(str, vals))}) — pass {col}=... "
+            f"to plot one at a time"
+        )
     return vals[0] if len(vals) else None
 
 
@@ -103,24 +105,51 @@ def _klabel(x: int) -> str:
     return f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x)
 
 
-def _points(df: pd.DataFrame, task: str, metric: str, sub: pd.DataFrame, seed: int = 0, **where: Any) -> pd.DataFrame:
+def _points(
+    df: pd.DataFrame, task: str, metric: str, sub: pd.DataFrame, seed: int = 0, **where: Any
+) -> pd.DataFrame:
     """One point per (method x factor label, length): the cell estimate (as in the tables) with ``lo``/``hi``
     (its 95% interval: t over documents, Wilson for rates) and ``n``."""
     rows = select(df, task, metric, units=True, **where)
     rows = rows[rows["length"].notna() & rows["model"].isin(sub["model"].unique())].copy()
     rows["label"] = _label_series(rows)
     out = []
-    for (label, method, factor, length), g in rows.groupby(["label", "method", "factor", "length"], dropna=False):
+    for (label, method, factor, length), g in rows.groupby(
+        ["label", "method", "factor", "length"], dropna=False
+    ):
         ci = cell_interval(g, metric, seed=seed)
-        out.append({"label": label, "method": method, "factor": factor, "length": int(length), "value": ci.estimate,
-                    "lo": ci.lo, "hi": ci.hi, "n": ci.n})
+        out.append(
+            {
+                "label": label,
+                "method": method,
+                "factor": factor,
+                "length": int(length),
+                "value": ci.estimate,
+                "lo": ci.lo,
+                "hi": ci.hi,
+                "n": ci.n,
+            }
+        )
     return pd.DataFrame(out)
 
 
 def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
     order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
-    sns.lineplot(data=data, x="length", y=y, hue="label", hue_order=order, style="label", style_order=order,
-                 markers=True, dashes=False, ax=ax, errorbar=None, linewidth=1.8, markersize=7)
+    sns.lineplot(
+        data=data,
+        x="length",
+        y=y,
+        hue="label",
+        hue_order=order,
+        style="label",
+        style_order=order,
+        markers=True,
+        dashes=False,
+        ax=ax,
+        errorbar=None,
+        linewidth=1.8,
+        markersize=7,
+    )
     # the 95% interval of every point as a band in the line's colour (absent where there is none)
     colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
     handles, labels = ax.get_legend_handles_labels()
@@ -129,12 +158,26 @@ def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
         d = data[data["label"] == label].sort_values("length")
         ok = d["lo"].notna() & d["hi"].notna()
         if ok.any():
-            ax.fill_between(d.loc[ok, "length"], d.loc[ok, "lo"], d.loc[ok, "hi"], color=colours.get(label),
-                            alpha=0.15, linewidth=0)
+            ax.fill_between(
+                d.loc[ok, "length"],
+                d.loc[ok, "lo"],
+                d.loc[ok, "hi"],
+                color=colours.get(label),
+                alpha=0.15,
+                linewidth=0,
+            )
 
 
-def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "ppl", task: str = "perplexity",
-                    trained_context: int | None = None, seed: int = 0, **where: Any) -> Plot:
+def plot_perplexity(
+    df: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    metric: str = "ppl",
+    task: str = "perplexity",
+    trained_context: int | None = None,
+    seed: int = 0,
+    **where: Any,
+) -> Plot:
     """Perplexity vs length, one line per method (x factor), log y, dashed line at the trained context; the
     band is the 95% t interval over documents on the log scale (none below 3 documents)."""
     sub = _subset(df, task, metric, "plot_perplexity", **where)
@@ -157,16 +200,19 @@ def plot_perplexity(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = 
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel(f"{metric} (log scale, lower is better)")
     n = _n_range(data)
-    ax.set_title(f"Perplexity vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
-                 f"{n} documents, band: 95% t interval")
+    ax.set_title(
+        f"Perplexity vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
+        f"{n} documents, band: 95% t interval"
+    )
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()
     return Plot(_save(fig, path), data, fig)
 
 
-def plot_passkey(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "correct", task: str = "passkey",
-                 **where: Any) -> Plot:
+def plot_passkey(
+    df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "correct", task: str = "passkey", **where: Any
+) -> Plot:
     """Passkey retrieval heatmaps: depth (rows) x length (columns), % correct, one panel per method."""
     sub = _subset(df, task, metric, "plot_passkey", **where)
     sub = sub[sub["depth"].notna()]
@@ -174,7 +220,11 @@ def plot_passkey(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "co
         raise ResultsError(f"plot_passkey: no {task}/{metric} rows with a depth — nothing to plot")
     model = _single(sub, "model", "plot_passkey")
     corpus = _single(sub, "corpus", "plot_passkey")
-    data = sub.groupby(["label", "depth", "length"], dropna=False)["value"].agg(["mean", "size", "sum"]).reset_index()
+    data = (
+        sub.groupby(["label", "depth", "length"], dropna=False)["value"]
+        .agg(["mean", "size", "sum"])
+        .reset_index()
+    )
     data["percent"] = 100.0 * data["mean"]
     data["count"] = [f"{int(k)}/{int(n)}" for k, n in zip(data["sum"], data["size"])]
     labels = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
@@ -193,26 +243,48 @@ def plot_passkey(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "co
         grid = panel.pivot(index="depth", columns="length", values="percent").sort_index().sort_index(axis=1)
         counts = panel.pivot(index="depth", columns="length", values="count").reindex_like(grid).fillna("")
         # cells show correct/trials: 1/1 and 10/10 are both 100%, but not the same evidence
-        sns.heatmap(grid, ax=ax, vmin=0, vmax=100, cmap="RdYlGn", annot=counts.to_numpy(), fmt="", cbar=i == 0,
-                    cbar_ax=cax if i == 0 else None, cbar_kws={"label": "% correct"}, linewidths=0.5,
-                    annot_kws={"fontsize": 9})
+        sns.heatmap(
+            grid,
+            ax=ax,
+            vmin=0,
+            vmax=100,
+            cmap="RdYlGn",
+            annot=counts.to_numpy(),
+            fmt="",
+            cbar=i == 0,
+            cbar_ax=cax if i == 0 else None,
+            cbar_kws={"label": "% correct"},
+            linewidths=0.5,
+            annot_kws={"fontsize": 9},
+        )
         ax.set_title(label)
         ax.set_xticklabels([_klabel(int(x)) for x in grid.columns], rotation=0)
         ax.set_yticklabels([f"{100 * d:.0f}%" for d in grid.index], rotation=0)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("passkey depth" if i % ncols == 0 else "")
-    for ax in axes[len(labels):]:
+    for ax in axes[len(labels) :]:
         ax.set_visible(False)
-    fig.suptitle(f"Passkey retrieval (correct / trials, colour: %) — {short_model(model)}\nhaystack: {corpus} · "
-                 f"{_factors(sub)}", y=1 - 0.1 / height)
-    fig.subplots_adjust(left=0.1, right=0.9, top=1 - top / height, bottom=bottom / height, wspace=0.25,
-                        hspace=gap / panel_h)
+    fig.suptitle(
+        f"Passkey retrieval (correct / trials, colour: %) — {short_model(model)}\nhaystack: {corpus} · "
+        f"{_factors(sub)}",
+        y=1 - 0.1 / height,
+    )
+    fig.subplots_adjust(
+        left=0.1, right=0.9, top=1 - top / height, bottom=bottom / height, wspace=0.25, hspace=gap / panel_h
+    )
     return Plot(_save(fig, path), data, fig)
 
 
-def plot_classification(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "accuracy",
-                        task: str = "classification", chance_metric: str = "chance", seed: int = 0,
-                        **where: Any) -> Plot:
+def plot_classification(
+    df: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    metric: str = "accuracy",
+    task: str = "classification",
+    chance_metric: str = "chance",
+    seed: int = 0,
+    **where: Any,
+) -> Plot:
     """Classification accuracy vs length per method with its 95% (Wilson) interval as a band, and the chance
     (majority-class) rate dashed."""
     sub = _subset(df, task, metric, "plot_classification", **where)
@@ -232,15 +304,25 @@ def plot_classification(df: pd.DataFrame, path: str | os.PathLike, *, metric: st
         pass
     if chance is not None and len(chance):
         if chance.nunique() == 1 or len(chance) == 1:
-            ax.axhline(float(chance.iloc[0]), color="0.3", linestyle="--", linewidth=1.2, label="chance (majority)")
+            ax.axhline(
+                float(chance.iloc[0]), color="0.3", linestyle="--", linewidth=1.2, label="chance (majority)"
+            )
         else:
-            ax.plot(chance.index.astype(int), chance.to_numpy(), color="0.3", linestyle="--", linewidth=1.2,
-                    label="chance (majority)")
+            ax.plot(
+                chance.index.astype(int),
+                chance.to_numpy(),
+                color="0.3",
+                linestyle="--",
+                linewidth=1.2,
+                label="chance (majority)",
+            )
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel(f"{metric} (higher is better)")
-    ax.set_title(f"Classification {metric} vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
-                 f"{_n_range(data)} queries, band: 95% interval")
+    ax.set_title(
+        f"Classification {metric} vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
+        f"{_n_range(data)} queries, band: 95% interval"
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()
@@ -255,8 +337,15 @@ def _bin_centres(g: pd.DataFrame) -> pd.Series:
     return g["depth"].map(lambda s: (s + ends[s] - 1) / 2)
 
 
-def plot_loss_by_position(df: pd.DataFrame, path: str | os.PathLike, *, metric: str = "loss_bin",
-                          task: str = "perplexity", trained_context: int | None = None, **where: Any) -> Plot:
+def plot_loss_by_position(
+    df: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    metric: str = "loss_bin",
+    task: str = "perplexity",
+    trained_context: int | None = None,
+    **where: Any,
+) -> Plot:
     """Mean loss by token position (half-octave bins, log x) per method, from the one pass at the largest length,
     with the fitted a·p^-b + c (fitted within the trained context) drawn dashed over every position: past the
     trained context the fit is what the method would give if it kept its in-context shape, so a break shows as
@@ -264,27 +353,45 @@ def plot_loss_by_position(df: pd.DataFrame, path: str | os.PathLike, *, metric: 
     sub = _subset(df, task, metric, "plot_loss_by_position", **where)
     sub = sub[sub["depth"].notna()].copy()
     if sub.empty:
-        raise ResultsError(f"plot_loss_by_position: no {task}/{metric} rows with a depth (bin start) — run "
-                           f"perplexity with loss_by_position=true")
+        raise ResultsError(
+            f"plot_loss_by_position: no {task}/{metric} rows with a depth (bin start) — run "
+            f"perplexity with loss_by_position=true"
+        )
     model = _single(sub, "model", "plot_loss_by_position")
     corpus = _single(sub, "corpus", "plot_loss_by_position")
     parts = []
     for _, g in sub.groupby(["label", "length"], dropna=False):
-        g = g.groupby(["label", "method", "factor", "length", "depth"], dropna=False).agg(
-            value=("value", "mean"), n=("n", "sum")).reset_index()
+        g = (
+            g.groupby(["label", "method", "factor", "length", "depth"], dropna=False)
+            .agg(value=("value", "mean"), n=("n", "sum"))
+            .reset_index()
+        )
         parts.append(g.assign(position=_bin_centres(g)))
     data = pd.concat(parts, ignore_index=True)
     fits = _loss_fits(df, task, sub, **where)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
-    sns.lineplot(data=data, x="position", y="value", hue="label", hue_order=order, style="label", style_order=order,
-                 markers=True, dashes=False, ax=ax, errorbar=None, linewidth=1.5, markersize=5)
+    sns.lineplot(
+        data=data,
+        x="position",
+        y="value",
+        hue="label",
+        hue_order=order,
+        style="label",
+        style_order=order,
+        markers=True,
+        dashes=False,
+        ax=ax,
+        errorbar=None,
+        linewidth=1.5,
+        markersize=5,
+    )
     colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
     x = np.geomspace(max(1.0, data["position"].min()), data["position"].max(), 200)
     for label, (a, b, c) in fits.items():
         if label in colours:
-            ax.plot(x, a * x ** -b + c, color=colours[label], linestyle="--", linewidth=1.0, alpha=0.8)
+            ax.plot(x, a * x**-b + c, color=colours[label], linestyle="--", linewidth=1.0, alpha=0.8)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))  # 1, 2, ..., 8192 rather than 2^13
     ctx = trained_context_of(sub, trained_context, model)
@@ -292,8 +399,10 @@ def plot_loss_by_position(df: pd.DataFrame, path: str | os.PathLike, *, metric: 
         ax.axvline(ctx, color="0.3", linestyle=":", linewidth=1.2, label=f"trained context ({_klabel(ctx)})")
     ax.set_xlabel("token position (log scale; half-octave bins)")
     ax.set_ylabel("mean loss (nats/token, lower is better)")
-    ax.set_title(f"Loss by position — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · dashed: "
-                 f"a·p^-b + c fitted within the trained context")
+    ax.set_title(
+        f"Loss by position — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · dashed: "
+        f"a·p^-b + c fitted within the trained context"
+    )
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title=None, fontsize=9)
     fig.tight_layout()

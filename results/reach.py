@@ -78,8 +78,10 @@ def default_metric(df: pd.DataFrame, task: str) -> str:
     candidates = reach_metrics(df, task)
     if candidates:
         return candidates[0]
-    raise ResultsError(f"no metric for an effective length in task {task!r} (have: {', '.join(sorted(have))}) — "
-                       f"pass metric=... naming a 0/1 rate or a perplexity")
+    raise ResultsError(
+        f"no metric for an effective length in task {task!r} (have: {', '.join(sorted(have))}) — "
+        f"pass metric=... naming a 0/1 rate or a perplexity"
+    )
 
 
 def rules_for(kind: str) -> list[str]:
@@ -140,12 +142,21 @@ def ratio_to(at: pd.DataFrame, ref: pd.DataFrame, metric: str, *, seed: int = 0)
     interval)."""
     ua, ub = at[is_unit(at) & at["value"].notna()], ref[is_unit(ref) & ref["value"].notna()]
     if len(ua) and len(ub):
-        ua, ub = ua.assign(_key=unit_key(ua)), ub.assign(_key=unit_key(ub))  # the key holds no length: same doc
+        ua, ub = (
+            ua.assign(_key=unit_key(ua)),
+            ub.assign(_key=unit_key(ub)),
+        )  # the key holds no length: same doc
         m = ua.merge(ub[["_key", "value", "n"]], on="_key", suffixes=("", "_ref")).sort_values("_key")
         if len(m):
-            return paired_interval("log", m["value"].to_numpy(float), m["value_ref"].to_numpy(float),
-                                   m["n"].fillna(1).to_numpy(float), m["n_ref"].fillna(1).to_numpy(float),
-                                   how="ratio", seed=seed)
+            return paired_interval(
+                "log",
+                m["value"].to_numpy(float),
+                m["value_ref"].to_numpy(float),
+                m["n"].fillna(1).to_numpy(float),
+                m["n_ref"].fillna(1).to_numpy(float),
+                how="ratio",
+                seed=seed,
+            )
     a, b = cell_interval(at, metric, seed=seed), cell_interval(ref, metric, seed=seed)
     return Interval(a.estimate / b.estimate, math.nan, math.nan, min(a.n, b.n), "none")
 
@@ -155,7 +166,9 @@ def check_rules(threshold: float, tolerance: float) -> None:
     if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
         raise ResultsError(f"threshold must be an accuracy in (0, 1], got {threshold!r} — e.g. threshold=0.8")
     if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < 100):
-        raise ResultsError(f"tolerance must be a fraction >= 0 (0.1 = +10%), got {tolerance!r} — e.g. tolerance=0.1")
+        raise ResultsError(
+            f"tolerance must be a fraction >= 0 (0.1 = +10%), got {tolerance!r} — e.g. tolerance=0.1"
+        )
 
 
 def _no_reference(tc: int | None, metric: str) -> str:
@@ -192,12 +205,23 @@ def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
         effective = L
     failures = [L for L in lengths if checks[L][0] == FAIL and (pd.isna(stopped_at) or L >= stopped_at)]
     first_failure = failures[0] if failures else pd.NA
-    row = {"effective_length": effective, "first_failure": first_failure, "stopped_at": stopped_at,
-           "stopped": stopped or "", "claim": claim(effective, first_failure, stopped, lengths[0])}
+    row = {
+        "effective_length": effective,
+        "first_failure": first_failure,
+        "stopped_at": stopped_at,
+        "stopped": stopped or "",
+        "claim": claim(effective, first_failure, stopped, lengths[0]),
+    }
     for prefix, L in (("at", effective), ("fail", stopped_at)):
         s = None if pd.isna(L) else checks[L][1]
-        row.update({f"{prefix}_value": s.estimate if s else math.nan, f"{prefix}_lo": s.lo if s else math.nan,
-                    f"{prefix}_hi": s.hi if s else math.nan, f"{prefix}_n": s.n if s else pd.NA})
+        row.update(
+            {
+                f"{prefix}_value": s.estimate if s else math.nan,
+                f"{prefix}_lo": s.lo if s else math.nan,
+                f"{prefix}_hi": s.hi if s else math.nan,
+                f"{prefix}_n": s.n if s else pd.NA,
+            }
+        )
     return row
 
 
@@ -205,9 +229,10 @@ def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
 @dataclass
 class Setting:
     """What a rule sees of one setting: its cells by length, the trained context, and the parameters."""
+
     info: dict
     cells: dict[int, tuple[pd.DataFrame, Interval]]
-    sub: pd.DataFrame          # every row of the task/metric (the baseline's too)
+    sub: pd.DataFrame  # every row of the task/metric (the baseline's too)
     metric: str
     tc: int | None
     ref_len: int | None
@@ -219,15 +244,17 @@ class Setting:
 
 @dataclass
 class Verdicts:
-    rule: str                  # the bar, in words (shown in the report)
-    checks: dict[int, tuple[str, Any]] | None = None   # None: not computed (``rule`` says why)
+    rule: str  # the bar, in words (shown in the report)
+    checks: dict[int, tuple[str, Any]] | None = None  # None: not computed (``rule`` says why)
     reference_length: int | None = None
     reference_value: float = math.nan
 
 
 def _rate_threshold(s: Setting) -> Verdicts:
-    return Verdicts(f"Wilson lower bound ≥ {s.threshold:g}",
-                    {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()})
+    return Verdicts(
+        f"Wilson lower bound ≥ {s.threshold:g}",
+        {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()},
+    )
 
 
 def _rate_trained(s: Setting) -> Verdicts:
@@ -238,35 +265,57 @@ def _rate_trained(s: Setting) -> Verdicts:
     # the bar is the reference's own lower bound: plain passes at its trained context by construction
     bar = cell_interval(base if len(base) else s.cells[s.ref_len][0], s.metric, seed=s.seed).lo
     if not (math.isfinite(bar) and bar >= MIN_BAR):
-        return Verdicts(f"not computed: {who}'s Wilson lower bound at the trained context {s.ref_len} is "
-                        f"{bar:.3f} < {MIN_BAR:g}, no bar to pass (more trials, or rule='threshold')",
-                        reference_length=s.ref_len, reference_value=bar)
-    return Verdicts(f"Wilson lower bound ≥ {who}'s at {s.ref_len} ({bar:.3f})",
-                    {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}, s.ref_len, bar)
+        return Verdicts(
+            f"not computed: {who}'s Wilson lower bound at the trained context {s.ref_len} is "
+            f"{bar:.3f} < {MIN_BAR:g}, no bar to pass (more trials, or rule='threshold')",
+            reference_length=s.ref_len,
+            reference_value=bar,
+        )
+    return Verdicts(
+        f"Wilson lower bound ≥ {who}'s at {s.ref_len} ({bar:.3f})",
+        {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()},
+        s.ref_len,
+        bar,
+    )
 
 
 def _rate_short(s: Setting) -> Verdicts:
     short = min(s.cells)
     base = s.cells[short][1]
     if len(s.cells) < 2:  # the base length passes by definition: alone it would claim itself
-        return Verdicts(f"not computed: one tested length ({short}) is only the short-context base — test a "
-                        f"shorter length too", reference_length=short, reference_value=base.estimate)
+        return Verdicts(
+            f"not computed: one tested length ({short}) is only the short-context base — test a "
+            f"shorter length too",
+            reference_length=short,
+            reference_value=base.estimate,
+        )
     if not (math.isfinite(base.lo) and base.lo >= MIN_BAR):
-        return Verdicts(f"not computed: own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < "
-                        f"{MIN_BAR:g}, no short-context score to keep (more trials, or a shorter length)",
-                        reference_length=short, reference_value=base.estimate)
+        return Verdicts(
+            f"not computed: own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < "
+            f"{MIN_BAR:g}, no short-context score to keep (more trials, or a shorter length)",
+            reference_length=short,
+            reference_value=base.estimate,
+        )
     bar = NOLIMA_FRACTION * base.estimate
     # the base length is where the base score was measured (established above): it passes by definition
     checks = {L: (PASS if L == short else at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}
-    return Verdicts(f"Wilson lower bound ≥ {NOLIMA_FRACTION:g} × own {base.estimate:.3f} at {short} ({bar:.3f}; "
-                    f"NoLiMa)", checks, short, base.estimate)
+    return Verdicts(
+        f"Wilson lower bound ≥ {NOLIMA_FRACTION:g} × own {base.estimate:.3f} at {short} ({bar:.3f}; NoLiMa)",
+        checks,
+        short,
+        base.estimate,
+    )
 
 
 def _baseline_cell(s: Setting) -> pd.DataFrame:
     """The baseline method's rows at the reference length (same model and corpus); empty when it did not run."""
     sub = s.sub
-    return sub[(sub["method"] == s.baseline) & (sub["length"] == s.ref_len) & (sub["model"] == s.info["model"])
-               & (sub["corpus"].astype(str) == str(s.info["corpus"]))]
+    return sub[
+        (sub["method"] == s.baseline)
+        & (sub["length"] == s.ref_len)
+        & (sub["model"] == s.info["model"])
+        & (sub["corpus"].astype(str) == str(s.info["corpus"]))
+    ]
 
 
 def _ppl_ratio(s: Setting, ref_rows: pd.DataFrame, whose: str) -> Verdicts:
@@ -276,8 +325,12 @@ def _ppl_ratio(s: Setting, ref_rows: pd.DataFrame, whose: str) -> Verdicts:
         if L >= s.ref_len:
             ratio = ratio_to(g, ref_rows, s.metric, seed=s.seed)
             checks[L] = (at_most(ratio, bar), ratio)
-    return Verdicts(f"upper bound of {s.metric} / {whose} value at {s.ref_len} ≤ {bar:g}", checks, s.ref_len,
-                    cell_interval(ref_rows, s.metric, seed=s.seed).estimate)
+    return Verdicts(
+        f"upper bound of {s.metric} / {whose} value at {s.ref_len} ≤ {bar:g}",
+        checks,
+        s.ref_len,
+        cell_interval(ref_rows, s.metric, seed=s.seed).estimate,
+    )
 
 
 def _ppl_tolerance(s: Setting) -> Verdicts:
@@ -290,7 +343,9 @@ def _ppl_baseline(s: Setting) -> Verdicts:
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
     base = _baseline_cell(s)
-    return _ppl_ratio(s, base, f"{s.baseline}'s") if len(base) else _ppl_ratio(s, s.cells[s.ref_len][0], "its")
+    return (
+        _ppl_ratio(s, base, f"{s.baseline}'s") if len(base) else _ppl_ratio(s, s.cells[s.ref_len][0], "its")
+    )
 
 
 RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
@@ -302,9 +357,19 @@ RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
 }
 
 
-def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, threshold: float = 0.8,
-                     rule: str = "threshold", tolerance: float = 0.10, trained_context: int | Mapping | None = None,
-                     baseline: str = "plain", seed: int = 0, **where: Any) -> pd.DataFrame:
+def effective_length(
+    df: pd.DataFrame,
+    task: str,
+    metric: str | None = None,
+    *,
+    threshold: float = 0.8,
+    rule: str = "threshold",
+    tolerance: float = 0.10,
+    trained_context: int | Mapping | None = None,
+    baseline: str = "plain",
+    seed: int = 0,
+    **where: Any,
+) -> pd.DataFrame:
     """One row per model x method x factor x options x corpus: ``effective_length`` (a tested length, or NA),
     ``claim`` ("≥ 16384", "8192", "< 2048", "not established (n too small)"), ``rule`` (the bar, in words),
     ``reference_length`` / ``reference_value``, ``stopped_at`` / ``stopped`` (the first length that did not pass,
@@ -330,31 +395,60 @@ def effective_length(df: pd.DataFrame, task: str, metric: str | None = None, *, 
     sub = sub[sub["length"].notna()]
     if sub.empty:
         raise ResultsError(f"no {task}/{metric} rows with a length — an effective length needs lengths")
-    kind = metric_kind(metric, sub.loc[is_unit(sub), "value"].dropna().to_numpy(float) if is_unit(sub).any() else None)
+    kind = metric_kind(
+        metric, sub.loc[is_unit(sub), "value"].dropna().to_numpy(float) if is_unit(sub).any() else None
+    )
     if kind == "mean":
-        raise ResultsError(f"{task}/{metric} is neither a 0/1 rate nor a perplexity — pass metric=... naming one")
+        raise ResultsError(
+            f"{task}/{metric} is neither a 0/1 rate nor a perplexity — pass metric=... naming one"
+        )
     if (kind, rule) not in RULES:
-        raise ResultsError(f"rule {rule!r} is for 0/1 rates: a perplexity at a shorter length is higher for want of "
-                           f"context, so a ratio to it would flatter every length — use rule='threshold' or "
-                           f"'trained' for {task}/{metric}")
+        raise ResultsError(
+            f"rule {rule!r} is for 0/1 rates: a perplexity at a shorter length is higher for want of "
+            f"context, so a ratio to it would flatter every length — use rule='threshold' or "
+            f"'trained' for {task}/{metric}"
+        )
     predicted = predicted_reach(df)
     setting_cols = list(IDENTITY)
-    settings = sorted(sub.groupby(setting_cols, dropna=False, sort=True),
-                      key=lambda kv: (str(kv[0][0]), kv[0][1] != baseline, tuple(map(str, kv[0]))))
+    settings = sorted(
+        sub.groupby(setting_cols, dropna=False, sort=True),
+        key=lambda kv: (str(kv[0][0]), kv[0][1] != baseline, tuple(map(str, kv[0]))),
+    )
     out = []
     for setting, s_rows in settings:
         info = dict(zip(setting_cols, setting))
-        cells = {int(L): (g, cell_interval(g, metric, seed=seed)) for L, g in s_rows.groupby("length", sort=True)}
+        cells = {
+            int(L): (g, cell_interval(g, metric, seed=seed)) for L, g in s_rows.groupby("length", sort=True)
+        }
         tc = trained_context_of(setting_rows(df, info), trained_context, info["model"])
         ref_len = max((L for L in cells if tc and L <= tc), default=None)
-        row = {**info, "metric": metric, "rule_name": rule, "effective_length": pd.NA, "claim": "–", "rule": "",
-               "reference_length": pd.NA, "reference_value": math.nan, "longest_tested": max(cells),
-               "first_failure": pd.NA, "stopped_at": pd.NA, "stopped": "", "trained_context": tc if tc else pd.NA,
-               **{f"{p}_{k}": math.nan for p in ("at", "fail") for k in ("value", "lo", "hi")},
-               "at_n": pd.NA, "fail_n": pd.NA}
-        v = RULES[(kind, rule)](Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed))
-        row.update(rule=v.rule, reference_length=v.reference_length if v.reference_length else pd.NA,
-                   reference_value=v.reference_value, **predicted_for(predicted, info))
+        row = {
+            **info,
+            "metric": metric,
+            "rule_name": rule,
+            "effective_length": pd.NA,
+            "claim": "–",
+            "rule": "",
+            "reference_length": pd.NA,
+            "reference_value": math.nan,
+            "longest_tested": max(cells),
+            "first_failure": pd.NA,
+            "stopped_at": pd.NA,
+            "stopped": "",
+            "trained_context": tc if tc else pd.NA,
+            **{f"{p}_{k}": math.nan for p in ("at", "fail") for k in ("value", "lo", "hi")},
+            "at_n": pd.NA,
+            "fail_n": pd.NA,
+        }
+        v = RULES[(kind, rule)](
+            Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed)
+        )
+        row.update(
+            rule=v.rule,
+            reference_length=v.reference_length if v.reference_length else pd.NA,
+            reference_value=v.reference_value,
+            **predicted_for(predicted, info),
+        )
         out.append({**row, **_walk(v.checks)} if v.checks else row)
     return pd.DataFrame(out)
 
@@ -393,8 +487,16 @@ def load_theory(paths: str | os.PathLike | list) -> pd.DataFrame:
     from .frame import normalize
 
     dirs = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
-    rows = [r for d in dirs if d.is_dir() for f in sorted(d.iterdir()) if THEORY_FILE.match(f.name)
-            for cell in _read_theory_file(f).values() for r in cell if isinstance(r, dict)]
+    rows = [
+        r
+        for d in dirs
+        if d.is_dir()
+        for f in sorted(d.iterdir())
+        if THEORY_FILE.match(f.name)
+        for cell in _read_theory_file(f).values()
+        for r in cell
+        if isinstance(r, dict)
+    ]
     return normalize(pd.DataFrame(rows)) if rows else pd.DataFrame()
 
 
@@ -402,13 +504,22 @@ def predicted_reach(df: pd.DataFrame) -> pd.DataFrame:
     """One row per setting with theory rows: ``predicted_reach`` (Men et al.'s ``men_reach`` of the patched
     frequencies: the first distance where sum_i cos(m theta_i) < 0) and ``predicted_limit`` (the longest distance
     checked; the reach equals it when the criterion held throughout)."""
-    rows = df[(df["task"] == THEORY_TASK) & (df["metric"] == "men_reach") & df["value"].notna()
-              & (df["status"].isna() | (df["status"] == "ok"))]
+    rows = df[
+        (df["task"] == THEORY_TASK)
+        & (df["metric"] == "men_reach")
+        & df["value"].notna()
+        & (df["status"].isna() | (df["status"] == "ok"))
+    ]
     out = []
     for key, g in rows.groupby(list(PREDICTED_KEYS), dropna=False, sort=False):
         limit = _recorded_number(g["task_options"].iloc[-1], "limit")
-        out.append({**dict(zip(PREDICTED_KEYS, key)), "predicted_reach": int(g["value"].iloc[-1]),
-                    "predicted_limit": limit if limit else pd.NA})
+        out.append(
+            {
+                **dict(zip(PREDICTED_KEYS, key)),
+                "predicted_reach": int(g["value"].iloc[-1]),
+                "predicted_limit": limit if limit else pd.NA,
+            }
+        )
     return pd.DataFrame(out, columns=[*PREDICTED_KEYS, "predicted_reach", "predicted_limit"])
 
 
@@ -427,11 +538,14 @@ def predicted_for(predicted: pd.DataFrame, info: dict) -> dict[str, Any]:
         hit = hit[hit[k].astype(str) == str(info[k])]
     if hit.empty:
         return {"predicted_reach": pd.NA, "predicted_limit": pd.NA}
-    return {"predicted_reach": hit["predicted_reach"].iloc[0], "predicted_limit": hit["predicted_limit"].iloc[0]}
+    return {
+        "predicted_reach": hit["predicted_reach"].iloc[0],
+        "predicted_limit": hit["predicted_limit"].iloc[0],
+    }
 
 
 def predicted_claim(reach: Any, limit: Any) -> str:
-    """"3616", or "≥ 65536" when the criterion held up to the limit it was checked to; "–" without a prediction."""
+    """ "3616", or "≥ 65536" when the criterion held up to the limit it was checked to; "–" without a prediction."""
     if pd.isna(reach):
         return "–"
     return f"≥ {int(reach)}" if not pd.isna(limit) and int(reach) >= int(limit) else str(int(reach))

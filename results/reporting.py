@@ -62,8 +62,9 @@ def _manifests(paths: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def _trained_context_for(model: str | None, given: int | None, manifests: list[dict],
-                         rows: pd.DataFrame) -> int | None:
+def _trained_context_for(
+    model: str | None, given: int | None, manifests: list[dict], rows: pd.DataFrame
+) -> int | None:
     """Argument first; else None when the model's rows record a trained context (the patch's resolved value:
     it follows ``-o original_max_position_embeddings``, per setting, so the rows decide); else the
     ``trained_context`` the sweep read from the model's config into a manifest (int, or dict by model)."""
@@ -91,15 +92,20 @@ class _Report:
         self.md: list[str] = []
         self.written: list[Path] = []
 
-    def add_table(self, name: str, caption: str, shown: pd.DataFrame, numeric: pd.DataFrame | None = None) -> None:
+    def add_table(
+        self, name: str, caption: str, shown: pd.DataFrame, numeric: pd.DataFrame | None = None
+    ) -> None:
         """md/tex from the display table (may hold "mean ± ci" strings), csv from the numeric one."""
         stem = self.tables / name
         to_markdown(shown, stem.with_suffix(".md"), caption=caption)
         to_latex(shown, stem.with_suffix(".tex"), caption=caption, label=f"tab:{name}")
         to_csv(numeric if numeric is not None else shown, stem.with_suffix(".csv"))
         self.written += [stem.with_suffix(s) for s in (".md", ".csv", ".tex")]
-        self.md += [to_markdown(shown, caption=caption),
-                    f"<sub>[csv](tables/{name}.csv) · [tex](tables/{name}.tex)</sub>", ""]
+        self.md += [
+            to_markdown(shown, caption=caption),
+            f"<sub>[csv](tables/{name}.csv) · [tex](tables/{name}.tex)</sub>",
+            "",
+        ]
 
     def add_plot(self, name: str, title: str, fn, *args, **kwargs) -> None:
         path = self.plots / f"{name}.png"
@@ -124,10 +130,13 @@ def _where(model, corpus) -> dict:
 def _with_chance_row(t: pd.DataFrame, chance: pd.Series) -> pd.DataFrame:
     names = list(t.index.names)
     key = tuple("chance (majority)" if n == "method" else "" for n in names)
-    row = pd.DataFrame([[fmt_number(chance.get(c)) if c in chance.index else "–" for c in t.columns]],
-                       columns=t.columns,
-                       index=pd.MultiIndex.from_tuples([key], names=names) if len(names) > 1
-                       else pd.Index([key[0]], name=names[0]))
+    row = pd.DataFrame(
+        [[fmt_number(chance.get(c)) if c in chance.index else "–" for c in t.columns]],
+        columns=t.columns,
+        index=pd.MultiIndex.from_tuples([key], names=names)
+        if len(names) > 1
+        else pd.Index([key[0]], name=names[0]),
+    )
     return pd.concat([t, row])
 
 
@@ -135,38 +144,69 @@ def _perplexity(r: _Report, ok: pd.DataFrame, tc: dict, manifests: list[dict], s
     metrics = set(ok.loc[ok["task"] == "perplexity", "metric"])
     metric = "ppl" if "ppl" in metrics else min(metrics)
     r.md += ["## Perplexity", ""]
-    r.add_table(f"perplexity_{metric}", f"Perplexity ({metric}) by method and length — lower is better; "
-                f"[95% interval]: t over documents on the log scale (token-weighted; none below "
-                f"{MIN_T_UNITS} documents), n = documents",
-                table(ok, "perplexity", metric, with_ci=True, seed=seed), table(ok, "perplexity", metric))
+    r.add_table(
+        f"perplexity_{metric}",
+        f"Perplexity ({metric}) by method and length — lower is better; "
+        f"[95% interval]: t over documents on the log scale (token-weighted; none below "
+        f"{MIN_T_UNITS} documents), n = documents",
+        table(ok, "perplexity", metric, with_ci=True, seed=seed),
+        table(ok, "perplexity", metric),
+    )
     if "ppl_tail" in metrics:
-        r.add_table("perplexity_ppl_tail", "Perplexity of only the tokens between the previous length and this "
-                    "one — lower is better; shows where a method breaks (n = documents when per-document rows "
-                    "exist, else scored tokens: then no interval)", table(ok, "perplexity", "ppl_tail", with_ci=True,
-                                                                           seed=seed),
-                    table(ok, "perplexity", "ppl_tail"))
+        r.add_table(
+            "perplexity_ppl_tail",
+            "Perplexity of only the tokens between the previous length and this "
+            "one — lower is better; shows where a method breaks (n = documents when per-document rows "
+            "exist, else scored tokens: then no interval)",
+            table(ok, "perplexity", "ppl_tail", with_ci=True, seed=seed),
+            table(ok, "perplexity", "ppl_tail"),
+        )
     for model, corpus in _groups(select(ok, "perplexity", metric)):
-        r.add_plot(_slug("perplexity", short_model(model), corpus), f"perplexity vs length, {short_model(model)}, "
-                   f"{corpus}", plot_perplexity, ok, metric=metric, trained_context=tc.get(model), seed=seed,
-                   **_where(model, corpus))
+        r.add_plot(
+            _slug("perplexity", short_model(model), corpus),
+            f"perplexity vs length, {short_model(model)}, {corpus}",
+            plot_perplexity,
+            ok,
+            metric=metric,
+            trained_context=tc.get(model),
+            seed=seed,
+            **_where(model, corpus),
+        )
     if "longppl" in metrics:
-        r.add_table("perplexity_longppl", "Key-token perplexity (LongPPL: the tokens whose loss the long context "
-                    "lowers; docs/suites.md) — lower is better; n = documents when per-document rows exist",
-                    table(ok, "perplexity", "longppl", with_ci=True, seed=seed), table(ok, "perplexity", "longppl"))
+        r.add_table(
+            "perplexity_longppl",
+            "Key-token perplexity (LongPPL: the tokens whose loss the long context "
+            "lowers; docs/suites.md) — lower is better; n = documents when per-document rows exist",
+            table(ok, "perplexity", "longppl", with_ci=True, seed=seed),
+            table(ok, "perplexity", "longppl"),
+        )
     for model, corpus in _groups(select(ok, "perplexity", "loss_bin")) if "loss_bin" in metrics else []:
-        r.add_plot(_slug("loss_by_position", short_model(model), corpus), f"loss by position, "
-                   f"{short_model(model)}, {corpus}", plot_loss_by_position, ok, trained_context=tc.get(model),
-                   **_where(model, corpus))
+        r.add_plot(
+            _slug("loss_by_position", short_model(model), corpus),
+            f"loss by position, {short_model(model)}, {corpus}",
+            plot_loss_by_position,
+            ok,
+            trained_context=tc.get(model),
+            **_where(model, corpus),
+        )
 
 
 def _passkey(r: _Report, ok: pd.DataFrame, seed: int) -> None:
     r.md += ["## Passkey retrieval", ""]
-    r.add_table("passkey_accuracy", "Passkey accuracy by method and length (over depths and trials) [95% Wilson "
-                "interval], n = prompts", table(ok, "passkey", "correct", with_ci=True, seed=seed),
-                table(ok, "passkey", "correct"))
+    r.add_table(
+        "passkey_accuracy",
+        "Passkey accuracy by method and length (over depths and trials) [95% Wilson interval], n = prompts",
+        table(ok, "passkey", "correct", with_ci=True, seed=seed),
+        table(ok, "passkey", "correct"),
+    )
     for model, corpus in _groups(select(ok, "passkey", "correct")):
-        r.add_plot(_slug("passkey", short_model(model), corpus), f"passkey heatmap, {short_model(model)}, {corpus}",
-                   plot_passkey, ok, **_where(model, corpus))
+        r.add_plot(
+            _slug("passkey", short_model(model), corpus),
+            f"passkey heatmap, {short_model(model)}, {corpus}",
+            plot_passkey,
+            ok,
+            **_where(model, corpus),
+        )
 
 
 def _classification(r: _Report, ok: pd.DataFrame, seed: int) -> None:
@@ -189,37 +229,55 @@ def _classification(r: _Report, ok: pd.DataFrame, seed: int) -> None:
         r.written += [stem.with_suffix(".md"), stem.with_suffix(".csv")]
     extra = sorted(metrics & {"macro_f1", "accuracy_norm", "macro_f1_norm"})
     if extra:
-        r.md += ["Also in tables/ (no interval: the suite records them only aggregated): "
-                 + ", ".join(f"[{m}](tables/classification_{m}.csv)" for m in extra), ""]
+        r.md += [
+            "Also in tables/ (no interval: the suite records them only aggregated): "
+            + ", ".join(f"[{m}](tables/classification_{m}.csv)" for m in extra),
+            "",
+        ]
     if "accuracy" in metrics:
         for model, corpus in _groups(select(ok, "classification", "accuracy")):
-            r.add_plot(_slug("classification", short_model(model), corpus),
-                       f"classification accuracy, {short_model(model)}, {corpus}", plot_classification, ok,
-                       **_where(model, corpus))
+            r.add_plot(
+                _slug("classification", short_model(model), corpus),
+                f"classification accuracy, {short_model(model)}, {corpus}",
+                plot_classification,
+                ok,
+                **_where(model, corpus),
+            )
 
 
 def _summary(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
     r.md += ["## Summary", ""]
     try:
         shown = summary(ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed)
-        numeric = summary(ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed, with_ci=False)
+        numeric = summary(
+            ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed, with_ci=False
+        )
     except ResultsError as e:
         r.md += [f"_No summary: {e}_", ""]
         return
-    r.add_table("summary", "One row per setting: value [95% interval] n. Perplexity: t over documents on the "
-                f"log scale (no interval below {MIN_T_UNITS} documents, or when recorded only aggregated: n = "
-                "scored tokens); 0/1 rates: Wilson; other means: t over units. "
-                + rules_caption(threshold, tolerance) + ". * = paired difference to plain at that length "
-                "significant (interval excludes no-difference, ≥ 6 differing pairs, exact McNemar p < 0.05 for 0/1 "
-                "outcomes) — see the next sections", shown, numeric)
+    r.add_table(
+        "summary",
+        "One row per setting: value [95% interval] n. Perplexity: t over documents on the "
+        f"log scale (no interval below {MIN_T_UNITS} documents, or when recorded only aggregated: n = "
+        "scored tokens); 0/1 rates: Wilson; other means: t over units. "
+        + rules_caption(threshold, tolerance)
+        + ". * = paired difference to plain at that length "
+        "significant (interval excludes no-difference, ≥ 6 differing pairs, exact McNemar p < 0.05 for 0/1 "
+        "outcomes) — see the next sections",
+        shown,
+        numeric,
+    )
 
 
 def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
     r.md += ["## Differences to plain (paired, same documents / prompts)", ""]
     for q in quantities(ok).values:
         task, metric = q.task, q.metric
-        caption = (f"{task}/{metric}: ratio to plain on the same documents — below 1 is better" if q.kind == "log"
-                   else f"{task}/{metric} minus plain on the same documents / prompts")
+        caption = (
+            f"{task}/{metric}: ratio to plain on the same documents — below 1 is better"
+            if q.kind == "log"
+            else f"{task}/{metric} minus plain on the same documents / prompts"
+        )
         try:
             if "plain" not in set(select(ok, task, metric)["method"]):
                 continue
@@ -229,14 +287,24 @@ def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
             continue
         kinds = set(paired_differences(ok, task, metric, "plain", seed=seed)["interval"]) - {"baseline"}
         contrast = "log ratios" if q.kind == "log" else "differences"
-        how = {"paired t": (f"paired t over the shared units' {contrast} (from {MIN_T_UNITS}), n = pairs; "
-                            "* = excludes no-difference with ≥ 6 differing pairs"),
-               "paired score + McNemar": ("Newcombe's paired score interval, n = pairs; * = excludes 0 and the "
-                                          "exact McNemar test gives p < 0.05"),
-               "newcombe (unpaired)": "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0",
-               "none": "none: a single unit"}
-        r.add_table(f"{task}_{metric}_vs_plain", f"{caption}: estimate [95% interval: "
-                    + "; ".join(how.get(k, k) for k in sorted(kinds)) + "]", shown, numeric)
+        how = {
+            "paired t": (
+                f"paired t over the shared units' {contrast} (from {MIN_T_UNITS}), n = pairs; "
+                "* = excludes no-difference with ≥ 6 differing pairs"
+            ),
+            "paired score + McNemar": (
+                "Newcombe's paired score interval, n = pairs; * = excludes 0 and the "
+                "exact McNemar test gives p < 0.05"
+            ),
+            "newcombe (unpaired)": "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0",
+            "none": "none: a single unit",
+        }
+        r.add_table(
+            f"{task}_{metric}_vs_plain",
+            f"{caption}: estimate [95% interval: " + "; ".join(how.get(k, k) for k in sorted(kinds)) + "]",
+            shown,
+            numeric,
+        )
 
 
 def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
@@ -246,28 +314,52 @@ def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, 
             _reach_table(r, ok, q, rule, tc, seed, threshold, tolerance)
 
 
-def _reach_table(r: _Report, ok: pd.DataFrame, q, rule: str, tc: dict, seed: int, threshold: float,
-                 tolerance: float) -> None:
-    caption = f"{reach_column(q, rule)} ({q.task}/{q.metric}) — " + _rule_caption(q.kind, rule, threshold, tolerance)
+def _reach_table(
+    r: _Report, ok: pd.DataFrame, q, rule: str, tc: dict, seed: int, threshold: float, tolerance: float
+) -> None:
+    caption = f"{reach_column(q, rule)} ({q.task}/{q.metric}) — " + _rule_caption(
+        q.kind, rule, threshold, tolerance
+    )
     try:
-        e = effective_length(ok, q.task, q.metric, threshold=threshold, tolerance=tolerance, trained_context=tc,
-                             rule=rule, seed=seed)
+        e = effective_length(
+            ok,
+            q.task,
+            q.metric,
+            threshold=threshold,
+            tolerance=tolerance,
+            trained_context=tc,
+            rule=rule,
+            seed=seed,
+        )
     except ResultsError as err:
         r.md += [f"_{caption}: not computed ({err})_", ""]
         return
-    shown = pd.DataFrame({
-        "model": e["model"].map(short_model), "method": e["method"], "factor": e["factor"],
-        "reach": e["claim"],
-        "at reach": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
-                     for v, lo, hi, n in zip(e["at_value"], e["at_lo"], e["at_hi"], e["at_n"])],
-        "stopped at": [f"{int(x)} ({why})" if not pd.isna(x) else "–" for x, why in zip(e["stopped_at"],
-                                                                                     e["stopped"])],
-        "there": [fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
-                  for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])],
-        "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
-        "rule": e["rule"]})
+    shown = pd.DataFrame(
+        {
+            "model": e["model"].map(short_model),
+            "method": e["method"],
+            "factor": e["factor"],
+            "reach": e["claim"],
+            "at reach": [
+                fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                for v, lo, hi, n in zip(e["at_value"], e["at_lo"], e["at_hi"], e["at_n"])
+            ],
+            "stopped at": [
+                f"{int(x)} ({why})" if not pd.isna(x) else "–"
+                for x, why in zip(e["stopped_at"], e["stopped"])
+            ],
+            "there": [
+                fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
+                for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])
+            ],
+            "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
+            "rule": e["rule"],
+        }
+    )
     if e["predicted_reach"].notna().any():  # theory beside measurement
-        shown[PREDICTED] = [predicted_claim(v, lim) for v, lim in zip(e["predicted_reach"], e["predicted_limit"])]
+        shown[PREDICTED] = [
+            predicted_claim(v, lim) for v, lim in zip(e["predicted_reach"], e["predicted_limit"])
+        ]
     if shown["model"].nunique() == 1:
         shown = shown.drop(columns="model")
     shown = shown.set_index([c for c in ("model", "method", "factor") if c in shown.columns])
@@ -278,13 +370,21 @@ def _rule_caption(kind: str, rule: str, threshold: float, tolerance: float) -> s
     """The bar of one reach table, in words; the statistic shown at the reach and where the walk stopped."""
     if kind == "log":
         whose = "its own" if rule == "threshold" else "plain's"
-        return (f"bar: the upper bound of the paired ratio to {whose} value at the trained context ≤ "
-                f"{1 + tolerance:g}; ratio [95% paired t interval] at the reach / where it stopped")
-    return {"threshold": f"bar (absolute, as RULER): Wilson lower bound ≥ {threshold:g}",
-            "short": (f"bar (NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's own rate at its "
-                      f"shortest tested length, when that rate's lower bound is ≥ {MIN_BAR:g} (else no reach)"),
-            "trained": (f"bar: plain's own Wilson lower bound at the trained context, when that is ≥ {MIN_BAR:g} "
-                        "(else no bar, no reach)")}[rule] + "; rate [95% Wilson interval]"
+        return (
+            f"bar: the upper bound of the paired ratio to {whose} value at the trained context ≤ "
+            f"{1 + tolerance:g}; ratio [95% paired t interval] at the reach / where it stopped"
+        )
+    return {
+        "threshold": f"bar (absolute, as RULER): Wilson lower bound ≥ {threshold:g}",
+        "short": (
+            f"bar (NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's own rate at its "
+            f"shortest tested length, when that rate's lower bound is ≥ {MIN_BAR:g} (else no reach)"
+        ),
+        "trained": (
+            f"bar: plain's own Wilson lower bound at the trained context, when that is ≥ {MIN_BAR:g} "
+            "(else no bar, no reach)"
+        ),
+    }[rule] + "; rate [95% Wilson interval]"
 
 
 def _theory(r: _Report, ok: pd.DataFrame) -> None:
@@ -298,11 +398,16 @@ def _theory(r: _Report, ok: pd.DataFrame) -> None:
     shown = pd.DataFrame(index=latest.index.unique())
     reach = latest[latest["metric"] == "men_reach"]
     if len(reach):
-        limits = reach["task_options"].map(lambda o: json.loads(o).get("limit") if isinstance(o, str) else None)
-        shown[PREDICTED] = pd.Series([predicted_claim(v, lim) for v, lim in zip(reach["value"], limits)],
-                                     index=reach.index)
-    bases = [json.loads(o).get("base_theta", "–") if isinstance(o, str) else "–"
-             for o in shown.index.get_level_values("options")]
+        limits = reach["task_options"].map(
+            lambda o: json.loads(o).get("limit") if isinstance(o, str) else None
+        )
+        shown[PREDICTED] = pd.Series(
+            [predicted_claim(v, lim) for v, lim in zip(reach["value"], limits)], index=reach.index
+        )
+    bases = [
+        json.loads(o).get("base_theta", "–") if isinstance(o, str) else "–"
+        for o in shown.index.get_level_values("options")
+    ]
     if any(b != "–" for b in bases):
         shown["RoPE base"] = bases
     bound = latest[latest["metric"] == "base_lower_bound"]
@@ -318,11 +423,17 @@ def _theory(r: _Report, ok: pd.DataFrame) -> None:
     drop = [c for c in ("model", "options") if shown[c].nunique() == 1]
     shown = shown.drop(columns=drop).set_index([k for k in keys if k not in drop])
     r.md += ["## Theory beside measurement", ""]
-    r.add_table("theory", "What RoPE theory predicts from each setting's frequencies as patched (dynamic methods at "
-                "factor × the trained context): " + PREDICTED + " = the first relative distance m with Σ_i cos(m θ_i) "
-                "< 0 (Men et al. 2024, arXiv:2405.14591; ≥: held up to the distance checked, 4 × the longest tested "
-                "length), the smallest base for which the criterion holds up to the trained context, and the critical "
-                "dimension of Liu et al. 2024 (arXiv:2310.05209) — compare with the measured reaches above", shown)
+    r.add_table(
+        "theory",
+        "What RoPE theory predicts from each setting's frequencies as patched (dynamic methods at "
+        "factor × the trained context): "
+        + PREDICTED
+        + " = the first relative distance m with Σ_i cos(m θ_i) "
+        "< 0 (Men et al. 2024, arXiv:2405.14591; ≥: held up to the distance checked, 4 × the longest tested "
+        "length), the smallest base for which the criterion holds up to the trained context, and the critical "
+        "dimension of Liu et al. 2024 (arXiv:2310.05209) — compare with the measured reaches above",
+        shown,
+    )
 
 
 def _method_options(text: str) -> str:
@@ -356,9 +467,15 @@ def _failures(df: pd.DataFrame) -> list[str]:
     return [f"## Failed cells ({len(cells)})", "", to_markdown(t), ""]
 
 
-def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str | os.PathLike | None = None, *,
-           trained_context: int | None = None, threshold: float = 0.8, tolerance: float = 0.10,
-           seed: int = 0) -> Path:
+def report(
+    run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    *,
+    trained_context: int | None = None,
+    threshold: float = 0.8,
+    tolerance: float = 0.10,
+    seed: int = 0,
+) -> Path:
     """Write ``report.md`` + ``tables/`` + ``plots/`` for the runs; returns the path of report.md.
 
     ``out`` defaults to the first run directory. ``trained_context`` (the model's original context) draws
@@ -384,21 +501,34 @@ def report(run_dirs: str | os.PathLike | Iterable[str | os.PathLike], out: str |
     return out / "report.md"
 
 
-def _write_report(r: _Report, df: pd.DataFrame, paths: list[Path], trained_context: int | None, threshold: float,
-                  tolerance: float, seed: int) -> None:
+def _write_report(
+    r: _Report,
+    df: pd.DataFrame,
+    paths: list[Path],
+    trained_context: int | None,
+    threshold: float,
+    tolerance: float,
+    seed: int,
+) -> None:
     manifests = _manifests(paths)
     ok = df[df["status"].isna() | (df["status"] == "ok")]
-    r.md += ["# ropebench report", "",
-             f"Runs: {', '.join(sorted(map(str, df['run'].dropna().unique())))}  ",
-             f"Models: {', '.join(sorted(map(str, df['model'].dropna().unique())))}  ",
-             f"Rows: {len(df)} ({int((df['status'] == 'error').sum())} error rows)  "]
+    r.md += [
+        "# ropebench report",
+        "",
+        f"Runs: {', '.join(sorted(map(str, df['run'].dropna().unique())))}  ",
+        f"Models: {', '.join(sorted(map(str, df['model'].dropna().unique())))}  ",
+        f"Rows: {len(df)} ({int((df['status'] == 'error').sum())} error rows)  ",
+    ]
     for m in manifests:
         v = m.get("versions") or {}
         git = (m.get("git") or {}).get("commit")
-        r.md.append(f"Manifest `{Path(m['_path']).parent.name}/{Path(m['_path']).name}`: start {m.get('start_time')}, "
-                    f"end {m.get('end_time')}, device {m.get('device')}, seed {m.get('seed')}, "
-                    f"torch {v.get('torch')}, transformers {v.get('transformers')}"
-                    + (f", commit {git[:10]}" if git else "") + "  ")
+        r.md.append(
+            f"Manifest `{Path(m['_path']).parent.name}/{Path(m['_path']).name}`: start {m.get('start_time')}, "
+            f"end {m.get('end_time')}, device {m.get('device')}, seed {m.get('seed')}, "
+            f"torch {v.get('torch')}, transformers {v.get('transformers')}"
+            + (f", commit {git[:10]}" if git else "")
+            + "  "
+        )
     r.md.append("")
     tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
     tc = {m: v for m, v in tc.items() if v}
@@ -430,8 +560,10 @@ def check_report_dir(out: Path) -> None:
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ResultsError(f"report directory {out} is not a directory — pass a new directory (--out DIR)")
     if out.is_dir() and any(out.iterdir()) and not is_ropebench_dir(out):
-        raise ResultsError(f"report directory {out} is a non-empty directory ropebench did not make — pass a new or "
-                           f"empty directory (--out DIR); ropebench never writes into other directories")
+        raise ResultsError(
+            f"report directory {out} is a non-empty directory ropebench did not make — pass a new or "
+            f"empty directory (--out DIR); ropebench never writes into other directories"
+        )
 
 
 def report_files(out: Path) -> set[Path]:
@@ -440,8 +572,11 @@ def report_files(out: Path) -> set[Path]:
     index = out / REPORT_INDEX
     try:
         listed = json.loads(index.read_text(encoding="utf-8")).get("files", [])
-        return {out / f for f in listed if isinstance(f, str) and not Path(f).is_absolute()
-                and ".." not in Path(f).parts}
+        return {
+            out / f
+            for f in listed
+            if isinstance(f, str) and not Path(f).is_absolute() and ".." not in Path(f).parts
+        }
     except (OSError, ValueError, AttributeError, RecursionError):
         pass
     report_md = out / "report.md"
@@ -493,11 +628,14 @@ def _commit(staging: Path, out: Path) -> None:
         dest = out / rel
         for folder in list(reversed(rel.parents))[1:]:
             if (out / folder).is_symlink() or ((out / folder).exists() and not (out / folder).is_dir()):
-                raise ResultsError(f"{out / folder} is not a directory ropebench made — move it away, or pass "
-                                   f"another --out")
+                raise ResultsError(
+                    f"{out / folder} is not a directory ropebench made — move it away, or pass another --out"
+                )
         if (dest.exists() or dest.is_symlink()) and dest not in ours:
-            raise ResultsError(f"{dest} exists and ropebench did not write it — move it away, or pass another "
-                               f"--out (ropebench never replaces a file it did not write)")
+            raise ResultsError(
+                f"{dest} exists and ropebench did not write it — move it away, or pass another "
+                f"--out (ropebench never replaces a file it did not write)"
+            )
     kept = sorted(str(p.relative_to(out)) for p in ours if p.is_file() and p.name != REPORT_INDEX)
     files = sorted(set(kept) | {str(rel) for rel in staged})
     # the index first: a kill while moving leaves files it already names (ours to replace next time)

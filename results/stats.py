@@ -39,10 +39,11 @@ PAIRED_RATES = "paired score + McNemar"
 class MetricSpec:
     """How the summary and report treat a metric. A metric not in ``METRICS`` gets its kind's defaults (see
     :func:`metric_spec`), so a new suite's metrics show up without an entry here."""
-    kind: str                   # "log" (perplexity-like: geometric, token-weighted), "rate" (0/1 outcomes), "mean"
-    headline: bool = True       # a summary value (@ longest; log metrics also @ trained) and a paired difference
-    reach: bool | None = None   # has a pass/fail bar, so effective lengths (None: rates and log metrics do)
-    reference: bool = False     # shown beside its task's values, not compared (a chance rate)
+
+    kind: str  # "log" (perplexity-like: geometric, token-weighted), "rate" (0/1 outcomes), "mean"
+    headline: bool = True  # a summary value (@ longest; log metrics also @ trained) and a paired difference
+    reach: bool | None = None  # has a pass/fail bar, so effective lengths (None: rates and log metrics do)
+    reference: bool = False  # shown beside its task's values, not compared (a chance rate)
 
     @property
     def has_bar(self) -> bool:
@@ -52,10 +53,12 @@ class MetricSpec:
 # Metrics whose treatment differs from their kind's default: duplicates, details and references stay out of the
 # summary. Every other metric a suite records (say a new suite's "rank1" or "logprob") needs no entry.
 METRICS: dict[str, MetricSpec] = {
-    "ppl": MetricSpec("log"),  # a task's reach uses one perplexity: ppl_tail when recorded (see results.reach)
+    "ppl": MetricSpec(
+        "log"
+    ),  # a task's reach uses one perplexity: ppl_tail when recorded (see results.reach)
     "ppl_tail": MetricSpec("log", headline=False, reach=True),
     "longppl": MetricSpec("log", reach=False),
-    "loss": MetricSpec("mean", headline=False),     # log(ppl): the same numbers
+    "loss": MetricSpec("mean", headline=False),  # log(ppl): the same numbers
     "loss_bin": MetricSpec("mean", headline=False),
     "loss_fit_a": MetricSpec("mean", headline=False),
     "loss_fit_b": MetricSpec("mean", headline=False),
@@ -106,9 +109,13 @@ def t975(dof: int) -> float:
     if dof <= len(_T975):
         return _T975[dof - 1]
     z, v = Z95, float(dof)
-    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
-            + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
+    return (
+        z
+        + (z**3 + z) / (4 * v)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4)
+    )
 
 
 def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, float]:
@@ -189,11 +196,13 @@ class Interval:
     estimate: float
     lo: float
     hi: float
-    n: int           # units (documents, prompts, queries) behind the estimate
-    method: str      # "wilson", "t", "none"
+    n: int  # units (documents, prompts, queries) behind the estimate
+    method: str  # "wilson", "t", "none"
 
 
-def cell_interval(kind: str, values: np.ndarray, weights: np.ndarray | None = None, *, seed: int = 0) -> Interval:
+def cell_interval(
+    kind: str, values: np.ndarray, weights: np.ndarray | None = None, *, seed: int = 0
+) -> Interval:
     """Estimate + 95% interval of one cell from its per-unit values (one value per document / prompt / query).
     ``seed`` is kept for callers; every interval here is closed-form."""
     values = np.asarray(values, float)
@@ -217,10 +226,10 @@ class Paired:
     estimate: float  # difference (a - b) or ratio (a / b) of the cell statistics over the paired units
     lo: float
     hi: float
-    n: int           # pairs
+    n: int  # pairs
     informative: int  # pairs whose values differ
-    method: str      # "paired t", "paired score + McNemar", "newcombe (unpaired)", "none"
-    null: float      # 0 for differences, 1 for ratios
+    method: str  # "paired t", "paired score + McNemar", "newcombe (unpaired)", "none"
+    null: float  # 0 for differences, 1 for ratios
     p: float = math.nan  # the exact test's p-value where there is one (paired 0/1 outcomes)
 
     @property
@@ -244,8 +253,16 @@ def _influence(kind: str, x: np.ndarray, est: float, how: str) -> np.ndarray:
     return x / est if how == "ratio" else x
 
 
-def paired_interval(kind: str, a: np.ndarray, b: np.ndarray, wa: np.ndarray | None = None,
-                    wb: np.ndarray | None = None, *, how: str = "delta", seed: int = 0) -> Paired:
+def paired_interval(
+    kind: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    wa: np.ndarray | None = None,
+    wb: np.ndarray | None = None,
+    *,
+    how: str = "delta",
+    seed: int = 0,
+) -> Paired:
     """``a`` vs ``b`` on the same units (row i of both is the same document / prompt).
 
     0/1 outcomes, difference: Newcombe's paired score interval and the exact McNemar test. Otherwise a paired
@@ -264,9 +281,12 @@ def paired_interval(kind: str, a: np.ndarray, b: np.ndarray, wa: np.ndarray | No
         return _paired_rates(a, b, est, how, null, informative)
     if m < MIN_T_UNITS or (how == "ratio" and not (np.isfinite(est) and est > 0)):
         return Paired(est, math.nan, math.nan, m, informative, "none", null)
-    w = None if wa is None and wb is None else (
-        np.ones(m) if wa is None else np.asarray(wa, float)) / 2 + (
-        np.ones(m) if wb is None else np.asarray(wb, float)) / 2
+    w = (
+        None
+        if wa is None and wb is None
+        else (np.ones(m) if wa is None else np.asarray(wa, float)) / 2
+        + (np.ones(m) if wb is None else np.asarray(wb, float)) / 2
+    )
     z = _influence(kind, a, ea, how) - _influence(kind, b, eb, how)
     _, half = weighted_t(z, w)
     if how == "ratio":
@@ -274,7 +294,9 @@ def paired_interval(kind: str, a: np.ndarray, b: np.ndarray, wa: np.ndarray | No
     return Paired(est, est - half, est + half, m, informative, PAIRED_T, null)
 
 
-def _paired_rates(a: np.ndarray, b: np.ndarray, est: float, how: str, null: float, informative: int) -> Paired:
+def _paired_rates(
+    a: np.ndarray, b: np.ndarray, est: float, how: str, null: float, informative: int
+) -> Paired:
     only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
     p = mcnemar_exact(only_a, only_b)
     if how == "ratio":  # a ratio of paired rates gets no interval (0/n makes it undefined or infinite)

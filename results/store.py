@@ -27,13 +27,33 @@ from extend.errors import RopebenchError
 # by the writer: the first two decide which copy of a recomputed cell wins; `cell_rows` (how many rows of that cell
 # the same write call holds) tells a complete cell from one cut short by a kill or a full disk.
 SCHEMA: tuple[str, ...] = (
-    "run", "cell", "model", "method", "factor", "options", "task", "corpus", "task_options",
-    "length", "depth", "doc", "trial", "metric", "value", "n", "seed", "seconds", "status", "error",
+    "run",
+    "cell",
+    "model",
+    "method",
+    "factor",
+    "options",
+    "task",
+    "corpus",
+    "task_options",
+    "length",
+    "depth",
+    "doc",
+    "trial",
+    "metric",
+    "value",
+    "n",
+    "seed",
+    "seconds",
+    "status",
+    "error",
 )
 BOOKKEEPING: tuple[str, ...] = ("written", "session", "cell_rows")
 JSON_COLUMNS = ("options", "task_options")
 RECORDS_GLOB = "records*.jsonl"
-RECORDS_NAME = re.compile(r"^records(\.rank\d+)?\.jsonl$")  # what RecordWriter writes; other files are not read
+RECORDS_NAME = re.compile(
+    r"^records(\.rank\d+)?\.jsonl$"
+)  # what RecordWriter writes; other files are not read
 REPORT_INDEX = ".ropebench-report.json"  # the files a report wrote into its directory (ours to replace)
 
 
@@ -121,8 +141,17 @@ def _library_versions() -> dict[str, str | None]:
     from importlib import metadata
 
     versions: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("ropebench", "torch", "transformers", "datasets", "lm_eval", "accelerate", "pandas",
-                 "numpy", "seaborn"):
+    for dist in (
+        "ropebench",
+        "torch",
+        "transformers",
+        "datasets",
+        "lm_eval",
+        "accelerate",
+        "pandas",
+        "numpy",
+        "seaborn",
+    ):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -133,12 +162,19 @@ def _library_versions() -> dict[str, str | None]:
 def _git_commit(cwd: str | os.PathLike | None = None) -> dict[str, Any] | None:
     """Commit of the working tree (read-only git calls); None outside a repo or without commits."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              timeout=10, check=False)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+        )
         if head.returncode != 0:
             return None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                capture_output=True, text=True, timeout=10, check=False)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return None
@@ -158,7 +194,9 @@ class RecordWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         suffix = "" if rank is None else f".rank{int(rank)}"
         self.path = self.run_dir / f"records{suffix}.jsonl"
-        self.manifest_path = self.run_dir / ("manifest.json" if not rank else f"manifest.rank{int(rank)}.json")
+        self.manifest_path = self.run_dir / (
+            "manifest.json" if not rank else f"manifest.rank{int(rank)}.json"
+        )
         check_records_path(self.path)
         # One id per writer instance: a resume creates a new writer, so rows of a recomputed cell
         # from the newest session replace the older ones on load.
@@ -192,8 +230,11 @@ class RecordWriter:
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
-        warnings.warn(f"{self.path}: removed a partial last line ({size - keep} bytes) left by an "
-                      f"interrupted write", ResultsWarning, stacklevel=3)
+        warnings.warn(
+            f"{self.path}: removed a partial last line ({size - keep} bytes) left by an interrupted write",
+            ResultsWarning,
+            stacklevel=3,
+        )
 
     def write(self, records: Iterable[dict[str, Any]]) -> int:
         """Append ``records`` (dicts with the row schema); returns the number of rows written.
@@ -206,7 +247,9 @@ class RecordWriter:
         rows = []
         for rec in records:
             if not isinstance(rec, dict):
-                raise ResultsError(f"a record must be a dict, got {type(rec).__name__} — pass a list of dicts")
+                raise ResultsError(
+                    f"a record must be a dict, got {type(rec).__name__} — pass a list of dicts"
+                )
             rows.append(dict(rec))
         if not rows:
             return 0
@@ -250,8 +293,13 @@ class RecordWriter:
         except (OSError, json.JSONDecodeError):
             return {}
 
-    def write_manifest(self, config: dict | None = None, seed: int | None = None, device: str | None = None,
-                       extra: dict | None = None) -> dict[str, Any]:
+    def write_manifest(
+        self,
+        config: dict | None = None,
+        seed: int | None = None,
+        device: str | None = None,
+        extra: dict | None = None,
+    ) -> dict[str, Any]:
         """Write ``manifest.json`` (config, seed, device, library versions, git commit, start time).
 
         On a resume the first start time is kept and the new one is appended to ``resumed``.
@@ -274,17 +322,23 @@ class RecordWriter:
             "resumed": list(old.get("resumed", [])) + ([now] if old else []),
             "extra": extra or {},
         }
-        atomic_write_text(self.manifest_path,
-                          json.dumps(manifest, indent=2, sort_keys=True, default=_json_default) + "\n")
+        atomic_write_text(
+            self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True, default=_json_default) + "\n"
+        )
         return manifest
 
     def finish(self) -> dict[str, Any]:
         """Record the end time in the manifest (creating a minimal one if none was written)."""
-        manifest = self._read_manifest() or {"run": self.run_dir.name, "rank": self.rank,
-                                             "start_time": None, "versions": _library_versions()}
+        manifest = self._read_manifest() or {
+            "run": self.run_dir.name,
+            "rank": self.rank,
+            "start_time": None,
+            "versions": _library_versions(),
+        }
         manifest["end_time"] = _now_iso()
-        atomic_write_text(self.manifest_path,
-                          json.dumps(manifest, indent=2, sort_keys=True, default=_json_default) + "\n")
+        atomic_write_text(
+            self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True, default=_json_default) + "\n"
+        )
         return manifest
 
     def __enter__(self) -> Self:
@@ -314,10 +368,12 @@ def schema_problem(row: Any) -> str | None:
     missing = [k for k in REQUIRED if k not in row]
     if missing:
         return f"no {', '.join(missing)} key: not a ropebench record"
-    for key, ok, expected in ((_TEXT, lambda v: isinstance(v, str), "a string"),
-                              (_NUMBER, _is_number, "a number"),
-                              (_INTEGER, lambda v: _is_number(v) and float(v).is_integer(), "an integer"),
-                              (JSON_COLUMNS, lambda v: isinstance(v, (str, dict)), "a JSON object or string")):
+    for key, ok, expected in (
+        (_TEXT, lambda v: isinstance(v, str), "a string"),
+        (_NUMBER, _is_number, "a number"),
+        (_INTEGER, lambda v: _is_number(v) and float(v).is_integer(), "an integer"),
+        (JSON_COLUMNS, lambda v: isinstance(v, (str, dict)), "a JSON object or string"),
+    ):
         for col in key:
             if row.get(col) is not None and not ok(row[col]):
                 return f"{col} is {_kind(row[col])}, expected {expected}"
@@ -347,7 +403,9 @@ def read_jsonl(path: str | os.PathLike, *, strict: bool = False) -> list[dict[st
     :class:`ResultsError` naming the file and its first line instead. Nothing is ever deleted."""
     path = Path(path)
     if not path.is_file():
-        raise ResultsError(f"{path} is not a regular file — move it away (records files are written by the sweep)")
+        raise ResultsError(
+            f"{path} is not a regular file — move it away (records files are written by the sweep)"
+        )
     data = path.read_bytes()
     rows: list[dict[str, Any]] = []
     damaged: list[str] = []
@@ -357,8 +415,11 @@ def read_jsonl(path: str | os.PathLike, *, strict: bool = False) -> list[dict[st
         if not raw.strip():
             continue
         if i == last_complete:
-            warnings.warn(f"{path}:{i + 1}: dropped a truncated last line (no newline; the writer was "
-                          f"interrupted)", ResultsWarning, stacklevel=2)
+            warnings.warn(
+                f"{path}:{i + 1}: dropped a truncated last line (no newline; the writer was interrupted)",
+                ResultsWarning,
+                stacklevel=2,
+            )
             continue
         row, why = _parse_line(raw)
         if row is None:
@@ -366,11 +427,17 @@ def read_jsonl(path: str | os.PathLike, *, strict: bool = False) -> list[dict[st
         else:
             rows.append(row)
     if damaged and not rows and strict:
-        raise ResultsError(f"no records in {path}: none of its {len(damaged)} lines is a ropebench record "
-                           f"({damaged[0]}) — point to a sweep's run directory, or move this file away")
+        raise ResultsError(
+            f"no records in {path}: none of its {len(damaged)} lines is a ropebench record "
+            f"({damaged[0]}) — point to a sweep's run directory, or move this file away"
+        )
     if damaged:
-        warnings.warn(f"{path}: skipped {len(damaged)} damaged line{'s' if len(damaged) > 1 else ''} "
-                      f"({damaged[0]}{', ...' if len(damaged) > 1 else ''})", ResultsWarning, stacklevel=2)
+        warnings.warn(
+            f"{path}: skipped {len(damaged)} damaged line{'s' if len(damaged) > 1 else ''} "
+            f"({damaged[0]}{', ...' if len(damaged) > 1 else ''})",
+            ResultsWarning,
+            stacklevel=2,
+        )
     return rows
 
 
@@ -418,16 +485,25 @@ def complete_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         key = (str(r["cell"]), str(r.get("session")), str(r.get("written")))
         expected = r.get("cell_rows")
-        if key not in bad and (not isinstance(expected, int) or isinstance(expected, bool)
-                               or counts[key] != expected):
+        if key not in bad and (
+            not isinstance(expected, int) or isinstance(expected, bool) or counts[key] != expected
+        ):
             bad.add(key)
-            warnings.warn(f"cell {key[0]}: {counts[key]} of {expected} rows on disk (an interrupted write or a "
-                          f"full disk); these rows are dropped and a resumed sweep recomputes the cell",
-                          ResultsWarning, stacklevel=3)
+            warnings.warn(
+                f"cell {key[0]}: {counts[key]} of {expected} rows on disk (an interrupted write or a "
+                f"full disk); these rows are dropped and a resumed sweep recomputes the cell",
+                ResultsWarning,
+                stacklevel=3,
+            )
     if not bad:
         return rows
-    return [r for r in rows if r.get("cell") is None or "cell_rows" not in r
-            or (str(r["cell"]), str(r.get("session")), str(r.get("written"))) not in bad]
+    return [
+        r
+        for r in rows
+        if r.get("cell") is None
+        or "cell_rows" not in r
+        or (str(r["cell"]), str(r.get("session")), str(r.get("written"))) not in bad
+    ]
 
 
 def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -443,8 +519,7 @@ def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (_stamp(r), str(r.get("session") or ""))
         if cell not in last or key > last[cell]:
             last[cell] = key
-    return [r for r in rows if r.get("cell") is None
-            or str(r.get("session") or "") == last[r["cell"]][1]]
+    return [r for r in rows if r.get("cell") is None or str(r.get("session") or "") == last[r["cell"]][1]]
 
 
 def _first_line_is_ours(path: Path) -> bool:
@@ -476,17 +551,25 @@ def is_ropebench_dir(path: str | os.PathLike) -> bool:
             data = json.loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             continue
-        if isinstance(data, dict) and isinstance(data.get("versions"), dict) and "ropebench" in data["versions"]:
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("versions"), dict)
+            and "ropebench" in data["versions"]
+        ):
             return True
-    return any(_first_line_is_ours(f) for f in path.glob(RECORDS_GLOB) if RECORDS_NAME.match(f.name) and f.is_file())
+    return any(
+        _first_line_is_ours(f) for f in path.glob(RECORDS_GLOB) if RECORDS_NAME.match(f.name) and f.is_file()
+    )
 
 
 def check_records_path(path: Path) -> None:
     """A records file name that is taken by something else (a directory, a socket) can be neither read nor appended
     to: refuse with one line instead of skipping it (a resume would then fail writing, or recompute every cell)."""
     if path.exists() and not path.is_file():
-        raise ResultsError(f"{path} is not a regular file (a directory?) — move it away, it is not a records file "
-                           f"ropebench wrote")
+        raise ResultsError(
+            f"{path} is not a regular file (a directory?) — move it away, it is not a records file "
+            f"ropebench wrote"
+        )
 
 
 def finished_cells(run_dir: str | os.PathLike) -> set[str]:
@@ -502,4 +585,6 @@ def finished_cells(run_dir: str | os.PathLike) -> set[str]:
     rows: list[dict[str, Any]] = []
     for f in record_files(run_dir, recursive=False):
         rows.extend(read_jsonl(f, strict=True))
-    return {str(r["cell"]) for r in latest_rows(rows) if r.get("cell") is not None and r.get("status") == "ok"}
+    return {
+        str(r["cell"]) for r in latest_rows(rows) if r.get("cell") is not None and r.get("status") == "ok"
+    }

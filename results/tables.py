@@ -34,8 +34,9 @@ def is_unit(rows: pd.DataFrame) -> pd.Series:
 def unit_key(rows: pd.DataFrame) -> pd.Series:
     """One string per unit row that names the same document / prompt in every setting (pairs them)."""
     cols = [*UNIT_COLUMNS, "seed"]
-    return pd.Series(["|".join(map(str, t)) for t in rows[cols].itertuples(index=False)], index=rows.index,
-                     dtype=object)
+    return pd.Series(
+        ["|".join(map(str, t)) for t in rows[cols].itertuples(index=False)], index=rows.index, dtype=object
+    )
 
 
 def cell_interval(rows: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval:
@@ -76,8 +77,9 @@ def _as_list(x: str | Sequence[str] | None) -> list[str]:
     return [x] if isinstance(x, str) else list(x)
 
 
-def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, units: bool = False,
-           **where: Any) -> pd.DataFrame:
+def select(
+    df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, units: bool = False, **where: Any
+) -> pd.DataFrame:
     """Rows of one task/metric (ok rows only), with optional equality filters ``column=value|[values]``.
 
     When both per-unit rows (per document, ...) and aggregated rows exist, only the aggregated ones are
@@ -94,14 +96,18 @@ def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, 
         sub = sub[sub["status"].isna() | (sub["status"] == "ok")]
     metrics = sorted(sub["metric"].dropna().unique())
     if metric not in metrics:
-        raise ResultsError(f"unknown metric {metric!r} for task {task!r} — available metrics: "
-                           f"{', '.join(metrics) or '(none: every row failed)'}")
+        raise ResultsError(
+            f"unknown metric {metric!r} for task {task!r} — available metrics: "
+            f"{', '.join(metrics) or '(none: every row failed)'}"
+        )
     sub = sub[sub["metric"] == metric]
     for col, want in where.items():
         if want is None:
             continue
         if col not in sub.columns:
-            raise ResultsError(f"unknown column {col!r} in filter — columns: {', '.join(map(str, df.columns))}")
+            raise ResultsError(
+                f"unknown column {col!r} in filter — columns: {', '.join(map(str, df.columns))}"
+            )
         wanted = list(want) if isinstance(want, (list, tuple, set)) else [want]
         sub = sub[sub[col].isin(wanted)]
         if sub.empty:
@@ -114,8 +120,9 @@ def select(df: pd.DataFrame, task: str, metric: str, *, status_ok: bool = True, 
     return sub
 
 
-def check_axes(df: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], names: tuple[str, str] = ("rows", "cols")
-               ) -> None:
+def check_axes(
+    df: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], names: tuple[str, str] = ("rows", "cols")
+) -> None:
     """Every row and column variable is a column of ``df``, and none is used twice (ResultsError, one line;
     ``names`` are what the caller calls them, e.g. the CLI's --rows/--cols)."""
     for name, keys in zip(names, (rows, cols)):
@@ -125,8 +132,10 @@ def check_axes(df: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], names
                 raise ResultsError(f"{name} {key!r} is not a column of the records — use one of: {have}")
     both = [k for i, k in enumerate([*rows, *cols]) if k in [*rows, *cols][:i]]
     if both:
-        raise ResultsError(f"{both[0]!r} is given twice as {names[0]}/{names[1]} — use each column once, e.g. "
-                           f"{names[0]} method and {names[1]} length")
+        raise ResultsError(
+            f"{both[0]!r} is given twice as {names[0]}/{names[1]} — use each column once, e.g. "
+            f"{names[0]} method and {names[1]} length"
+        )
 
 
 def _auto_rows(sub: pd.DataFrame, rows: list[str], cols: list[str]) -> list[str]:
@@ -137,15 +146,25 @@ def _auto_rows(sub: pd.DataFrame, rows: list[str], cols: list[str]) -> list[str]
         if col in rows or col in cols:
             continue
         keys = rows + cols
-        varies = (sub.groupby(keys, dropna=False)[col].nunique(dropna=False) > 1).any() if keys \
+        varies = (
+            (sub.groupby(keys, dropna=False)[col].nunique(dropna=False) > 1).any()
+            if keys
             else sub[col].nunique(dropna=False) > 1
+        )
         if varies:
             rows.append(col)
     return rows
 
 
-def summarize(df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str] = ("method", "length"), *,
-              seed: int = 0, **where: Any) -> pd.DataFrame:
+def summarize(
+    df: pd.DataFrame,
+    task: str,
+    metric: str,
+    by: str | Sequence[str] = ("method", "length"),
+    *,
+    seed: int = 0,
+    **where: Any,
+) -> pd.DataFrame:
     """Long form: one row per group with ``mean`` (the cell estimate), ``n`` (units behind it: documents,
     prompts, queries), ``lo``/``hi`` (95% interval, see :func:`cell_interval`), ``half`` (half-width) and
     ``interval`` (how it was computed: wilson, t or none)."""
@@ -155,12 +174,23 @@ def summarize(df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str] 
     for key, g in sub.groupby(by, dropna=False, sort=True):
         ci = cell_interval(g, metric, seed=seed)
         key = key if isinstance(key, tuple) else (key,)
-        out.append({**dict(zip(by, key)), "mean": ci.estimate, "n": ci.n, "lo": ci.lo, "hi": ci.hi,
-                    "half": (ci.hi - ci.lo) / 2, "interval": ci.method})
+        out.append(
+            {
+                **dict(zip(by, key)),
+                "mean": ci.estimate,
+                "n": ci.n,
+                "lo": ci.lo,
+                "hi": ci.hi,
+                "half": (ci.hi - ci.lo) / 2,
+                "interval": ci.method,
+            }
+        )
     return pd.DataFrame(out)
 
 
-def fmt_interval(estimate: float, lo: float, hi: float, n: int | None = None, digits: int | None = None) -> str:
+def fmt_interval(
+    estimate: float, lo: float, hi: float, n: int | None = None, digits: int | None = None
+) -> str:
     """``"0.833 [0.437, 0.970] n=6"``: the estimate, its 95% interval (when there is one) and n."""
     fmt = (lambda v: f"{v:.{digits}f}") if digits is not None else fmt_number
     s = fmt(estimate)
@@ -174,14 +204,29 @@ def _order_methods(index: pd.Index, first: str = "plain") -> pd.Index:
     if "method" not in (index.names or []):
         return index
     level = index.get_level_values("method")
-    order = sorted(range(len(index)), key=lambda i: (level[i] != first, tuple(str(v) for v in
-                   (index[i] if isinstance(index[i], tuple) else (index[i],)))))
+    order = sorted(
+        range(len(index)),
+        key=lambda i: (
+            level[i] != first,
+            tuple(str(v) for v in (index[i] if isinstance(index[i], tuple) else (index[i],))),
+        ),
+    )
     return index[order]
 
 
-def table(df: pd.DataFrame, task: str, metric: str, rows: str | Sequence[str] = "method",
-          cols: str | Sequence[str] | None = "length", *, with_ci: bool = False, stat: str = "mean",
-          digits: int | None = None, seed: int = 0, **where: Any) -> pd.DataFrame:
+def table(
+    df: pd.DataFrame,
+    task: str,
+    metric: str,
+    rows: str | Sequence[str] = "method",
+    cols: str | Sequence[str] | None = "length",
+    *,
+    with_ci: bool = False,
+    stat: str = "mean",
+    digits: int | None = None,
+    seed: int = 0,
+    **where: Any,
+) -> pd.DataFrame:
     """Pivot of ``metric`` for ``task``: ``rows`` x ``cols``, averaging over trials/docs/depths.
 
     ``stat`` picks the cell value: "mean" (default), "n", "lo", "hi" or "half" (95% half-width).
@@ -198,7 +243,9 @@ def table(df: pd.DataFrame, task: str, metric: str, rows: str | Sequence[str] = 
         raise ResultsError(f"unknown stat {stat!r} — use mean, n, lo, hi or half")
     s = summarize(df, task, metric, by=rows_l + cols_l, seed=seed, **where)
     if with_ci:
-        s["cell"] = [fmt_interval(m, lo, hi, n, digits) for m, lo, hi, n in zip(s["mean"], s["lo"], s["hi"], s["n"])]
+        s["cell"] = [
+            fmt_interval(m, lo, hi, n, digits) for m, lo, hi, n in zip(s["mean"], s["lo"], s["hi"], s["n"])
+        ]
         value = "cell"
     else:
         value = stat
@@ -257,8 +304,10 @@ def _fmt_key(v: Any) -> str:
 
 _NUM = r"(?:[-+]?[\d.]+(?:e[-+]?\d+)?|[-+]?inf|–|nan)"
 # "0.833", "0.833 ± 0.2", "0.833 [0.437, 0.970] n=6 *", "≥ 10240": numbers, right-aligned
-_NUMERIC_CELL = re.compile(rf"^\s*(?:baseline|(?:[<≥>]\s*)?{_NUM}?(?:\s*±\s*{_NUM})?(?:\s*\[{_NUM}, {_NUM}\])?(?:\s*n={_NUM})?"
-                           rf"\s*\*?)\s*$")
+_NUMERIC_CELL = re.compile(
+    rf"^\s*(?:baseline|(?:[<≥>]\s*)?{_NUM}?(?:\s*±\s*{_NUM})?(?:\s*\[{_NUM}, {_NUM}\])?(?:\s*n={_NUM})?"
+    rf"\s*\*?)\s*$"
+)
 
 
 def _numeric_column(cells: list[str]) -> bool:
@@ -294,29 +343,49 @@ def to_csv(t: pd.DataFrame, path: str | os.PathLike | None = None) -> str:
     return text
 
 
-_LATEX_ESC = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-              "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$",
-              "–": "--"}
+_LATEX_ESC = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "–": "--",
+}
 
 
 def _latex_escape(s: str) -> str:
     return "".join(_LATEX_ESC.get(ch, ch) for ch in s)
 
 
-def to_latex(t: pd.DataFrame, path: str | os.PathLike | None = None, caption: str | None = None,
-             label: str | None = None) -> str:
+def to_latex(
+    t: pd.DataFrame,
+    path: str | os.PathLike | None = None,
+    caption: str | None = None,
+    label: str | None = None,
+) -> str:
     """A booktabs ``table`` environment (needs ``\\usepackage{booktabs}``)."""
     header, body = _flat(t)
     nidx = len(t.index.names or [None])
-    spec = "".join("r" if i >= nidx and _numeric_column([row[i] for row in body]) else "l"
-                   for i in range(len(header)))
+    spec = "".join(
+        "r" if i >= nidx and _numeric_column([row[i] for row in body]) else "l" for i in range(len(header))
+    )
     lines = [r"\begin{table}[t]", r"\centering"]
     if caption:
         lines.append(rf"\caption{{{_latex_escape(caption)}}}")
     if label:
         lines.append(rf"\label{{{label}}}")
-    lines += [rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-              " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
+    lines += [
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(_latex_escape(h) for h in header) + r" \\",
+        r"\midrule",
+    ]
     lines += [" & ".join(_latex_escape(c) for c in row) + r" \\" for row in body]
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     text = "\n".join(lines) + "\n"
@@ -329,8 +398,11 @@ def write_table(t: pd.DataFrame, stem: str | os.PathLike, caption: str | None = 
     """Write ``stem.md``, ``stem.csv`` and ``stem.tex``; returns the paths by format."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = {"md": stem.with_name(stem.name + ".md"), "csv": stem.with_name(stem.name + ".csv"),
-             "tex": stem.with_name(stem.name + ".tex")}
+    paths = {
+        "md": stem.with_name(stem.name + ".md"),
+        "csv": stem.with_name(stem.name + ".csv"),
+        "tex": stem.with_name(stem.name + ".tex"),
+    }
     to_markdown(t, paths["md"], caption=caption)
     to_csv(t, paths["csv"])
     to_latex(t, paths["tex"], caption=caption, label=f"tab:{stem.name}")

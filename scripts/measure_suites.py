@@ -3,6 +3,7 @@
 
     OMP_NUM_THREADS=2 nohup .venv/bin/python scripts/measure_suites.py > /tmp/measure.log 2>&1 &
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ def main():
     ap.add_argument("--ppl-docs", type=int, default=4)
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--cls-docs", type=int, default=8)
-    ap.add_argument("--dtype", default="float32",
-                    help="float32 (default: the docs/measured.md table is fp32), bfloat16 or auto (extend.load's default)")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32 (default: the docs/measured.md table is fp32), bfloat16 or auto (extend.load's default)",
+    )
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-suites.md"))
     args = ap.parse_args()
     command = "python scripts/measure_suites.py " + " ".join(sys.argv[1:])
@@ -46,8 +50,18 @@ def main():
     skipped = recs[0]["task_options"]["skipped_short"]
     for r in recs:
         if r["doc"] is None and r["metric"] == "ppl":
-            rows.append(("perplexity", (f"truncate, BOS, {r['task_options']['docs_used']} docs >= {L[-1]} tokens "
-                         f"({skipped} shorter skipped)"), r["length"], f"ppl {r['value']:.2f}", r["n"]))
+            rows.append(
+                (
+                    "perplexity",
+                    (
+                        f"truncate, BOS, {r['task_options']['docs_used']} docs >= {L[-1]} tokens "
+                        f"({skipped} shorter skipped)"
+                    ),
+                    r["length"],
+                    f"ppl {r['value']:.2f}",
+                    r["n"],
+                )
+            )
 
     write(args.out, command, rows, timings, time.perf_counter() - t_all, done=False)
 
@@ -62,8 +76,18 @@ def main():
         n = sum(len(v) for (ln, _), v in acc.items() if ln == length)
         total = mean([v for (ln, _), vs in acc.items() if ln == length for v in vs])
         ptok = [v for (ln, _), vs in tokens.items() if ln == length for v in vs]
-        rows.append(("passkey", (f"filler, depths 0/0.5/1 x {args.trials} trials; prompt {min(ptok):.0f}-{max(ptok):.0f}"
-                     " tokens"), length, f"accuracy {total:.2f} ({by_depth})", n))
+        rows.append(
+            (
+                "passkey",
+                (
+                    f"filler, depths 0/0.5/1 x {args.trials} trials; prompt {min(ptok):.0f}-{max(ptok):.0f}"
+                    " tokens"
+                ),
+                length,
+                f"accuracy {total:.2f} ({by_depth})",
+                n,
+            )
+        )
 
     write(args.out, command, rows, timings, time.perf_counter() - t_all, done=False)
 
@@ -74,11 +98,18 @@ def main():
         got = {(r["length"], r["metric"]): r for r in recs}
         for length in L:
             a = got[(length, "accuracy")]
-            rows.append((f"classification ({mode})", (f"sotu era, 4 classes; skipped short: "
-                         f"{a['task_options']['skipped_short']}"), length,
-                         (f"accuracy {a['value']:.2f} / norm {got[(length, 'accuracy_norm')]['value']:.2f} vs chance "
-                         f"{got[(length, 'chance')]['value']:.2f}; macro-F1 {got[(length, 'macro_f1')]['value']:.2f}"),
-                         a["n"]))
+            rows.append(
+                (
+                    f"classification ({mode})",
+                    (f"sotu era, 4 classes; skipped short: {a['task_options']['skipped_short']}"),
+                    length,
+                    (
+                        f"accuracy {a['value']:.2f} / norm {got[(length, 'accuracy_norm')]['value']:.2f} vs chance "
+                        f"{got[(length, 'chance')]['value']:.2f}; macro-F1 {got[(length, 'macro_f1')]['value']:.2f}"
+                    ),
+                    a["n"],
+                )
+            )
         write(args.out, command, rows, timings, time.perf_counter() - t_all, done=False)
 
     write(args.out, command, rows, timings, time.perf_counter() - t_all, done=True)
@@ -86,17 +117,26 @@ def main():
 
 def write(path, command, rows, timings, seconds, done):
     """The results table so far (written after every suite, so a slow or killed run keeps what it measured)."""
-    lines = [("### Measured: SmolLM2-135M-Instruct (embedded Q4_1 GGUF dequantised to fp32, plain RoPE, "
-             "trained context 8192) + sotu, on a shared 2-core CPU"), "",
-             f"Command: `{command.strip()}` ({'total' if done else 'INCOMPLETE, so far'} {seconds:.0f} s; "
-             + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ")", "",
-             "| suite | setting | length | result | n |", "|---|---|---|---|---|"]
+    lines = [
+        (
+            "### Measured: SmolLM2-135M-Instruct (embedded Q4_1 GGUF dequantised to fp32, plain RoPE, "
+            "trained context 8192) + sotu, on a shared 2-core CPU"
+        ),
+        "",
+        f"Command: `{command.strip()}` ({'total' if done else 'INCOMPLETE, so far'} {seconds:.0f} s; "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+        + ")",
+        "",
+        "| suite | setting | length | result | n |",
+        "|---|---|---|---|---|",
+    ]
     lines += [f"| {s} | {setting} | {length} | {value} | {n} |" for s, setting, length, value, n in rows]
     text = "\n".join(lines) + "\n"
     print(text, flush=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
+
 
 if __name__ == "__main__":
     main()

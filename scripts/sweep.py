@@ -11,6 +11,7 @@ Rerunning with the same --out resumes (finished cells are skipped); --fresh star
 RopebenchError, caught once in sweep_lib/cli.py) prints one line `error: ...` and exits 2; failed cells are
 recorded, listed at the end, and make the exit code 1. See docs/sweeps.md and docs/bad-input.md.
 """
+
 import os
 import sys
 

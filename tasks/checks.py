@@ -6,6 +6,7 @@ The rules are each suite's own declaration (tasks/suite.py, `declare` on its run
 suite runs at every call. An option without a declared check is checked against the type of its default in the
 suite's signature (so is every option of a plugin suite that declares nothing).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -15,8 +16,16 @@ from extend.errors import closest
 from .errors import TaskError
 from .suite import NOT_OPTIONS, signature_options, suite_of
 
-__all__ = ["NOT_OPTIONS", "RULES", "check_lengths_fit", "check_suite_options", "check_task", "extra_tokens",
-           "needs_tokenizer", "suite_options"]
+__all__ = [
+    "NOT_OPTIONS",
+    "RULES",
+    "check_lengths_fit",
+    "check_suite_options",
+    "check_task",
+    "extra_tokens",
+    "needs_tokenizer",
+    "suite_options",
+]
 
 
 class _Rules(Mapping):

@@ -13,6 +13,7 @@ records say what was used). The prompts of one length are scored in the order th
 (`extend.prefix_cache`): many-shot demonstrations run once per length, not once per query (share_prefix=False:
 every prompt from scratch; same predictions).
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,12 @@ from .errors import TaskError
 from .scoring import continuation_logprobs
 from .suite import choice, declare, flag, fraction_open, optional_choice, optional_flag, positive, run_cells
 
-ERAS = [(1790, 1860, "1790-1860"), (1861, 1913, "1861-1913"), (1914, 1960, "1914-1960"), (1961, 9999, "1961-present")]
+ERAS = [
+    (1790, 1860, "1790-1860"),
+    (1861, 1913, "1861-1913"),
+    (1914, 1960, "1914-1960"),
+    (1961, 9999, "1961-present"),
+]
 
 
 @dataclass(frozen=True)
@@ -71,24 +77,54 @@ LABEL_TASKS = {
 }
 
 
-@declare("classification", options={"mode": choice("zero-shot", "many-shot"), "num_docs": positive,
-                                    "excerpt_tokens": positive, "demo_fraction": fraction_open,
-                                    "label": optional_choice(*LABEL_TASKS),
-                                    "add_bos": optional_flag, "share_prefix": flag},
-         metrics={"accuracy": "label by summed log-likelihood: the rate (doc null) and 0/1 per query (doc set)",
-                  "macro_f1": "macro F1, label by summed log-likelihood", "accuracy_norm": "label by mean "
-                  "log-likelihood per token", "macro_f1_norm": "macro F1, label by mean log-likelihood per token",
-                  "chance": "majority-class rate of the evaluated queries"},
-         pass_fail=("accuracy",), tables=(("accuracy", "classification accuracy"),))
-def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot", num_docs=24,
-        demo_fraction=0.5, excerpt_tokens=256, add_bos=None, share_prefix=True, seed=0, progress=True) -> list[dict]:
+@declare(
+    "classification",
+    options={
+        "mode": choice("zero-shot", "many-shot"),
+        "num_docs": positive,
+        "excerpt_tokens": positive,
+        "demo_fraction": fraction_open,
+        "label": optional_choice(*LABEL_TASKS),
+        "add_bos": optional_flag,
+        "share_prefix": flag,
+    },
+    metrics={
+        "accuracy": "label by summed log-likelihood: the rate (doc null) and 0/1 per query (doc set)",
+        "macro_f1": "macro F1, label by summed log-likelihood",
+        "accuracy_norm": "label by mean log-likelihood per token",
+        "macro_f1_norm": "macro F1, label by mean log-likelihood per token",
+        "chance": "majority-class rate of the evaluated queries",
+    },
+    pass_fail=("accuracy",),
+    tables=(("accuracy", "classification accuracy"),),
+)
+def run(
+    model,
+    tokenizer,
+    *,
+    lengths,
+    corpus="sotu",
+    label=None,
+    mode="zero-shot",
+    num_docs=24,
+    demo_fraction=0.5,
+    excerpt_tokens=256,
+    add_bos=None,
+    share_prefix=True,
+    seed=0,
+    progress=True,
+) -> list[dict]:
     lengths = check_lengths(lengths)
     label = label or ("era" if corpus == "sotu" else "label")
     if label not in LABEL_TASKS:
-        raise TaskError(f"unknown label {label!r} — use one of {sorted(LABEL_TASKS)} ('label' = the corpus' "
-                        "own label field)")
+        raise TaskError(
+            f"unknown label {label!r} — use one of {sorted(LABEL_TASKS)} ('label' = the corpus' "
+            "own label field)"
+        )
     if corpus != "sotu" and label != "label":
-        raise TaskError(f"label {label!r} is defined for corpus 'sotu' only — use label='label' for {corpus!r}")
+        raise TaskError(
+            f"label {label!r} is defined for corpus 'sotu' only — use label='label' for {corpus!r}"
+        )
     task = LABEL_TASKS[label]
     labelled = labelled_documents(corpus, task)
     if not labelled:
@@ -101,8 +137,15 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
     encode = functools.lru_cache(maxsize=None)(encoder(tokenizer))  # documents are re-read per length
     bos = special_prefix(tokenizer, add_bos)
     answers = [encode(" " + c) for c in classes]
-    options = {"mode": mode, "label": label, "num_docs": num_docs, "classes": classes,
-               **prefix_options(tokenizer, bos, add_bos), "demo_fraction": demo_fraction, "seed_split": seed}
+    options = {
+        "mode": mode,
+        "label": label,
+        "num_docs": num_docs,
+        "classes": classes,
+        **prefix_options(tokenizer, bos, add_bos),
+        "demo_fraction": demo_fraction,
+        "seed_split": seed,
+    }
     if mode == "many-shot":
         options["excerpt_tokens"] = excerpt_tokens
         options["demo_docs"] = len(demos)
@@ -115,13 +158,17 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
     for L in lengths:  # choose queries per length: in zero-shot a query must fill L tokens by itself
         room = L - len(bos) - len(header) - len(suffix)
         if room <= (0 if mode == "zero-shot" else excerpt_tokens):
-            raise TaskError(f"length {L} leaves no room for the document — use lengths > "
-                            f"{L - room + (0 if mode == 'zero-shot' else excerpt_tokens)}")
+            raise TaskError(
+                f"length {L} leaves no room for the document — use lengths > "
+                f"{L - room + (0 if mode == 'zero-shot' else excerpt_tokens)}"
+            )
         need = room if mode == "zero-shot" else 1
         chosen, skipped = pick_queries(queries, encode, need, num_docs, seed)
         if not chosen:
-            raise TaskError(f"no query document has {need} tokens at length {L} ({skipped} skipped) — "
-                            "use shorter lengths or mode='many-shot'")
+            raise TaskError(
+                f"no query document has {need} tokens at length {L} ({skipped} skipped) — "
+                "use shorter lengths or mode='many-shot'"
+            )
         plans[L] = (chosen, skipped, room)
 
     demo_pool = _demo_excerpts(demos, encode, excerpt_tokens, seed) if mode == "many-shot" else None
@@ -133,14 +180,22 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
                 cells[L].append(bos + header + ids[:room] + suffix)
             else:
                 query = header + ids[:excerpt_tokens] + suffix
-                context, n_demos = pack_demos(demo_pool, header, task.field, encode, L - len(bos) - len(query))
+                context, n_demos = pack_demos(
+                    demo_pool, header, task.field, encode, L - len(bos) - len(query)
+                )
                 cells[L].append(bos + context + query)
                 used_demos[L].append(n_demos)
     bar = tqdm(total=sum(map(len, cells.values())), desc=f"classification {mode}", disable=not progress)
     # many-shot prompts of a length share their demonstrations: each runs only what it does not share with the
     # previous one (tasks.suite.run_cells)
-    scored = run_cells(model, cells, lambda ids, cache, _: continuation_logprobs(model, ids, answers, prefix_cache=cache),
-                       extra_tokens=max(map(len, answers)), share_prefix=share_prefix, bar=bar)
+    scored = run_cells(
+        model,
+        cells,
+        lambda ids, cache, _: continuation_logprobs(model, ids, answers, prefix_cache=cache),
+        extra_tokens=max(map(len, answers)),
+        share_prefix=share_prefix,
+        bar=bar,
+    )
     bar.close()
     records = []
     for L, (chosen, skipped, room) in plans.items():
@@ -154,13 +209,19 @@ def run(model, tokenizer, *, lengths, corpus="sotu", label=None, mode="zero-shot
             opts["demos_per_prompt"] = round(sum(used_demos[L]) / len(used_demos[L]), 1)
         n = len(gold)
         majority = Counter(gold).most_common(1)[0][1] / n
-        for metric, value in (("accuracy", _accuracy(gold, pred_sum)), ("macro_f1", macro_f1(gold, pred_sum)),
-                              ("accuracy_norm", _accuracy(gold, pred_mean)),
-                              ("macro_f1_norm", macro_f1(gold, pred_mean)), ("chance", majority)):
+        for metric, value in (
+            ("accuracy", _accuracy(gold, pred_sum)),
+            ("macro_f1", macro_f1(gold, pred_sum)),
+            ("accuracy_norm", _accuracy(gold, pred_mean)),
+            ("macro_f1_norm", macro_f1(gold, pred_mean)),
+            ("chance", majority),
+        ):
             records.append(record("classification", corpus, L, metric, value, n, secs, opts))
         # one 0/1 row per query: the unit of the query bootstrap and of paired comparisons between methods
         for (doc, _, _), y, p in zip(chosen, gold, pred_sum, strict=True):
-            records.append(record("classification", corpus, L, "accuracy", float(y == p), 1, secs, opts, doc=doc.id))
+            records.append(
+                record("classification", corpus, L, "accuracy", float(y == p), 1, secs, opts, doc=doc.id)
+            )
     return records
 
 
@@ -218,8 +279,10 @@ def _demo_excerpts(demos, encode, excerpt_tokens: int, seed: int) -> list[tuple[
     pool, chunk = [], 0
     while True:
         added = False
-        rows = {y: [ids[chunk * excerpt_tokens:(chunk + 1) * excerpt_tokens] for ids in docs]
-                for y, docs in by_label.items()}
+        rows = {
+            y: [ids[chunk * excerpt_tokens : (chunk + 1) * excerpt_tokens] for ids in docs]
+            for y, docs in by_label.items()
+        }
         for i in range(max(len(r) for r in rows.values())):
             for y in sorted(rows):
                 if i < len(rows[y]) and rows[y][i]:
@@ -242,7 +305,7 @@ def pack_demos(pool, header: list[int], field: str, encode, room: int) -> tuple[
         if sum(map(len, blocks)) < room:
             raise TaskError(f"not enough demonstrations to fill {room} tokens — use shorter lengths")
     context = [t for b in blocks for t in b]
-    return context[len(context) - room:], len(blocks)
+    return context[len(context) - room :], len(blocks)
 
 
 def _accuracy(gold, pred) -> float:

@@ -1,4 +1,5 @@
 """Small helpers every suite uses: parameter checks, records, tokenizing, the length-dependence query."""
+
 from __future__ import annotations
 
 from extend import length_dependent  # noqa: F401  (re-exported: can one forward serve several lengths?)
@@ -14,8 +15,10 @@ def check_lengths(lengths) -> list[int]:
     except (TypeError, ValueError):
         raise TaskError(f"lengths must be a list of positive integers, got {lengths!r}") from None
     if not out or out[0] <= 0 or any(int(x) != x for x in lengths):
-        raise TaskError(f"lengths must be a non-empty list of positive integers, got {lengths!r} — "
-                        "e.g. lengths=[2048, 4096]")
+        raise TaskError(
+            f"lengths must be a non-empty list of positive integers, got {lengths!r} — "
+            "e.g. lengths=[2048, 4096]"
+        )
     return out
 
 
@@ -44,8 +47,8 @@ def special_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
         raise TaskError(f"add_bos must be true, false or null (follow the tokenizer), got {add_bos!r}")
     with_special = list(tokenizer(_PROBE)["input_ids"])
     text = list(tokenizer(_PROBE, add_special_tokens=False)["input_ids"])
-    starts = [i for i in range(len(with_special) - len(text) + 1) if with_special[i:i + len(text)] == text]
-    prefix = with_special[:starts[0]] if starts else []
+    starts = [i for i in range(len(with_special) - len(text) + 1) if with_special[i : i + len(text)] == text]
+    prefix = with_special[: starts[0]] if starts else []
     bos = tokenizer.bos_token_id
     if add_bos is True:
         if bos is None:
@@ -60,18 +63,35 @@ def special_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
 def prefix_options(tokenizer, prefix: list[int], add_bos: bool | None = None) -> dict:
     """What a suite records about its special prefix: whether it holds BOS, the ids, and the setting asked for."""
     bos = tokenizer.bos_token_id
-    return {"add_bos": bos is not None and bos in prefix, "prefix_ids": list(prefix),
-            "bos_setting": "tokenizer" if add_bos is None else bool(add_bos)}
+    return {
+        "add_bos": bos is not None and bos in prefix,
+        "prefix_ids": list(prefix),
+        "bos_setting": "tokenizer" if add_bos is None else bool(add_bos),
+    }
 
 
 def encoder(tokenizer):
     """Text -> token ids without special tokens (suites add their `special_prefix`/templates themselves)."""
+
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
+
     return encode
 
 
-def record(task, corpus, length, metric, value, n, seconds, task_options, *, depth=None, doc=None, trial=None):
-    return {"task": task, "corpus": corpus, "length": int(length), "depth": depth, "doc": doc, "trial": trial,
-            "metric": metric, "value": float(value), "n": int(n), "seconds": float(seconds),
-            "task_options": dict(task_options)}
+def record(
+    task, corpus, length, metric, value, n, seconds, task_options, *, depth=None, doc=None, trial=None
+):
+    return {
+        "task": task,
+        "corpus": corpus,
+        "length": int(length),
+        "depth": depth,
+        "doc": doc,
+        "trial": trial,
+        "metric": metric,
+        "value": float(value),
+        "n": int(n),
+        "seconds": float(seconds),
+        "task_options": dict(task_options),
+    }

@@ -21,6 +21,7 @@ Loss by position: the mean loss of the tokens in half-octave position bins (each
 ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins that end
 within the trained context.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -99,10 +100,12 @@ def resolve(value, trained_context: int) -> Settings:
     scale = trained_context / REFERENCE_CONTEXT
     return Settings(
         trunc_len=given.get("trunc_len") or max(1, round(PACKAGE_DEFAULTS["trunc_len"] * scale)),
-        sliding_window=given.get("sliding_window") or max(1, round(PACKAGE_DEFAULTS["sliding_window"] * scale)),
+        sliding_window=given.get("sliding_window")
+        or max(1, round(PACKAGE_DEFAULTS["sliding_window"] * scale)),
         alpha=float(given.get("alpha", PACKAGE_DEFAULTS["alpha"])),
         beta=float(given.get("beta", PACKAGE_DEFAULTS["beta"])),
-        evaluator=evaluator_spec(value))
+        evaluator=evaluator_spec(value),
+    )
 
 
 def offsets_problem(tokenizer) -> str | None:
@@ -160,11 +163,18 @@ def fingerprint(model) -> str:
     """A cheap hash of a model's weights (up to 1024 evenly spaced values of every parameter), dtype and RoPE
     config: patches change buffers and attention settings, never these."""
     h = hashlib.sha256()
-    h.update(repr((type(model).__name__, getattr(model.config, "rope_parameters", None),
-                   getattr(model.config, "max_position_embeddings", None))).encode())
+    h.update(
+        repr(
+            (
+                type(model).__name__,
+                getattr(model.config, "rope_parameters", None),
+                getattr(model.config, "max_position_embeddings", None),
+            )
+        ).encode()
+    )
     for name, p in model.named_parameters():
         flat = p.detach().reshape(-1)
-        sample = flat[::max(1, flat.numel() // 1024)].float().cpu()
+        sample = flat[:: max(1, flat.numel() // 1024)].float().cpu()
         h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
         h.update(sample.numpy().tobytes())
     return h.hexdigest()[:16]
@@ -182,7 +192,9 @@ def as_loaded(model) -> bool:
 def encode_with_offsets(tokenizer, text: str, prefix: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
     """`prefix` + the text's tokens, with each token's character span ((0, 0) for the prefix)."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(prefix) + list(enc["input_ids"]), [(0, 0)] * len(prefix) + [tuple(o) for o in enc["offset_mapping"]]
+    return list(prefix) + list(enc["input_ids"]), [(0, 0)] * len(prefix) + [
+        tuple(o) for o in enc["offset_mapping"]
+    ]
 
 
 def short_losses(model, ids: list[int], trunc_len: int, sliding_window: int, chunk_size: int) -> torch.Tensor:
@@ -190,24 +202,32 @@ def short_losses(model, ids: list[int], trunc_len: int, sliding_window: int, chu
     out = torch.full((len(ids),), float("nan"))
     for start in range(0, len(ids) - trunc_len, sliding_window):
         end = min(start + trunc_len + sliding_window, len(ids))
-        out[start + trunc_len:end] = token_nll(model, ids[start:end], start=trunc_len, chunk_size=chunk_size)
+        out[start + trunc_len : end] = token_nll(
+            model, ids[start:end], start=trunc_len, chunk_size=chunk_size
+        )
     return out
 
 
-def long_losses(model, ids: list[int], first: int, context: int, chunk_size: int, shared=None) -> torch.Tensor:
+def long_losses(
+    model, ids: list[int], first: int, context: int, chunk_size: int, shared=None
+) -> torch.Tensor:
     """Loss of every position >= first given the whole text before it, at most `context` tokens of it (windows
     of `context` starting every context/2, each scoring its second half). `shared`: the losses of positions
     first.. of the first window, already computed by the same model on the same ids."""
     out = torch.full((len(ids),), float("nan"))
     head = min(len(ids), context)
-    out[first:head] = shared[:head - first] if shared is not None else token_nll(
-        model, ids[:head], start=first, chunk_size=chunk_size)
+    out[first:head] = (
+        shared[: head - first]
+        if shared is not None
+        else token_nll(model, ids[:head], start=first, chunk_size=chunk_size)
+    )
     half = context // 2
     start = half
     while start + context - half < len(ids):
         end = min(start + context, len(ids))
-        out[start + context - half:end] = token_nll(model, ids[start:end], start=context - half,
-                                                    chunk_size=chunk_size)
+        out[start + context - half : end] = token_nll(
+            model, ids[start:end], start=context - half, chunk_size=chunk_size
+        )
         start += half
     return out
 
@@ -223,8 +243,9 @@ def merge_touching(spans: list[tuple[int, int]]) -> list[list[int]]:
     return merged
 
 
-def find_key_spans(text: str, settings: Settings, ev: Evaluator, *, chunk_size: int = 1024,
-                   shared=None) -> list[list[int]]:
+def find_key_spans(
+    text: str, settings: Settings, ev: Evaluator, *, chunk_size: int = 1024, shared=None
+) -> list[list[int]]:
     """The character spans of the text's key tokens under evaluator `ev` (see the module docstring).
     `shared` = (ids, nll, first): a pass of the evaluator's own model as loaded over ids, nll[j] the loss of
     position first + j — reused for the long context when the ids are the evaluator's."""
@@ -237,11 +258,13 @@ def find_key_spans(text: str, settings: Settings, ev: Evaluator, *, chunk_size: 
     if len(ids) <= trunc:
         return []
     if trunc >= ev.context:
-        raise TaskError(f"key_tokens trunc_len {trunc} is not below the evaluator's trained context {ev.context} — "
-                        f"use a smaller trunc_len")
+        raise TaskError(
+            f"key_tokens trunc_len {trunc} is not below the evaluator's trained context {ev.context} — "
+            f"use a smaller trunc_len"
+        )
     reuse = None
     if shared is not None and list(shared[0]) == ids and shared[2] <= trunc:
-        reuse = shared[1][trunc - shared[2]:]
+        reuse = shared[1][trunc - shared[2] :]
     with unpatched(ev.model) if ev.is_self and reuse is None else contextlib.nullcontext():
         long = long_losses(ev.model, ids, trunc, ev.context, chunk_size, reuse)
         short = short_losses(ev.model, ids, trunc, settings.sliding_window, chunk_size)
@@ -272,8 +295,16 @@ def key_spans(text: str, settings: Settings, ev: Evaluator, *, chunk_size: int =
         spans = json.loads(path.read_text())["spans"]
     except (OSError, ValueError, KeyError, TypeError):
         spans = find_key_spans(text, settings, ev, chunk_size=chunk_size, shared=shared)
-        _write_atomic(path, {"spans": spans, "evaluator": ev.identity, "settings": asdict(settings),
-                             "evaluator_context": ev.context, "text_chars": len(text)})
+        _write_atomic(
+            path,
+            {
+                "spans": spans,
+                "evaluator": ev.identity,
+                "settings": asdict(settings),
+                "evaluator_context": ev.context,
+                "text_chars": len(text),
+            },
+        )
     _MEMORY[key] = spans
     return spans
 
@@ -296,7 +327,9 @@ def key_mask(spans: list, offsets: list[tuple[int, int]]) -> torch.Tensor:
     starts = torch.tensor([s for s, _ in ordered])
     reach = torch.cummax(torch.tensor([e for _, e in ordered]), 0).values  # furthest end of the spans so far
     tok = torch.tensor(offsets)
-    last = torch.searchsorted(starts, tok[:, 0].contiguous(), right=True) - 1  # the last span starting at or before the token
+    last = (
+        torch.searchsorted(starts, tok[:, 0].contiguous(), right=True) - 1
+    )  # the last span starting at or before the token
     return (last >= 0) & (reach[last.clamp(min=0)] >= tok[:, 1])
 
 
@@ -328,7 +361,7 @@ def power_law_fit(x, y) -> tuple[float, float, float] | None:
         return None
 
     def solve(b: float) -> tuple[float, float, float]:
-        design = np.stack([x ** -b, np.ones_like(x)], axis=1)
+        design = np.stack([x**-b, np.ones_like(x)], axis=1)
         (a, c), *_ = np.linalg.lstsq(design, y, rcond=None)
         return float(a), float(c), float(((design @ np.array([a, c]) - y) ** 2).sum())
 
@@ -351,8 +384,19 @@ class PassExtras:
     start() -> None when neither is asked; options() -> what goes into every record's task_options;
     add(doc, ids, per_length) per document -> its rows; finish() -> the rows over all documents."""
 
-    def __init__(self, model, tokenizer, key_tokens, loss_by_position: bool, *, lengths, prefix, first, corpus,
-                 chunk_size):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        key_tokens,
+        loss_by_position: bool,
+        *,
+        lengths,
+        prefix,
+        first,
+        corpus,
+        chunk_size,
+    ):
         import extend
 
         self.model, self.tokenizer, self.corpus, self.chunk_size = model, tokenizer, corpus, chunk_size
@@ -368,16 +412,20 @@ class PassExtras:
             check_key_token_lengths(key_tokens, lengths)
             problem = offsets_problem(tokenizer)
             if problem:
-                raise TaskError(f"key_tokens needs the model's tokens as character spans, but {problem} — load the "
-                                f"model with its fast tokenizer")
+                raise TaskError(
+                    f"key_tokens needs the model's tokens as character spans, but {problem} — load the "
+                    f"model with its fast tokenizer"
+                )
 
     @classmethod
     def start(cls, model, tokenizer, key_tokens, loss_by_position, *, protocol, **kw) -> PassExtras | None:
         if not requested(key_tokens) and not loss_by_position:
             return None
         if protocol != "truncate":
-            raise TaskError("key_tokens and loss_by_position need protocol='truncate' (positions of one window) — "
-                            "drop them or use the truncate protocol")
+            raise TaskError(
+                "key_tokens and loss_by_position need protocol='truncate' (positions of one window) — "
+                "drop them or use the truncate protocol"
+            )
         return cls(model, tokenizer, key_tokens, bool(loss_by_position), **kw)
 
     def options(self) -> dict:
@@ -407,11 +455,14 @@ class PassExtras:
         t0 = time.perf_counter()
         text, offsets = self._text_of(doc, ids)
         longest = self.lengths[-1]
-        shared = (self.prefix + ids, per_length[longest][0], self.first) if (
-            self.settings.evaluator == SELF and as_loaded(self.model)) else None
+        shared = (
+            (self.prefix + ids, per_length[longest][0], self.first)
+            if (self.settings.evaluator == SELF and as_loaded(self.model))
+            else None
+        )
         spans = key_spans(text, self.settings, self._evaluator(), chunk_size=self.chunk_size, shared=shared)
         mask = key_mask(spans, offsets)
-        mask[:max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
+        mask[: max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
         key_seconds = time.perf_counter() - t0
         rows = []
         for L, (nll, secs) in per_length.items():
@@ -424,41 +475,79 @@ class PassExtras:
             total[0] += losses.sum().item()
             total[1] += index.numel()
             total[2] += secs + key_seconds
-            rows.append(record("perplexity", self.corpus, L, "longppl", math.exp(losses.mean().item()),
-                               index.numel(), secs + key_seconds, options, doc=doc.id))
+            rows.append(
+                record(
+                    "perplexity",
+                    self.corpus,
+                    L,
+                    "longppl",
+                    math.exp(losses.mean().item()),
+                    index.numel(),
+                    secs + key_seconds,
+                    options,
+                    doc=doc.id,
+                )
+            )
         return rows
 
     def _text_of(self, doc, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
         """The document's text up to the end of its last token in the window, and every such token's span."""
         enc = self.tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"][:len(ids)]) != list(ids):
-            raise TaskError(f"document {doc.id}: the tokenizer's offsets encoding differs from its plain encoding — "
-                            f"key_tokens cannot map this tokenizer's tokens to characters")
-        offsets = [tuple(o) for o in enc["offset_mapping"][:len(ids)]]
-        return doc.text[:offsets[-1][1]], offsets
+        if list(enc["input_ids"][: len(ids)]) != list(ids):
+            raise TaskError(
+                f"document {doc.id}: the tokenizer's offsets encoding differs from its plain encoding — "
+                f"key_tokens cannot map this tokenizer's tokens to characters"
+            )
+        offsets = [tuple(o) for o in enc["offset_mapping"][: len(ids)]]
+        return doc.text[: offsets[-1][1]], offsets
 
     def _bins(self, doc, pass_, options) -> list[dict]:
         nll, secs = pass_
         rows = []
         for i, (start, stop) in enumerate(self.bins):
-            part = nll[start - self.first:stop - self.first].double()
+            part = nll[start - self.first : stop - self.first].double()
             self.bin_totals[i][0] += part.sum().item()
             self.bin_totals[i][1] += part.numel()
-            rows.append(record("perplexity", self.corpus, self.lengths[-1], "loss_bin", part.mean().item(),
-                               part.numel(), secs, options, depth=float(start), doc=doc.id))
+            rows.append(
+                record(
+                    "perplexity",
+                    self.corpus,
+                    self.lengths[-1],
+                    "loss_bin",
+                    part.mean().item(),
+                    part.numel(),
+                    secs,
+                    options,
+                    depth=float(start),
+                    doc=doc.id,
+                )
+            )
         return rows
 
     def finish(self, options: dict) -> list[dict]:
         rows = []
         for L, (total, n, secs) in self.key_totals.items():
             if n:
-                rows.append(record("perplexity", self.corpus, L, "longppl", math.exp(total / n), n, secs, options))
+                rows.append(
+                    record("perplexity", self.corpus, L, "longppl", math.exp(total / n), n, secs, options)
+                )
         if not self.by_position:
             return rows
         longest, means, centres = self.lengths[-1], [], []
         for (start, stop), (total, n) in zip(self.bins, self.bin_totals, strict=True):
-            rows.append(record("perplexity", self.corpus, longest, "loss_bin", total / n, n, 0.0, options,
-                               depth=float(start)))
+            rows.append(
+                record(
+                    "perplexity",
+                    self.corpus,
+                    longest,
+                    "loss_bin",
+                    total / n,
+                    n,
+                    0.0,
+                    options,
+                    depth=float(start),
+                )
+            )
             if stop <= self.trained:
                 means.append(total / n)
                 centres.append((start + stop - 1) / 2)
@@ -474,8 +563,10 @@ def check_key_token_lengths(value, lengths: list[int]) -> None:
     only drops longppl at the lengths it reaches (no row there)."""
     trunc = given_trunc_len(value)
     if trunc is not None and trunc >= min(lengths):
-        raise TaskError(f"perplexity key_tokens trunc_len {trunc} is at or above length {min(lengths)}: no token "
-                        f"there has more than trunc_len tokens before it — use trunc_len < {min(lengths)}")
+        raise TaskError(
+            f"perplexity key_tokens trunc_len {trunc} is at or above length {min(lengths)}: no token "
+            f"there has more than trunc_len tokens before it — use trunc_len < {min(lengths)}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- before the model
@@ -504,5 +595,7 @@ def check_before_load(lengths: list[int], options: dict, tokenizer=None) -> None
 
         problem, where = offsets_problem(tokenizer_of(spec)), f"evaluator {spec!r}"
     if problem:
-        raise TaskError(f"perplexity key_tokens: {where} cannot map key tokens to character spans: {problem} — "
-                        f"name an evaluator with a fast tokenizer (key_tokens.evaluator)")
+        raise TaskError(
+            f"perplexity key_tokens: {where} cannot map key tokens to character spans: {problem} — "
+            f"name an evaluator with a fast tokenizer (key_tokens.evaluator)"
+        )

@@ -18,6 +18,7 @@ differ by a few percent). A retrieval doc's prompt leaves room for the greedy an
 generated tokens <= L). Pass keys, needles, depths and the query choice are the suites' (seeded the same way). With
 `--out DIR` the templates and utils.py are copied there too, so DIR works by itself with `--include_path`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,11 @@ from .suite import largest_fitting
 
 OUT_DIR = Path(__file__).parent / "lm_eval_tasks"
 STATIC_FILES = ("_passkey_template_yaml", "_sotu_era_template_yaml", "_retrieval_template_yaml", "utils.py")
-SUITES = {"passkey": "_passkey_template_yaml", "sotu_era": "_sotu_era_template_yaml",
-          "retrieval": "_retrieval_template_yaml"}
+SUITES = {
+    "passkey": "_passkey_template_yaml",
+    "sotu_era": "_sotu_era_template_yaml",
+    "retrieval": "_retrieval_template_yaml",
+}
 PASSKEY_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PASSKEY_TRIALS = 2
@@ -75,9 +79,14 @@ def passkey_docs(tokenizer, lengths, depths, trials, seed: int = 0) -> list[dict
             sentences = passkey.haystack_sentences(None, None, words=2 * length)
             for di, depth in enumerate(depths):
                 key = passkey.key_for(seed, length, di, trial)
-                doc = {"id": f"passkey-{length}-{di}-{trial}", "length": length, "depth": float(depth),
-                       "trial": trial, "key": str(key),
-                       "haystack_words": passkey.fit_haystack_words(tokenizer, length, depth, key, sentences)}
+                doc = {
+                    "id": f"passkey-{length}-{di}-{trial}",
+                    "length": length,
+                    "depth": float(depth),
+                    "trial": trial,
+                    "key": str(key),
+                    "haystack_words": passkey.fit_haystack_words(tokenizer, length, depth, key, sentences),
+                }
                 doc["prompt_tokens"] = len(tokenizer(utils.passkey_prompt(doc))["input_ids"])
                 docs.append(doc)
     return docs
@@ -90,7 +99,11 @@ def era_docs(tokenizer, lengths, num_docs: int, seed: int = 0) -> list[dict]:
     classes = sorted({y for _, y in labelled})
     _, queries = classification.grouped_split(labelled, 0.5, seed)
     encode = functools.lru_cache(maxsize=None)(encoder(tokenizer))
-    frame = len(special_prefix(tokenizer)) + len(encode(task.header)) + len(encode(task.zero_shot_suffix(classes)))
+    frame = (
+        len(special_prefix(tokenizer))
+        + len(encode(task.header))
+        + len(encode(task.zero_shot_suffix(classes)))
+    )
     docs = []
     for length in lengths:
         room = length - frame
@@ -100,15 +113,24 @@ def era_docs(tokenizer, lengths, num_docs: int, seed: int = 0) -> list[dict]:
         for i, (speech, label, _) in enumerate(chosen):
             enc = tokenizer(speech.text, add_special_tokens=False, return_offsets_mapping=True)
             chars = enc["offset_mapping"][room - 1][1]  # the end of the excerpt's last token
-            doc = {"id": f"sotu-era-{length}-{i}", "length": length, "fileid": speech.id, "chars": chars,
-                   "sha1": hashlib.sha1(speech.text[:chars].encode()).hexdigest()[:16], "label": label,
-                   "gold": classes.index(label), "choices": classes}
+            doc = {
+                "id": f"sotu-era-{length}-{i}",
+                "length": length,
+                "fileid": speech.id,
+                "chars": chars,
+                "sha1": hashlib.sha1(speech.text[:chars].encode()).hexdigest()[:16],
+                "label": label,
+                "gold": classes.index(label),
+                "choices": classes,
+            }
             doc["prompt_tokens"] = len(tokenizer(utils.era_prompt(speech.text, doc))["input_ids"])
             docs.append(doc)
     return docs
 
 
-def retrieval_docs(tokenizer, lengths, depths, trials, variants=retrieval.VARIANTS, seed: int = 0) -> list[dict]:
+def retrieval_docs(
+    tokenizer, lengths, depths, trials, variants=retrieval.VARIANTS, seed: int = 0
+) -> list[dict]:
     """One doc per (variant, trial, length, depth): the suite's scene, its haystack cut to fill the length less
     the variant's greedy answer (what `retrieval.build_prompt` fits with scoring "generate")."""
     encode = encoder(tokenizer)
@@ -120,17 +142,29 @@ def retrieval_docs(tokenizer, lengths, depths, trials, variants=retrieval.VARIAN
             new_tokens = retrieval_new_tokens(variant)
             for length in lengths:
                 for di, depth in enumerate(depths):
-                    doc = {"id": f"retrieval-{variant}-{length}-{di}-{trial}", "variant": variant, "length": length,
-                           "depth": float(depth), "trial": trial, "seed": seed, "candidates": RETRIEVAL_CANDIDATES,
-                           "answers": list(scene.answers), "max_gen_toks": new_tokens}
+                    doc = {
+                        "id": f"retrieval-{variant}-{length}-{di}-{trial}",
+                        "variant": variant,
+                        "length": length,
+                        "depth": float(depth),
+                        "trial": trial,
+                        "seed": seed,
+                        "candidates": RETRIEVAL_CANDIDATES,
+                        "answers": list(scene.answers),
+                        "max_gen_toks": new_tokens,
+                    }
 
                     def n_tokens(words: int, doc=doc) -> int:
-                        return len(prefix) + len(encode(utils.retrieval_prompt(dict(doc, haystack_words=words))))
+                        return len(prefix) + len(
+                            encode(utils.retrieval_prompt(dict(doc, haystack_words=words)))
+                        )
 
                     doc["haystack_words"] = largest_fitting(n_tokens, 2 * length, length - new_tokens)
                     if doc["haystack_words"] < 0:
-                        raise TaskError(f"retrieval length {length} is too short for the {variant} prompt — "
-                                        "export longer lengths")
+                        raise TaskError(
+                            f"retrieval length {length} is too short for the {variant} prompt — "
+                            "export longer lengths"
+                        )
                     doc["prompt_tokens"] = n_tokens(doc["haystack_words"])
                     docs.append(doc)
     return docs
@@ -147,16 +181,22 @@ def retrieval_task_name(variant: str, length: int) -> str:
 
 def retrieval_task_yaml(variant: str, length: int) -> str:
     """The YAML of one retrieval task: the template, its name, the variant's generation budget and metadata."""
-    config = {"include": SUITES["retrieval"], "task": retrieval_task_name(variant, length),
-              "generation_kwargs": {"until": [], "max_gen_toks": retrieval_new_tokens(variant), "do_sample": False},
-              "metadata": {"version": VERSION, "suite": "retrieval", "variant": variant, "length": length}}
+    config = {
+        "include": SUITES["retrieval"],
+        "task": retrieval_task_name(variant, length),
+        "generation_kwargs": {"until": [], "max_gen_toks": retrieval_new_tokens(variant), "do_sample": False},
+        "metadata": {"version": VERSION, "suite": "retrieval", "variant": variant, "length": length},
+    }
     return HEADER + yaml.safe_dump(config, sort_keys=False)
 
 
 def task_yaml(suite: str, length: int) -> str:
     """The YAML of one task: its suite's template, its name and its length."""
-    config = {"include": SUITES[suite], "task": f"ropebench_{suite}_{length_name(length)}",
-              "metadata": {"version": VERSION, "suite": suite, "length": length}}
+    config = {
+        "include": SUITES[suite],
+        "task": f"ropebench_{suite}_{length_name(length)}",
+        "metadata": {"version": VERSION, "suite": suite, "length": length},
+    }
     return HEADER + yaml.safe_dump(config, sort_keys=False)
 
 
@@ -164,22 +204,45 @@ def _jsonl(rows) -> str:
     return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
 
 
-def render(tokenizer=None, *, passkey_lengths=PASSKEY_LENGTHS, depths=PASSKEY_DEPTHS, trials=PASSKEY_TRIALS,
-           classification_lengths=CLASSIFICATION_LENGTHS, num_docs=CLASSIFICATION_DOCS,
-           retrieval_lengths=RETRIEVAL_LENGTHS, retrieval_depths=RETRIEVAL_DEPTHS, retrieval_trials=RETRIEVAL_TRIALS,
-           retrieval_variants=retrieval.VARIANTS, seed=0) -> dict[str, str]:
+def render(
+    tokenizer=None,
+    *,
+    passkey_lengths=PASSKEY_LENGTHS,
+    depths=PASSKEY_DEPTHS,
+    trials=PASSKEY_TRIALS,
+    classification_lengths=CLASSIFICATION_LENGTHS,
+    num_docs=CLASSIFICATION_DOCS,
+    retrieval_lengths=RETRIEVAL_LENGTHS,
+    retrieval_depths=RETRIEVAL_DEPTHS,
+    retrieval_trials=RETRIEVAL_TRIALS,
+    retrieval_variants=retrieval.VARIANTS,
+    seed=0,
+) -> dict[str, str]:
     """File name -> content of the written (not hand-written) files of the task folder."""
     tokenizer = tokenizer or default_tokenizer()
-    passkey_lengths, classification_lengths = sorted(set(passkey_lengths)), sorted(set(classification_lengths))
+    passkey_lengths, classification_lengths = (
+        sorted(set(passkey_lengths)),
+        sorted(set(classification_lengths)),
+    )
     retrieval_lengths = sorted(set(retrieval_lengths))
-    files = {"passkey.jsonl": _jsonl(passkey_docs(tokenizer, passkey_lengths, depths, trials, seed)),
-             "sotu_era.jsonl": _jsonl(era_docs(tokenizer, classification_lengths, num_docs, seed)),
-             "retrieval.jsonl": _jsonl(retrieval_docs(tokenizer, retrieval_lengths, retrieval_depths,
-                                                      retrieval_trials, retrieval_variants, seed))}
+    files = {
+        "passkey.jsonl": _jsonl(passkey_docs(tokenizer, passkey_lengths, depths, trials, seed)),
+        "sotu_era.jsonl": _jsonl(era_docs(tokenizer, classification_lengths, num_docs, seed)),
+        "retrieval.jsonl": _jsonl(
+            retrieval_docs(
+                tokenizer, retrieval_lengths, retrieval_depths, retrieval_trials, retrieval_variants, seed
+            )
+        ),
+    }
     for suite, lengths in (("passkey", passkey_lengths), ("sotu_era", classification_lengths)):
         files.update({f"ropebench_{suite}_{length_name(n)}.yaml": task_yaml(suite, n) for n in lengths})
-    files.update({f"{retrieval_task_name(v, n)}.yaml": retrieval_task_yaml(v, n)
-                  for v in retrieval_variants for n in retrieval_lengths})
+    files.update(
+        {
+            f"{retrieval_task_name(v, n)}.yaml": retrieval_task_yaml(v, n)
+            for v in retrieval_variants
+            for n in retrieval_lengths
+        }
+    )
     return files
 
 
@@ -208,9 +271,13 @@ def main(argv=None) -> int:
     p.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
     args = p.parse_args(argv)
     try:
-        out = export(args.out, passkey_lengths=args.passkey_lengths,
-                     classification_lengths=args.classification_lengths, num_docs=args.num_docs,
-                     retrieval_lengths=args.retrieval_lengths)
+        out = export(
+            args.out,
+            passkey_lengths=args.passkey_lengths,
+            classification_lengths=args.classification_lengths,
+            num_docs=args.num_docs,
+            retrieval_lengths=args.retrieval_lengths,
+        )
     except TaskError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ records say what was used). A cell (one length) builds all its prompts first, th
 shares the most prefix (`extend.prefix_cache`): the haystack before the needle is prefilled once, not per depth
 and trial (share_prefix=False: every prompt from scratch; same prompts and answers).
 """
+
 from __future__ import annotations
 
 import random
@@ -26,9 +27,17 @@ from .data import iter_corpus, seeded_order
 from .errors import TaskError
 from .suite import choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
 
-DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-               "I will quiz you about the important information there.")
-FILLER = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again."]
+DESCRIPTION = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."
+)
+FILLER = [
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+]
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key?"
 ANSWER_PREFIX = "The pass key is"
@@ -41,34 +50,72 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         return
     chat = bool(options.get("chat_template", False))
     if chat and not getattr(tokenizer, "chat_template", None):
-        raise TaskError("passkey option chat_template=True but the tokenizer has no chat template — use "
-                        "chat_template: false")
+        raise TaskError(
+            "passkey option chat_template=True but the tokenizer has no chat template — use "
+            "chat_template: false"
+        )
     prefix = None if chat else special_prefix(tokenizer, options.get("add_bos"))
     bare = len(encode(tokenizer, prompt([], 0, 0.0, 99999), chat, prefix))  # the prompt without haystack
     if lengths[0] <= bare:
-        raise TaskError(f"passkey length {lengths[0]} is too short for the passkey prompt itself ({bare} tokens "
-                        f"without haystack) — use lengths > {bare}, e.g. 1024")
+        raise TaskError(
+            f"passkey length {lengths[0]} is too short for the passkey prompt itself ({bare} tokens "
+            f"without haystack) — use lengths > {bare}, e.g. 1024"
+        )
 
 
-@declare("passkey", options={"depths": fractions, "trials": positive, "max_new_tokens": positive,
-                             "haystack": choice("filler", "corpus"), "chat_template": flag,
-                             "add_bos": optional_flag, "share_prefix": flag},
-         metrics={"correct": "0/1: the first integer of the greedy answer is the pass key",
-                  "prompt_tokens": "tokens of the prompt (at most the length, at least 99% of it)"},
-         pass_fail=("correct",), tables=(("correct", "passkey retrieval accuracy"),),
-         extra_tokens=lambda options: int(options.get("max_new_tokens", 8)), fits=fits,
-         needs_tokenizer=lambda lengths, options: True)
-def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack="filler", corpus="sotu",
-        chat_template=False, max_new_tokens=8, add_bos=None, share_prefix=True, seed=0, progress=True) -> list[dict]:
+@declare(
+    "passkey",
+    options={
+        "depths": fractions,
+        "trials": positive,
+        "max_new_tokens": positive,
+        "haystack": choice("filler", "corpus"),
+        "chat_template": flag,
+        "add_bos": optional_flag,
+        "share_prefix": flag,
+    },
+    metrics={
+        "correct": "0/1: the first integer of the greedy answer is the pass key",
+        "prompt_tokens": "tokens of the prompt (at most the length, at least 99% of it)",
+    },
+    pass_fail=("correct",),
+    tables=(("correct", "passkey retrieval accuracy"),),
+    extra_tokens=lambda options: int(options.get("max_new_tokens", 8)),
+    fits=fits,
+    needs_tokenizer=lambda lengths, options: True,
+)
+def run(
+    model,
+    tokenizer,
+    *,
+    lengths,
+    depths=(0.0, 0.5, 1.0),
+    trials=2,
+    haystack="filler",
+    corpus="sotu",
+    chat_template=False,
+    max_new_tokens=8,
+    add_bos=None,
+    share_prefix=True,
+    seed=0,
+    progress=True,
+) -> list[dict]:
     lengths = check_lengths(lengths)
-    depths = [float(d) for d in ([depths] if isinstance(depths, (int, float)) else depths)]  # checked: declare
+    depths = [
+        float(d) for d in ([depths] if isinstance(depths, (int, float)) else depths)
+    ]  # checked: declare
     if chat_template and not getattr(tokenizer, "chat_template", None):
         raise TaskError("chat_template=True but the tokenizer has no chat template — use chat_template=False")
     texts = [d.text for d in iter_corpus(corpus)] if haystack == "corpus" else None
     if texts is not None and not any(t.strip() for t in texts):
         raise TaskError(f"corpus {corpus!r} is empty — use another corpus or haystack='filler'")
-    options = {"haystack": haystack, "chat_template": bool(chat_template), "max_new_tokens": max_new_tokens,
-               "trials": trials, "depths": list(depths)}
+    options = {
+        "haystack": haystack,
+        "chat_template": bool(chat_template),
+        "max_new_tokens": max_new_tokens,
+        "trials": trials,
+        "depths": list(depths),
+    }
     if haystack == "corpus":
         options["haystack_corpus"] = corpus
     if chat_template:  # the template writes its own special tokens
@@ -78,8 +125,10 @@ def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack
         options.update(prefix_options(tokenizer, prefix, add_bos))
     name = corpus if haystack == "corpus" else "filler"
 
-    sentences = [haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
-                 for trial in range(trials)]
+    sentences = [
+        haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
+        for trial in range(trials)
+    ]
     cells, keys, build_secs = {}, {}, {}  # length -> prompts; (length, i) -> pass key, seconds to build
     for length in lengths:
         cells[length] = []
@@ -87,15 +136,24 @@ def run(model, tokenizer, *, lengths, depths=(0.0, 0.5, 1.0), trials=2, haystack
             for di, depth in enumerate(depths):
                 t0 = time.perf_counter()
                 key = key_for(seed, length, di, trial)
-                cells[length].append(build_prompt(tokenizer, length, depth, key, sentences[trial], chat_template,
-                                                  prefix=prefix))
+                cells[length].append(
+                    build_prompt(
+                        tokenizer, length, depth, key, sentences[trial], chat_template, prefix=prefix
+                    )
+                )
                 keys[length, len(cells[length]) - 1] = key
                 build_secs[length, len(cells[length]) - 1] = time.perf_counter() - t0
     bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
     # A cell's prompts share their haystack up to the (shallowest) needle: each prefills only what it does not
     # share with the previous one (tasks.suite.run_cells)
-    answers = run_cells(model, cells, lambda ids, cache, _: _generate(model, tokenizer, ids, max_new_tokens, cache),
-                        extra_tokens=max_new_tokens, share_prefix=share_prefix, bar=bar)
+    answers = run_cells(
+        model,
+        cells,
+        lambda ids, cache, _: _generate(model, tokenizer, ids, max_new_tokens, cache),
+        extra_tokens=max_new_tokens,
+        share_prefix=share_prefix,
+        bar=bar,
+    )
     bar.close()
     results = {}  # (trial, length, depth index) -> (correct, prompt tokens, seconds)
     for length in lengths:
@@ -125,8 +183,10 @@ def haystack_sentences(texts, rng: random.Random, words: int) -> list[str]:
                 count += len(s.split())
         if count >= words:
             return out
-    raise TaskError(f"the corpus has only {count} words, fewer than the {words} a haystack needs — "
-                    "use a larger corpus or haystack='filler'")
+    raise TaskError(
+        f"the corpus has only {count} words, fewer than the {words} a haystack needs — "
+        "use a larger corpus or haystack='filler'"
+    )
 
 
 def key_for(seed: int, length: int, depth_index: int, trial: int) -> int:
@@ -146,8 +206,15 @@ def cut_haystack(sentences: list[str], words: int) -> list[str]:
     return cut
 
 
-def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences: list[str],
-                       chat_template: bool = False, prefix: list[int] | None = None) -> int:
+def fit_haystack_words(
+    tokenizer,
+    length: int,
+    depth: float,
+    key: int,
+    sentences: list[str],
+    chat_template: bool = False,
+    prefix: list[int] | None = None,
+) -> int:
     """The most haystack words whose prompt has at most `length` tokens (binary search), checked to land
     within 1% of `length`."""
 
@@ -156,8 +223,10 @@ def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences
 
     lo, hi = 0, sum(len(s.split()) for s in sentences)
     if n_tokens(0) > length:
-        raise TaskError(f"length {length} is too short for the passkey prompt itself "
-                        f"({n_tokens(0)} tokens without haystack) — use longer lengths")
+        raise TaskError(
+            f"length {length} is too short for the passkey prompt itself "
+            f"({n_tokens(0)} tokens without haystack) — use longer lengths"
+        )
     if n_tokens(hi) <= length:
         raise TaskError(f"not enough haystack for {length} tokens — this is a bug, please report it")
     while lo < hi:  # largest k with n_tokens(k) <= length
@@ -167,12 +236,21 @@ def fit_haystack_words(tokenizer, length: int, depth: float, key: int, sentences
         else:
             hi = mid - 1
     if n_tokens(lo) < 0.99 * length:
-        raise TaskError(f"could only build a {n_tokens(lo)}-token prompt for length {length} — use longer lengths")
+        raise TaskError(
+            f"could only build a {n_tokens(lo)}-token prompt for length {length} — use longer lengths"
+        )
     return lo
 
 
-def build_prompt(tokenizer, length: int, depth: float, key: int, sentences: list[str],
-                 chat_template: bool = False, prefix: list[int] | None = None) -> list[int]:
+def build_prompt(
+    tokenizer,
+    length: int,
+    depth: float,
+    key: int,
+    sentences: list[str],
+    chat_template: bool = False,
+    prefix: list[int] | None = None,
+) -> list[int]:
     """Token ids of the longest prompt with at most `length` tokens; the needle at the sentence boundary
     nearest the depth. `prefix`: the special ids before the text (default: the tokenizer's own, see encode)."""
     words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template, prefix)
@@ -204,19 +282,24 @@ def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
     return f"{DESCRIPTION}\n{body}\n{QUESTION}", ANSWER_PREFIX
 
 
-def encode(tokenizer, parts: tuple[str, str], chat_template: bool, prefix: list[int] | None = None) -> list[int]:
+def encode(
+    tokenizer, parts: tuple[str, str], chat_template: bool, prefix: list[int] | None = None
+) -> list[int]:
     """The prompt's ids: through the chat template, or `prefix` (default: what the tokenizer's own encoding puts
     before text, `special_prefix`) + the text without special tokens."""
     if chat_template:
         user, answer_prefix = parts
-        text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+        )
         return tokenizer(text + answer_prefix, add_special_tokens=False)["input_ids"]
     if prefix is None:
         prefix = special_prefix(tokenizer)
     return list(prefix) + tokenizer(plain_text(parts), add_special_tokens=False)["input_ids"]
 
 
-def _generate(model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cache: PrefixCache | None = None) -> str:
+def _generate(
+    model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cache: PrefixCache | None = None
+) -> str:
     """Greedy answer to prompt `ids`; with a `PrefixCache` the prompt's shared prefix is not prefilled again."""
     return greedy(model, tokenizer, ids, max_new_tokens, prefix_cache)

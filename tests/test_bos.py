@@ -36,9 +36,14 @@ def test_special_prefix_follows_the_tokenizer(smollm2_tokenizer):
 def test_perplexity_records_what_was_used(smollm2_tokenizer):
     tok = smollm2_tokenizer
     model = tiny_llama(max_position_embeddings=256, vocab_size=len(tok))
-    default = [r for r in perplexity.run(model, tok, lengths=[64], num_docs=1, progress=False) if r["doc"] is None]
-    forced = [r for r in perplexity.run(model, tok, lengths=[64], num_docs=1, add_bos=True, progress=False)
-              if r["doc"] is None]
+    default = [
+        r for r in perplexity.run(model, tok, lengths=[64], num_docs=1, progress=False) if r["doc"] is None
+    ]
+    forced = [
+        r
+        for r in perplexity.run(model, tok, lengths=[64], num_docs=1, add_bos=True, progress=False)
+        if r["doc"] is None
+    ]
     assert default[0]["task_options"]["add_bos"] is False and default[0]["task_options"]["prefix_ids"] == []
     assert forced[0]["task_options"]["add_bos"] is True and forced[0]["task_options"]["prefix_ids"] == [1]
     assert default[0]["n"] == forced[0]["n"] == 63  # a window scores L - 1 tokens either way

@@ -48,8 +48,10 @@ def documented_parameters(text: str) -> list[tuple[str, inspect._ParameterKind, 
     out = [(a.arg, P.POSITIONAL_OR_KEYWORD, d) for a, d in zip(positional, defaults, strict=True)]
     if args.vararg:
         out.append((args.vararg.arg, P.VAR_POSITIONAL, EMPTY))
-    out += [(a.arg, P.KEYWORD_ONLY, EMPTY if d is None else default_value(d))
-            for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    out += [
+        (a.arg, P.KEYWORD_ONLY, EMPTY if d is None else default_value(d))
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    ]
     if args.kwarg:
         out.append((args.kwarg.arg, P.VAR_KEYWORD, EMPTY))
     return out
@@ -60,7 +62,10 @@ def real_parameters(obj, is_method: bool) -> list[tuple[str, inspect._ParameterK
     if is_method and params and params[0].name == "self":
         params = params[1:]
     # the docs do not mark positional-only parameters
-    return [(p.name, P.POSITIONAL_OR_KEYWORD if p.kind == P.POSITIONAL_ONLY else p.kind, p.default) for p in params]
+    return [
+        (p.name, P.POSITIONAL_OR_KEYWORD if p.kind == P.POSITIONAL_ONLY else p.kind, p.default)
+        for p in params
+    ]
 
 
 def same_default(doc, real) -> bool:
@@ -70,9 +75,19 @@ def same_default(doc, real) -> bool:
 
 
 def test_contracts_document_the_core_of_every_layer():
-    expected = {"extend.load", "extend.patch", "extend.patched", "extend.register", "tasks.perplexity.run",
-                "tasks.passkey.run", "tasks.classification.run", "results.load", "results.RecordWriter",
-                "results.table", "results.report"}
+    expected = {
+        "extend.load",
+        "extend.patch",
+        "extend.patched",
+        "extend.register",
+        "tasks.perplexity.run",
+        "tasks.passkey.run",
+        "tasks.classification.run",
+        "results.load",
+        "results.RecordWriter",
+        "results.table",
+        "results.report",
+    }
     assert expected <= set(DOCUMENTED)
 
 
@@ -82,12 +97,16 @@ def test_documented_signature_matches_the_code(name):
     obj, is_method = resolve(name)
     doc = documented_parameters(match.group(2))
     real = real_parameters(obj, is_method)
-    assert [(n, k) for n, k, _ in doc] == [(n, k) for n, k, _ in real], f"{name}: parameters differ from the code"
+    assert [(n, k) for n, k, _ in doc] == [(n, k) for n, k, _ in real], (
+        f"{name}: parameters differ from the code"
+    )
     for (param, _, d), (_, _, r) in zip(doc, real, strict=True):
         assert same_default(d, r), f"{name}: default of {param} is documented as {d!r}, the code has {r!r}"
     annotation = inspect.signature(obj).return_annotation
     if match.group(3) and annotation is not inspect.Signature.empty:
-        assert match.group(3).replace(" ", "") == str(annotation).replace(" ", ""), f"{name}: return annotation"
+        assert match.group(3).replace(" ", "") == str(annotation).replace(" ", ""), (
+            f"{name}: return annotation"
+        )
 
 
 def public_functions(module) -> set[str]:

@@ -2,6 +2,7 @@
 model, flags and torch version), fp32 on CPUs without native bf16, an env var or an explicit dtype overrides it;
 the sweep records the choice and its reason in the manifest. The benchmark is mocked: nothing about time is
 asserted."""
+
 import json
 
 import pytest
@@ -30,12 +31,15 @@ def cpu(monkeypatch, tmp_path):
     return state
 
 
-@pytest.mark.parametrize("speedup,expected", [
-    (INTEL_AVX512_BF16_NO_AMX, torch.float32),  # the issue's Xeon: bf16 slower on both
-    (AMD_EPYC_AVX512_BF16, torch.bfloat16),  # this AMD EPYC: GEMMs 3x, attention on par
-    ({"gemm": 3.0, "attention": 0.6, "layer": 1.9}, torch.float32),  # long contexts are mostly attention
-    ({"gemm": 1.1, "attention": 1.05, "layer": 1.09}, torch.float32),  # not measurably faster
-])
+@pytest.mark.parametrize(
+    "speedup,expected",
+    [
+        (INTEL_AVX512_BF16_NO_AMX, torch.float32),  # the issue's Xeon: bf16 slower on both
+        (AMD_EPYC_AVX512_BF16, torch.bfloat16),  # this AMD EPYC: GEMMs 3x, attention on par
+        ({"gemm": 3.0, "attention": 0.6, "layer": 1.9}, torch.float32),  # long contexts are mostly attention
+        ({"gemm": 1.1, "attention": 1.05, "layer": 1.09}, torch.float32),  # not measurably faster
+    ],
+)
 def test_choice_from_measured_speed(speedup, expected):
     choice = loading.choose_cpu_dtype(speedup)
     assert choice.dtype == expected
@@ -50,15 +54,16 @@ def test_measured_once_per_cpu_and_cached(cpu, tmp_path, monkeypatch):
     assert loading.dtype_choice("cpu").dtype == torch.bfloat16 and cpu["calls"] == 1
     assert "cached in" in loading.dtype_choice("cpu").reason
     cache = json.loads((tmp_path / loading.CPU_DTYPE_CACHE).read_text())
-    (key, entry), = cache.items()
+    ((key, entry),) = cache.items()
     assert key.startswith(loading.cpu_key()) and entry["speedup"] == AMD_EPYC_AVX512_BF16
     monkeypatch.setattr(loading, "cpu_key", lambda: "Intel Xeon | flags 0 | torch x")  # another CPU kind
     assert loading.default_dtype("cpu") == torch.float32 and cpu["calls"] == 2
 
 
 def test_a_damaged_cache_is_measured_again(cpu, tmp_path):
-    (tmp_path / loading.CPU_DTYPE_CACHE).write_text(json.dumps({f"{loading.cpu_key()} | {loading.BENCH_TOKENS} tokens":
-                                                                {"speedup": {"gemm": "fast"}}}))
+    (tmp_path / loading.CPU_DTYPE_CACHE).write_text(
+        json.dumps({f"{loading.cpu_key()} | {loading.BENCH_TOKENS} tokens": {"speedup": {"gemm": "fast"}}})
+    )
     assert loading.default_dtype("cpu") == torch.bfloat16 and cpu["calls"] == 1
     (tmp_path / loading.CPU_DTYPE_CACHE).write_text("{not json")
     assert loading.default_dtype("cpu") == torch.bfloat16 and cpu["calls"] == 2
@@ -102,18 +107,37 @@ def test_benchmark_returns_the_three_ratios():
     assert all(0 < v < float("inf") for v in speedup.values())
 
 
-@pytest.mark.parametrize("flags,env,reason", [
-    ((), {loading.CPU_DTYPE_ENV: "float32"}, f"{loading.CPU_DTYPE_ENV}=float32"),
-    (("--dtype", "float32"), {}, "given (--dtype"),
-])
+@pytest.mark.parametrize(
+    "flags,env,reason",
+    [
+        ((), {loading.CPU_DTYPE_ENV: "float32"}, f"{loading.CPU_DTYPE_ENV}=float32"),
+        (("--dtype", "float32"), {}, "given (--dtype"),
+    ],
+)
 def test_sweep_manifest_records_dtype_and_reason(tmp_path, flags, env, reason):
     from test_sweep import FAKE_SUITE, cli, make_tiny_dir, write
 
     model = make_tiny_dir(tmp_path / "tiny")
     plugin = write(tmp_path / "fake_suite.py", FAKE_SUITE)
     out = tmp_path / "run"
-    r = cli("--model", model, "--methods", "plain", "--tasks", "fake", "--lengths", "8", "--plugin", plugin,
-            "--out", out, "--quiet", *flags, ROPEBENCH_CACHE=tmp_path / "cache", **env)
+    r = cli(
+        "--model",
+        model,
+        "--methods",
+        "plain",
+        "--tasks",
+        "fake",
+        "--lengths",
+        "8",
+        "--plugin",
+        plugin,
+        "--out",
+        out,
+        "--quiet",
+        *flags,
+        ROPEBENCH_CACHE=tmp_path / "cache",
+        **env,
+    )
     assert r.returncode == 0, r.stderr
     config = json.loads((out / "manifest.json").read_text())["config"]
     assert config["dtype"] == "float32" and config["dtype_reason"].startswith(reason), config["dtype_reason"]

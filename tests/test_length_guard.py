@@ -24,8 +24,10 @@ def test_length_warning_past_factor_times_trained_context():
 
 
 def test_out_of_memory_names_the_length():
-    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                       "you tried to allocate 10737418240 bytes. Error code 12 (Cannot allocate memory)")
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 10737418240 bytes. Error code 12 (Cannot allocate memory)"
+    )
     message = R.describe_error(cpu, (100000,))
     assert message.startswith("out of memory at length 100000 (RuntimeError)") and "\n" not in message
     assert "lengths up to 8192" in R.describe_error(RuntimeError("CUDA out of memory."), (4096, 8192))
@@ -34,14 +36,39 @@ def test_out_of_memory_names_the_length():
 
 def test_rows_record_the_patch_policy_theta_and_context():
     model = tiny_llama(max_position_embeddings=128)
-    cell = G.make_cell(model="m", method="yarn", factor=2.0, options={"beta_fast": 16}, task="fake",
-                       task_options={}, lengths=(16,), seed=0, dtype="float32")
-    record = {"task": "fake", "corpus": None, "length": 16, "metric": "score", "value": 1.0, "n": 1, "seconds": 0.0}
+    cell = G.make_cell(
+        model="m",
+        method="yarn",
+        factor=2.0,
+        options={"beta_fast": 16},
+        task="fake",
+        task_options={},
+        lengths=(16,),
+        seed=0,
+        dtype="float32",
+    )
+    record = {
+        "task": "fake",
+        "corpus": None,
+        "length": 16,
+        "metric": "score",
+        "value": 1.0,
+        "n": 1,
+        "seconds": 0.0,
+    }
     with extend.patched(model, "yarn", factor=2.0, beta_fast=16) as patch:
         rows = R.ok_rows(cell, "run", [record], dict(cell.options, **patch.options))
-    assert rows[0]["options"] == {"beta_fast": 16, "start_from": "shipped", "trained_context": 128,
-                                  "base_theta": 10000.0, "shipped_rope": "none", "temperature": "rotary"}
+    assert rows[0]["options"] == {
+        "beta_fast": 16,
+        "start_from": "shipped",
+        "trained_context": 128,
+        "base_theta": 10000.0,
+        "shipped_rope": "none",
+        "temperature": "rotary",
+    }
     assert R.ok_rows(cell, "run", [record])[0]["options"] == {"beta_fast": 16}
-    with extend.patched(model, "yarn", factor=2.0, start_from="pretrained") as patch:  # the explicit choice too
+    with extend.patched(
+        model, "yarn", factor=2.0, start_from="pretrained"
+    ) as patch:  # the explicit choice too
         rows = R.ok_rows(cell, "run", [record], dict(cell.options, **patch.options))
     assert rows[0]["options"]["start_from"] == "pretrained"

@@ -15,22 +15,51 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-           TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
-SMALL = {"passkey_lengths": [256, 512], "depths": (0.0, 0.5, 1.0), "trials": 1, "classification_lengths": [256, 512],
-         "num_docs": 4, "retrieval_lengths": [512], "retrieval_depths": (0.0,), "retrieval_trials": 1}
+ENV = dict(
+    os.environ,
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    OMP_NUM_THREADS="1",
+    TOKENIZERS_PARALLELISM="false",
+    PYTHONPATH=str(ROOT),
+)
+SMALL = {
+    "passkey_lengths": [256, 512],
+    "depths": (0.0, 0.5, 1.0),
+    "trials": 1,
+    "classification_lengths": [256, 512],
+    "num_docs": 4,
+    "retrieval_lengths": [512],
+    "retrieval_depths": (0.0,),
+    "retrieval_trials": 1,
+}
 
 
 def shim(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "extend.lm_eval", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "extend.lm_eval", *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 # --- no model -------------------------------------------------------------------------------------------
 
+
 def test_importing_extend_does_not_import_lm_eval():
-    out = subprocess.run([sys.executable, "-c", "import sys, extend; print('lm_eval' in sys.modules)"], cwd=ROOT,
-                         env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, extend; print('lm_eval' in sys.modules)"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -41,18 +70,22 @@ def test_model_args_parsing():
     assert parse_value("[1, 1.5]") == [1, 1.5] and parse_value("1;1.5;2") == [1, 1.5, 2.0]
     assert parse_value("none") is None and parse_value("abc") == "abc"
     method, factor, options, rest = check_model_args(
-        {"pretrained": "smollm2-135m", "method": "yarn", "factor": "4", "beta_fast": "16", "batch_size": 2})
+        {"pretrained": "smollm2-135m", "method": "yarn", "factor": "4", "beta_fast": "16", "batch_size": 2}
+    )
     assert (method, factor, options, rest) == ("yarn", 4.0, {"beta_fast": 16}, {"batch_size": 2})
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"method": "nope"}, "unknown RoPE method"),
-    ({"method": "yarn", "factor": "abc"}, "factor must be a number"),
-    ({"method": "yarn", "factor": 0.5}, "factor must be >= 1"),
-    ({"method": "yarn", "bogus": 1}, "unknown model_args 'bogus'"),
-    ({"method": "longrope", "factor": 2, "short_factor": "[1", "1.2]": ""}, "a list value was split"),
-    ({"method": "plain", "max_length": -3}, "max_length must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"method": "nope"}, "unknown RoPE method"),
+        ({"method": "yarn", "factor": "abc"}, "factor must be a number"),
+        ({"method": "yarn", "factor": 0.5}, "factor must be >= 1"),
+        ({"method": "yarn", "bogus": 1}, "unknown model_args 'bogus'"),
+        ({"method": "longrope", "factor": 2, "short_factor": "[1", "1.2]": ""}, "a list value was split"),
+        ({"method": "plain", "max_length": -3}, "max_length must be a positive integer"),
+    ],
+)
 def test_bad_model_args(args, message):
     from extend import ExtendError
     from extend.lm_eval import RopebenchLM, check_model_args
@@ -64,8 +97,13 @@ def test_bad_model_args(args, message):
 
 
 def test_cli_bad_model_args_one_line_exit_2():
-    for model_args in ("pretrained=smollm2-135m,method=nope", "pretrained=smollm2-135m,method=yarn,factor=abc"):
-        out = shim("run", "--model", "ropebench", "--model_args", model_args, "--tasks", "ropebench_passkey_1k")
+    for model_args in (
+        "pretrained=smollm2-135m,method=nope",
+        "pretrained=smollm2-135m,method=yarn,factor=abc",
+    ):
+        out = shim(
+            "run", "--model", "ropebench", "--model_args", model_args, "--tasks", "ropebench_passkey_1k"
+        )
         lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
         assert out.returncode == 2, out.stderr[-2000:]
         assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
@@ -92,13 +130,23 @@ def test_committed_tasks_are_templates_plus_lengths():
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     passkey_tasks = {f"ropebench_passkey_{ex.length_name(n)}": n for n in ex.PASSKEY_LENGTHS}
     era_tasks = {f"ropebench_sotu_era_{ex.length_name(n)}": n for n in ex.CLASSIFICATION_LENGTHS}
-    retrieval_tasks = {ex.retrieval_task_name(v, n): n for v in ex.retrieval.VARIANTS for n in ex.RETRIEVAL_LENGTHS}
-    assert set(manager.all_tasks) == {*passkey_tasks, *era_tasks, *retrieval_tasks, "ropebench", "ropebench_passkey",
-                                      "ropebench_sotu_era", "ropebench_retrieval"}
+    retrieval_tasks = {
+        ex.retrieval_task_name(v, n): n for v in ex.retrieval.VARIANTS for n in ex.RETRIEVAL_LENGTHS
+    }
+    assert set(manager.all_tasks) == {
+        *passkey_tasks,
+        *era_tasks,
+        *retrieval_tasks,
+        "ropebench",
+        "ropebench_passkey",
+        "ropebench_sotu_era",
+        "ropebench_retrieval",
+    }
     for name, length in retrieval_tasks.items():
         config = load_yaml(folder / f"{name}.yaml", resolve_func=False)
         assert (folder / f"{name}.yaml").read_text(encoding="utf-8") == ex.retrieval_task_yaml(
-            config["metadata"]["variant"], length)
+            config["metadata"]["variant"], length
+        )
         assert config["metadata"]["length"] == length
     for name, length in {**passkey_tasks, **era_tasks}.items():
         suite = "passkey" if name in passkey_tasks else "sotu_era"
@@ -109,6 +157,7 @@ def test_committed_tasks_are_templates_plus_lengths():
 
 
 # --- real model -----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def small_tasks(tmp_path_factory, smollm2):
@@ -152,9 +201,13 @@ def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_
     model, tok = smollm2
     suite = {"passkey": [], "sotu_era": []}
     monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: suite["passkey"].append(ids) or "")
-    monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, ids, answers, prefix_cache: suite["sotu_era"].append(ids) or
-                        [torch.zeros(len(a)) for a in answers])
+    monkeypatch.setattr(
+        classification,
+        "continuation_logprobs",
+        lambda m, ids, answers, prefix_cache: (
+            suite["sotu_era"].append(ids) or [torch.zeros(len(a)) for a in answers]
+        ),
+    )
     lengths = SMALL["passkey_lengths"]
     assert lengths == SMALL["classification_lengths"]
     passkey.run(model, tok, lengths=lengths, depths=SMALL["depths"], trials=SMALL["trials"], progress=False)
@@ -164,9 +217,12 @@ def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_
         for name, prompts in suite.items():
             per_length = len(SMALL["depths"]) * SMALL["trials"] if name == "passkey" else SMALL["num_docs"]
             for i, length in enumerate(lengths):
-                mine = sorted(prompts[i * per_length:(i + 1) * per_length])
+                mine = sorted(prompts[i * per_length : (i + 1) * per_length])
                 assert max(map(len, mine)) <= length and min(map(len, mine)) >= 0.99 * length
-                assert _lm_eval_prompts(lm, task_manager, f"ropebench_{name}_{length}") == mine, (name, length)
+                assert _lm_eval_prompts(lm, task_manager, f"ropebench_{name}_{length}") == mine, (
+                    name,
+                    length,
+                )
     finally:
         lm.close()
 
@@ -181,8 +237,9 @@ def test_committed_task_folder_is_up_to_date(smollm2):
     folder = ROOT / "tasks" / "lm_eval_tasks"
     rows = [json.loads(x) for x in (folder / "passkey.jsonl").read_text().splitlines()]
     fresh = ex.passkey_docs(tok, [1024, 2048], ex.PASSKEY_DEPTHS, ex.PASSKEY_TRIALS)
-    assert sorted(fresh, key=lambda r: r["id"]) == sorted((r for r in rows if r["length"] <= 2048),
-                                                          key=lambda r: r["id"])
+    assert sorted(fresh, key=lambda r: r["id"]) == sorted(
+        (r for r in rows if r["length"] <= 2048), key=lambda r: r["id"]
+    )
     rows = [json.loads(x) for x in (folder / "sotu_era.jsonl").read_text().splitlines()]
     assert ex.era_docs(tok, [1024], ex.CLASSIFICATION_DOCS) == [r for r in rows if r["length"] == 1024]
     names = {f"ropebench_passkey_{ex.length_name(n)}.yaml" for n in ex.PASSKEY_LENGTHS}
@@ -190,18 +247,23 @@ def test_committed_task_folder_is_up_to_date(smollm2):
     rows = [json.loads(x) for x in (folder / "retrieval.jsonl").read_text().splitlines()]
     fresh = ex.retrieval_docs(tok, [4096], ex.RETRIEVAL_DEPTHS, ex.RETRIEVAL_TRIALS)
     assert fresh == [r for r in rows if r["length"] == 4096]
-    names |= {f"{ex.retrieval_task_name(v, n)}.yaml" for v in ex.retrieval.VARIANTS for n in ex.RETRIEVAL_LENGTHS}
+    names |= {
+        f"{ex.retrieval_task_name(v, n)}.yaml" for v in ex.retrieval.VARIANTS for n in ex.RETRIEVAL_LENGTHS
+    }
     assert names | set(ex.STATIC_FILES) | {"passkey.jsonl", "sotu_era.jsonl", "retrieval.jsonl"} == {
-        p.name for p in folder.iterdir() if p.is_file()}
+        p.name for p in folder.iterdir() if p.is_file()
+    }
 
 
 def _requests(tok):
-    text = ("The history of the state of the union address goes back to the constitution, which asks the "
-            "president to give Congress information on the state of the union from time to time. ") * 3
+    text = (
+        "The history of the state of the union address goes back to the constitution, which asks the "
+        "president to give Congress information on the state of the union from time to time. "
+    ) * 3
     ids = tok(text, add_special_tokens=False)["input_ids"]
     reqs = []
     for n_ctx, n_cont in ((5, 1), (40, 7), (61, 3), (90, 12), (17, 1), (30, 2)):
-        reqs.append(((f"c{n_ctx}", f"x{n_cont}"), ids[:n_ctx], ids[n_ctx:n_ctx + n_cont]))
+        reqs.append(((f"c{n_ctx}", f"x{n_cont}"), ids[:n_ctx], ids[n_ctx : n_ctx + n_cont]))
     reqs.append((("shared", "a"), ids[:30], [ids[40]]))  # one-token continuations after one context: cached
     reqs.append((("shared", "b"), ids[:30], [ids[41]]))
     return reqs
@@ -218,8 +280,9 @@ def test_scored_positions_only_equals_stock_hflm(smollm2, batch_size, max_length
     reqs = _requests(tok)
     stock = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, max_length=max_length or 8192)
     expected = stock._loglikelihood_tokens(reqs, disable_tqdm=True)
-    lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain", batch_size=batch_size,
-                     max_length=max_length)
+    lm = RopebenchLM(
+        pretrained=model, tokenizer=tok, method="plain", batch_size=batch_size, max_length=max_length
+    )
     try:
         assert lm.max_length == (max_length or 8192)
         got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
@@ -240,11 +303,14 @@ def test_rolling_loglikelihood_equals_stock_hflm_in_bounded_blocks(smollm2, monk
     from extend import lm_eval as ours
 
     model, tok = smollm2
-    text = " ".join(f"Section {i}: the union is strong, and the budget for year {1990 + i} is balanced." for i in
-                    range(20))
+    text = " ".join(
+        f"Section {i}: the union is strong, and the budget for year {1990 + i} is balanced."
+        for i in range(20)
+    )
     request = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)]
     expected = HFLM(pretrained=model, tokenizer=tok, max_length=96, batch_size=2).loglikelihood_rolling(
-        request, disable_tqdm=True)
+        request, disable_tqdm=True
+    )
     monkeypatch.setattr(ours, "SCORE_BLOCK", 40)
     rows = []
     hook = model.get_output_embeddings().register_forward_hook(lambda m, a, out: rows.append(a[0].shape[-2]))
@@ -271,8 +337,14 @@ def test_simple_evaluate_plain_and_yarn(smollm2, task_manager):
         lm = RopebenchLM(pretrained=model, tokenizer=tok, method=method, factor=1)
         try:
             assert lm.patch.method == method and lm.max_length == 8192
-            out = simple_evaluate(model=lm, tasks=["ropebench_passkey_256", "ropebench_sotu_era_256"], limit=2,
-                                  task_manager=task_manager, log_samples=True, bootstrap_iters=0)
+            out = simple_evaluate(
+                model=lm,
+                tasks=["ropebench_passkey_256", "ropebench_sotu_era_256"],
+                limit=2,
+                task_manager=task_manager,
+                log_samples=True,
+                bootstrap_iters=0,
+            )
         finally:
             lm.close()
         res = out["results"]
@@ -295,16 +367,39 @@ def test_cli_shim_end_to_end(tmp_path, small_tasks, smollm2):
 
     tok = smollm2[1]
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     model_dir = tmp_path / "tiny"
     LlamaForCausalLM(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     out_dir = tmp_path / "out"
-    out = shim("run", "--model", "ropebench", "--model_args", f"pretrained={model_dir},method=yarn,factor=2",
-               "--tasks", "ropebench_passkey_256", "ropebench_sotu_era_256", "--include_path", str(small_tasks),
-               "--limit", "1", "--device", "cpu", "--output_path", str(out_dir))
+    out = shim(
+        "run",
+        "--model",
+        "ropebench",
+        "--model_args",
+        f"pretrained={model_dir},method=yarn,factor=2",
+        "--tasks",
+        "ropebench_passkey_256",
+        "ropebench_sotu_era_256",
+        "--include_path",
+        str(small_tasks),
+        "--limit",
+        "1",
+        "--device",
+        "cpu",
+        "--output_path",
+        str(out_dir),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     files = list(out_dir.rglob("results*.json"))
     assert len(files) == 1
@@ -334,16 +429,27 @@ def test_prefix_sharing_gives_stock_numbers(smollm2, monkeypatch):
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 4)  # these requests share tens of tokens, not hundreds
     caches = []
     real_cache = prefix_cache.PrefixCache
-    monkeypatch.setattr(prefix_cache, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1])
+    monkeypatch.setattr(
+        prefix_cache, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1]
+    )
     reqs = _requests(tok)
     stock = HFLM(pretrained=model, tokenizer=tok, batch_size=1, max_length=8192)
     expected = stock._loglikelihood_tokens(reqs, disable_tqdm=True)
     text = "The pass key is 12345. Remember it. The grass is green. The sky is blue. " * 3
-    prompts = [text + "What is the pass key? The pass key is", text + "What is the grass? The grass is",
-               text + "What is the sky? The sky is"]
-    gen = [Instance(request_type="generate_until", doc={}, idx=i,
-                    arguments=(p, {"until": ["\n"], "max_gen_toks": 6, "do_sample": False}))
-           for i, p in enumerate(prompts)]
+    prompts = [
+        text + "What is the pass key? The pass key is",
+        text + "What is the grass? The grass is",
+        text + "What is the sky? The sky is",
+    ]
+    gen = [
+        Instance(
+            request_type="generate_until",
+            doc={},
+            idx=i,
+            arguments=(p, {"until": ["\n"], "max_gen_toks": 6, "do_sample": False}),
+        )
+        for i, p in enumerate(prompts)
+    ]
     expected_text = stock.generate_until(gen, disable_tqdm=True)
     lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain", batch_size=1)
     try:
@@ -377,20 +483,28 @@ def test_generate_until_keeps_one_set_of_frequencies(tok, monkeypatch, method):
 
     def spy_generate(**kwargs):  # the real generate, keeping its per-step logits
         out = type(model).generate(model, **kwargs, output_logits=True, return_dict_in_generate=True)
-        calls.append((out.sequences, torch.cat(out.logits), kwargs["input_ids"].shape[1], kwargs["max_length"]))
+        calls.append(
+            (out.sequences, torch.cat(out.logits), kwargs["input_ids"].shape[1], kwargs["max_length"])
+        )
         return out.sequences
 
     monkeypatch.setattr(model, "generate", spy_generate)
     prompt = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 2
-    request = [Instance(request_type="generate_until", doc={}, idx=0,
-                        arguments=(prompt, {"until": ["<never>"], "max_gen_toks": 8, "do_sample": False}))]
+    request = [
+        Instance(
+            request_type="generate_until",
+            doc={},
+            idx=0,
+            arguments=(prompt, {"until": ["<never>"], "max_gen_toks": 8, "do_sample": False}),
+        )
+    ]
     lm = RopebenchLM(pretrained=model, tokenizer=tok, method=method, factor=2, batch_size=1)
     try:
         lm.generate_until(request, disable_tqdm=True)
-        (sequence, steps, prompt_len, max_length), = calls
+        ((sequence, steps, prompt_len, max_length),) = calls
         assert 32 < prompt_len and steps.shape[0] > 1
         with extend.fixed_length(model, max_length), torch.no_grad():
-            full = model(sequence[:, :-1]).logits[0, prompt_len - 1:]
+            full = model(sequence[:, :-1]).logits[0, prompt_len - 1 :]
     finally:
         lm.close()
     scale = float(full.abs().max())

@@ -31,9 +31,13 @@ def model_dir(tmp_path_factory):
 
     words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     path = tmp_path_factory.mktemp("tiny")
-    tiny_llama(max_position_embeddings=64, vocab_size=len(WORDS), bos_token_id=1, eos_token_id=2).save_pretrained(path)
+    tiny_llama(
+        max_position_embeddings=64, vocab_size=len(WORDS), bos_token_id=1, eos_token_id=2
+    ).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 
@@ -48,11 +52,25 @@ def evaluate(model, model_args: str, out: Path) -> Path:
     docs = out / "docs.jsonl"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text("\n".join(json.dumps({"q": f"Question {i} ?", "a": "yes"}) for i in range(2)))
-    task = {"task": "roundtrip_tiny", "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(docs)}},
-            "test_split": "test", "output_type": "loglikelihood", "doc_to_text": "{{q}}", "doc_to_target": "{{a}}",
-            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
-    blob = simple_evaluate(model=model, model_args=model_args, tasks=[task], limit=2, bootstrap_iters=0,
-                           device="cpu", task_manager=TaskManager(include_defaults=False))
+    task = {
+        "task": "roundtrip_tiny",
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(docs)}},
+        "test_split": "test",
+        "output_type": "loglikelihood",
+        "doc_to_text": "{{q}}",
+        "doc_to_target": "{{a}}",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+    }
+    blob = simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=[task],
+        limit=2,
+        bootstrap_iters=0,
+        device="cpu",
+        task_manager=TaskManager(include_defaults=False),
+    )
     EvaluationTracker(output_path=str(out)).save_results_aggregated(results=blob, samples=None)
     (path,) = out.rglob("results*.json")
     return path
@@ -64,8 +82,10 @@ def test_ropebench_run_reads_back_what_the_model_patched(model_dir, tmp_path):
     import extend
     import extend.lm_eval  # registers the `ropebench` model with lm-eval
 
-    args = (f"pretrained={model_dir},method=yarn,factor=2,beta_fast=16,scored_logits_only=true,"
-            "share_prefix=false,batch_size=1,max_length=96")
+    args = (
+        f"pretrained={model_dir},method=yarn,factor=2,beta_fast=16,scored_logits_only=true,"
+        "share_prefix=false,batch_size=1,max_length=96"
+    )
     path = evaluate("ropebench", args, tmp_path / "out")
     df = results.load(path)
     assert set(df["task"]) == {"roundtrip_tiny"} and set(df["metric"]) == {"acc"}
@@ -85,25 +105,48 @@ def test_stock_hf_run_guesses_options_without_loading_args(model_dir, tmp_path):
 
     from lm_eval.models.huggingface import HFLM
 
-    path = evaluate("hf", f"pretrained={model_dir},max_length=96,batch_size=2,dtype=float32,logits_cache=false",
-                    tmp_path / "out")
+    path = evaluate(
+        "hf",
+        f"pretrained={model_dir},max_length=96,batch_size=2,dtype=float32,logits_cache=false",
+        tmp_path / "out",
+    )
     row = results.load(path).iloc[0]
     assert (row.method, row.factor, row.options) == ("plain", 1.0, "{}")
     # every HFLM 0.4.13 argument and scored_logits_only: loading arguments, whatever model_args carry
     blob = json.loads(path.read_text())
-    loading = ["scored_logits_only", "share_prefix", "max_cpu_memory", "offload_folder", "tp_plan", "autogptq",
-               "gptqmodel", "chat_template_args", "mixed_precision_dtype", "max_memory_per_gpu"]
-    assert set(loading) - {"scored_logits_only", "share_prefix"} <= set(inspect.signature(HFLM.__init__).parameters)
-    blob["config"]["model_args"] = dict({k: 1 for k in loading}, pretrained=str(model_dir), method="yarn",
-                                        factor=2, beta_fast=32)
+    loading = [
+        "scored_logits_only",
+        "share_prefix",
+        "max_cpu_memory",
+        "offload_folder",
+        "tp_plan",
+        "autogptq",
+        "gptqmodel",
+        "chat_template_args",
+        "mixed_precision_dtype",
+        "max_memory_per_gpu",
+    ]
+    assert set(loading) - {"scored_logits_only", "share_prefix"} <= set(
+        inspect.signature(HFLM.__init__).parameters
+    )
+    blob["config"]["model_args"] = dict(
+        {k: 1 for k in loading}, pretrained=str(model_dir), method="yarn", factor=2, beta_fast=32
+    )
     path.write_text(json.dumps(blob))
     row = results.load(path).iloc[0]
     assert (row.method, row.factor, row.options) == ("yarn", 2.0, '{"beta_fast":32}')
 
 
 def test_damaged_ropebench_options_is_one_clear_error(tmp_path):
-    blob = {"results": {"t": {"acc,none": 0.5}}, "config": {"model": "ropebench", "ropebench_method": "yarn",
-                                                           "ropebench_factor": 2.0, "ropebench_options": "{oops"}}
+    blob = {
+        "results": {"t": {"acc,none": 0.5}},
+        "config": {
+            "model": "ropebench",
+            "ropebench_method": "yarn",
+            "ropebench_factor": 2.0,
+            "ropebench_options": "{oops",
+        },
+    }
     (tmp_path / "results_x.json").write_text(json.dumps(blob))
     with pytest.raises(results.ResultsError, match="ropebench_options is not a JSON object"):
         results.load(tmp_path / "results_x.json")
@@ -131,7 +174,9 @@ def test_outside_the_range_the_model_keeps_stock_hflm_loops(model_dir, monkeypat
     from extend import lm_eval as ours
 
     monkeypatch.setattr(ours, "LM_EVAL_VERSION", Version("0.5.0"))
-    monkeypatch.setattr(ours.RopebenchLM, "_scored", lambda *a, **k: pytest.fail("override ran outside the range"))
+    monkeypatch.setattr(
+        ours.RopebenchLM, "_scored", lambda *a, **k: pytest.fail("override ran outside the range")
+    )
     with pytest.warns(UserWarning, match=r"lm-eval 0\.5\.0 is outside .* stock HFLM"):
         lm = ours.RopebenchLM(pretrained=str(model_dir), method="yarn", factor=2.0, batch_size=1)
     try:
@@ -151,7 +196,14 @@ def test_task_folder_is_ropebench_s_even_with_a_tasks_folder_in_the_working_dire
     own.mkdir(parents=True)
     (tmp_path / "tasks" / "__init__.py").write_text("")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-m", "extend.lm_eval", "tasks"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "extend.lm_eval", "tasks"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()) == ROOT / "tasks" / "lm_eval_tasks"

@@ -48,8 +48,10 @@ def yarn_ramp(beta_fast=32.0, beta_slow=1.0):
     """YaRN eq. 17-18 as the authors' reference code defines it: gamma ramps linearly over the dimension
     index between the dims where the wavelength makes beta_fast resp. beta_slow rotations in L (rounded
     outward); gamma = 1 keeps theta_i (extrapolate), gamma = 0 interpolates by s."""
+
     def dim_for_rotations(r):  # solve L / lambda_d = r for d, with lambda_d = 2 pi b^(2d/D)
         return D * math.log(L / (r * 2 * math.pi)) / (2 * math.log(THETA))
+
     low = max(math.floor(dim_for_rotations(beta_fast)), 0)
     high = min(math.ceil(dim_for_rotations(beta_slow)), D - 1)
     ramp = ((I - low) / (high - low)).clamp(0, 1)  # 0 at high frequency, 1 at low frequency
@@ -87,9 +89,16 @@ def ref_longrope(s, seq_len):  # Ding et al. 2024: theta_i / lambda_i; attention
 
 
 def model():
-    config = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=L,
-                         rope_parameters={"rope_type": "default", "rope_theta": THETA})
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=L,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -109,7 +118,7 @@ def patched_cos_sin(method, factor, positions, **options):
 def assert_close_rope(cos, sin, ref_cos, ref_sin, angle):
     """cos/sin within 1e-6 plus the float32 rounding of the angle m * theta_i (relative 2^-24, twice): that
     phase error is inherent to any float32 RoPE, so no implementation can do better at 32k positions."""
-    phase = 2.0 ** -22 * angle.abs()
+    phase = 2.0**-22 * angle.abs()
     for ours, ref in ((cos, ref_cos), (sin, ref_sin)):
         err = (ours.double() - ref.double()).abs()
         assert (err <= 1e-6 + phase).all(), f"max error {err.max():.3g}"
@@ -127,9 +136,16 @@ def assert_matches(method, factor, ref, positions=POSITIONS, **options):
 
 
 @pytest.mark.parametrize("factor", FACTORS)
-@pytest.mark.parametrize("method,ref", [("pi", ref_pi), ("ntk", ref_ntk), ("yarn", ref_yarn),
-                                        ("ntk-parts", lambda s: ref_yarn(s, temperature=False)),
-                                        ("llama3", ref_llama3)])
+@pytest.mark.parametrize(
+    "method,ref",
+    [
+        ("pi", ref_pi),
+        ("ntk", ref_ntk),
+        ("yarn", ref_yarn),
+        ("ntk-parts", lambda s: ref_yarn(s, temperature=False)),
+        ("llama3", ref_llama3),
+    ],
+)
 def test_static_methods_match_paper(method, ref, factor):
     assert_matches(method, factor, ref(factor))
 
@@ -165,7 +181,9 @@ def test_a_dynamic_rule_without_factor_gives_one_setting(method, rule):
     x2, x4 = (patched_cos_sin(method, f, positions, scale_rule=rule)[:2] for f in (2.0, 4.0))
     assert all(torch.equal(a, b) for a, b in zip(x2, x4))
     spec = extend.registry.get(method)
-    assert not spec.factor_applies({"scale_rule": rule}) and spec.factor_applies({"scale_rule": "transformers"})
+    assert not spec.factor_applies({"scale_rule": rule}) and spec.factor_applies(
+        {"scale_rule": "transformers"}
+    )
     assert spec.reach(2.0, L, {"scale_rule": rule}) == math.inf  # s L >= L' at every length L'
 
 
@@ -189,9 +207,13 @@ def test_dynamic_defaults_agree_with_docs_and_are_recorded():
         assert row.split("|")[3].strip().startswith(source), row  # the default's source is cited first
         other = "paper" if rule == "transformers" else "transformers"
         cited = row.split("|")[3].replace(source, "")
-        assert "YaRN" not in cited or f'scale_rule="{other}"' in cited, row  # the other rule's source: by name
+        assert "YaRN" not in cited or f'scale_rule="{other}"' in cited, (
+            row
+        )  # the other rule's source: by name
         doc_row = next(line for line in methods_doc.splitlines() if line.startswith(f"| `{method}` |"))
-        assert f'`scale_rule` ("{rule}")' in doc_row and doc_row.split("|")[4].strip().startswith(source), doc_row
+        assert f'`scale_rule` ("{rule}")' in doc_row and doc_row.split("|")[4].strip().startswith(source), (
+            doc_row
+        )
         with extend.patched(MODEL, method, factor=2.0) as handle:
             assert handle.options["scale_rule"] == rule  # recorded although not given
     base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
@@ -205,9 +227,17 @@ def test_sweep_collapses_a_factor_that_changes_nothing_with_one_line(capsys):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     from sweep_lib import checks
 
-    cfg = {"methods": [{"method": m, "options": dict(o), "factors": [2.0, 4.0]} for m, o in
-                       [("plain", {}), ("dynamic-yarn", {}), ("dynamic-ntk", {}),
-                        ("dynamic-ntk", {"scale_rule": "paper"})]]}
+    cfg = {
+        "methods": [
+            {"method": m, "options": dict(o), "factors": [2.0, 4.0]}
+            for m, o in [
+                ("plain", {}),
+                ("dynamic-yarn", {}),
+                ("dynamic-ntk", {}),
+                ("dynamic-ntk", {"scale_rule": "paper"}),
+            ]
+        ]
+    }
     checks.check_methods(cfg)
     assert [m["factors"] for m in cfg["methods"]] == [[1.0], [1.0], [2.0, 4.0], [1.0]]
     lines = capsys.readouterr().err.strip().splitlines()
@@ -215,7 +245,9 @@ def test_sweep_collapses_a_factor_that_changes_nothing_with_one_line(capsys):
     assert "dynamic-ntk[scale_rule=paper]" in lines[0] and "plain" not in lines[0]  # plain's is documented
 
 
-@pytest.mark.parametrize("method", ["pi", "ntk", "ntk-parts", "yarn", "llama3", "dynamic-ntk", "dynamic-yarn"])
+@pytest.mark.parametrize(
+    "method", ["pi", "ntk", "ntk-parts", "yarn", "llama3", "dynamic-ntk", "dynamic-yarn"]
+)
 def test_formula_at_factor_one_is_the_unpatched_rope(method):
     """The method's own formula (not a short-cut) at factor 1 — within the trained context for the dynamic
     ones — gives the model's frequencies and no temperature; patching then uses the model's tensor."""
@@ -270,8 +302,14 @@ def test_dynamic_formulas_at_scale_one_are_the_unpatched_rope():
 def test_longrope_matches_paper(factor, seq_len):
     positions = torch.arange(seq_len)[::5]
     positions[-1] = seq_len - 1
-    assert_matches("longrope", factor, ref_longrope(factor, seq_len), positions=positions, short_factor=SHORT,
-                   long_factor=LONG)
+    assert_matches(
+        "longrope",
+        factor,
+        ref_longrope(factor, seq_len),
+        positions=positions,
+        short_factor=SHORT,
+        long_factor=LONG,
+    )
 
 
 def test_dynamic_is_stateless():
@@ -292,7 +330,10 @@ def test_dynamic_is_stateless():
 HF_TYPES = {
     "pi": ("linear", {}),
     "yarn": ("yarn", {"original_max_position_embeddings": L}),
-    "llama3": ("llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L}),
+    "llama3": (
+        "llama3",
+        {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L},
+    ),
 }
 
 
@@ -300,8 +341,12 @@ HF_TYPES = {
 @pytest.mark.parametrize("method", sorted(HF_TYPES))
 def test_static_methods_match_transformers(method, factor):
     rope_type, extra = HF_TYPES[method]
-    config = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=int(L * factor) + 1,
-                         rope_parameters={"rope_type": rope_type, "rope_theta": THETA, "factor": factor, **extra})
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        max_position_embeddings=int(L * factor) + 1,
+        rope_parameters={"rope_type": rope_type, "rope_theta": THETA, "factor": factor, **extra},
+    )
     hf = LlamaRotaryEmbedding(config)
     hf_cos, hf_sin = hf(torch.zeros(1), POSITIONS[None])
     cos, sin, inv, att = patched_cos_sin(method, factor, POSITIONS)
@@ -314,8 +359,12 @@ def test_static_methods_match_transformers(method, factor):
 @pytest.mark.parametrize("factor", FACTORS)
 @pytest.mark.parametrize("seq_len", [4096, 16384, 32768])
 def test_dynamic_ntk_matches_transformers_first_call(factor, seq_len):
-    config = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=L,
-                         rope_parameters={"rope_type": "dynamic", "rope_theta": THETA, "factor": factor})
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        max_position_embeddings=L,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": THETA, "factor": factor},
+    )
     hf = LlamaRotaryEmbedding(config)  # fresh module: its history-dependent cache is empty
     positions = torch.arange(seq_len)[None]
     hf_cos, hf_sin = hf(torch.zeros(1), positions)
@@ -327,14 +376,25 @@ def test_dynamic_ntk_matches_transformers_first_call(factor, seq_len):
 @pytest.mark.parametrize("factor", FACTORS)
 @pytest.mark.parametrize("seq_len", [4096, 16384])
 def test_longrope_matches_transformers(factor, seq_len):
-    config = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=int(L * factor) + 1,
-                         rope_parameters={"rope_type": "longrope", "rope_theta": THETA, "factor": factor,
-                                          "short_factor": SHORT, "long_factor": LONG,
-                                          "original_max_position_embeddings": L})
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        max_position_embeddings=int(L * factor) + 1,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": THETA,
+            "factor": factor,
+            "short_factor": SHORT,
+            "long_factor": LONG,
+            "original_max_position_embeddings": L,
+        },
+    )
     hf = LlamaRotaryEmbedding(config)
     positions = torch.arange(seq_len)[None]
     hf_cos, hf_sin = hf(torch.zeros(1), positions)
-    cos, sin, inv, att = patched_cos_sin("longrope", factor, positions[0], short_factor=SHORT, long_factor=LONG)
+    cos, sin, inv, att = patched_cos_sin(
+        "longrope", factor, positions[0], short_factor=SHORT, long_factor=LONG
+    )
     angle = positions[0].double()[:, None] * torch.cat([inv, inv])[None] * att
     assert_close_rope(cos, sin, hf_cos[0], hf_sin[0], angle)
 
@@ -350,7 +410,7 @@ def ref_xpos_qk(q, k, positions, factor, gamma=0.4, scale_base=512.0):
     cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
 
     def rotate(x):
-        return x * cos + torch.cat([-x[..., D // 2:], x[..., : D // 2]], -1) * sin
+        return x * cos + torch.cat([-x[..., D // 2 :], x[..., : D // 2]], -1) * sin
 
     decay = torch.cat([zeta, zeta]) ** (m / scale_base)
     return rotate(q) * decay, rotate(k) / decay
@@ -364,12 +424,17 @@ def test_xpos_scores_match_paper(factor):
 
     positions = torch.tensor([0, 1, 7, 100, 200, 255])
     torch.manual_seed(0)
-    q, k = torch.randn(len(positions), D, dtype=torch.float64), torch.randn(len(positions), D, dtype=torch.float64)
+    q, k = (
+        torch.randn(len(positions), D, dtype=torch.float64),
+        torch.randn(len(positions), D, dtype=torch.float64),
+    )
     with extend.patched(MODEL, "xpos", factor=factor):
         cos, sin = MODEL.base_model.rotary_emb(torch.zeros(1), positions[None])
         q_out, k_out = llama.apply_rotary_pos_emb(q[None, None].float(), k[None, None].float(), cos, sin)
     ref_q, ref_k = ref_xpos_qk(q, k, positions, factor)
-    torch.testing.assert_close(q_out[0, 0].double() @ k_out[0, 0].double().T, ref_q @ ref_k.T, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        q_out[0, 0].double() @ k_out[0, 0].double().T, ref_q @ ref_k.T, rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("factor", [1.0, 2.0])
@@ -392,5 +457,5 @@ def test_xpos_decay_per_pair_up_to_32k(factor):
         x = x[0, 0].double()
         return (x[:, :half] ** 2 + x[:, half:] ** 2).sqrt()
 
-    torch.testing.assert_close(pair_norms(q_out), math.sqrt(2) * zeta ** exponent, rtol=1e-5, atol=0)
-    torch.testing.assert_close(pair_norms(k_out), math.sqrt(2) * zeta ** -exponent, rtol=1e-5, atol=0)
+    torch.testing.assert_close(pair_norms(q_out), math.sqrt(2) * zeta**exponent, rtol=1e-5, atol=0)
+    torch.testing.assert_close(pair_norms(k_out), math.sqrt(2) * zeta**-exponent, rtol=1e-5, atol=0)

@@ -1,7 +1,6 @@
 """Patching on tiny random models of many families: identity at factor 1, exact undo, independence,
 xPos numerics and caching, and clear errors for bad input."""
 
-
 import pytest
 import torch
 import transformers as T
@@ -9,8 +8,15 @@ from conftest import tiny_llama
 
 import extend
 
-SMALL = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+SMALL = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 FAMILIES = {
     "llama": (T.LlamaConfig, T.LlamaForCausalLM, {}),
     "mistral": (T.MistralConfig, T.MistralForCausalLM, {}),
@@ -18,20 +24,32 @@ FAMILIES = {
     "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, {"head_dim": 16}),
     "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {"head_dim": 16}),
     "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16}),
-    "gemma3_text": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
-                    {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}),
+    "gemma3_text": (
+        T.Gemma3TextConfig,
+        T.Gemma3ForCausalLM,
+        {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    ),
     "phi": (T.PhiConfig, T.PhiForCausalLM, {}),
     "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {"bos_token_id": 0, "eos_token_id": 0}),
     "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM, {}),
-    "olmo3": (T.Olmo3Config, T.Olmo3ForCausalLM,
-              {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}),
+    "olmo3": (
+        T.Olmo3Config,
+        T.Olmo3ForCausalLM,
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    ),
     "stablelm": (T.StableLmConfig, T.StableLmForCausalLM, {"bos_token_id": 0, "eos_token_id": 0}),
-    "cohere": (T.CohereConfig, T.CohereForCausalLM, {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}),
+    "cohere": (
+        T.CohereConfig,
+        T.CohereForCausalLM,
+        {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2},
+    ),
 }
-OPTIONS = {"longrope": lambda dim: {"short_factor": [1.0] * (dim // 2), "long_factor": [1.5] * (dim // 2)},
-           # DCA is plain RoPE only within one chunk (chunk_size - local_window tokens): cover the 48 run here
-           "dca": lambda dim: {"chunk_size": 60, "local_window": 4}}
+OPTIONS = {
+    "longrope": lambda dim: {"short_factor": [1.0] * (dim // 2), "long_factor": [1.5] * (dim // 2)},
+    # DCA is plain RoPE only within one chunk (chunk_size - local_window tokens): cover the 48 run here
+    "dca": lambda dim: {"chunk_size": 60, "local_window": 4},
+}
 
 
 def build(family, seed=0):
@@ -110,7 +128,10 @@ def test_plain_is_untouched_and_patch_handle_reports():
 def test_two_models_are_independent():
     a, b = tiny_llama(seed=0), tiny_llama(seed=0)
     ref = logits(b, n=200)
-    with extend.patched(a, "xpos", factor=2.0), extend.patched(a.__class__(a.config).eval(), "yarn", factor=2.0):
+    with (
+        extend.patched(a, "xpos", factor=2.0),
+        extend.patched(a.__class__(a.config).eval(), "yarn", factor=2.0),
+    ):
         assert torch.equal(logits(b, n=200), ref)  # same family module, unpatched model: untouched
         assert not torch.equal(logits(a, n=200), ref)
 
@@ -119,20 +140,36 @@ def test_native_scaled_model_follows_the_start_from_policy():
     """A model shipped with scaling (here Llama-3 style): by default every method, `plain` included, starts from
     the shipped RoPE (plain = the model as loaded; methods stack on it); start_from="pretrained" restarts from
     the pretrained RoPE. Recorded in options."""
-    shipped = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    shipped = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     model = tiny_llama(rope_parameters=shipped)
     ref = logits(model)
     default = tiny_llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     default.load_state_dict(model.state_dict())
     with extend.patched(model, "plain") as handle:
         assert torch.equal(logits(model), ref)
-        assert handle.options == {"start_from": "shipped", "trained_context": 256, "base_theta": 10000.0,
-                                  "shipped_rope": "llama3 x8", "temperature": "rotary"}  # 256: max_position_embeddings
+        assert handle.options == {
+            "start_from": "shipped",
+            "trained_context": 256,
+            "base_theta": 10000.0,
+            "shipped_rope": "llama3 x8",
+            "temperature": "rotary",
+        }  # 256: max_position_embeddings
     with extend.patched(model, "plain", start_from="pretrained") as handle:
         assert torch.equal(logits(model), logits(default))
-        assert handle.options == {"start_from": "pretrained", "trained_context": 32, "base_theta": 10000.0,
-                                  "shipped_rope": "llama3 x8", "temperature": "rotary"}
+        assert handle.options == {
+            "start_from": "pretrained",
+            "trained_context": 32,
+            "base_theta": 10000.0,
+            "shipped_rope": "llama3 x8",
+            "temperature": "rotary",
+        }
     with extend.patched(model, "pi", factor=1.0, start_from="pretrained"):
         assert torch.equal(logits(model), logits(default))
     with extend.patched(model, "pi", factor=2.0):  # stacked by default: shipped frequencies / 2
@@ -170,7 +207,7 @@ def test_xpos_generation_with_cache_matches_full_forward():
         full = model(ids).logits
         steps = [model(ids[:, :30], use_cache=True, **with_cache(model, cache)).logits]
         for t in range(30, 40):
-            steps.append(model(ids[:, t:t + 1], use_cache=True, **with_cache(model, cache)).logits)
+            steps.append(model(ids[:, t : t + 1], use_cache=True, **with_cache(model, cache)).logits)
     atol = torch.finfo(torch.float32).eps ** 0.5 * float(full.abs().max())
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=atol, rtol=0)
 
@@ -179,7 +216,7 @@ def test_register_user_method_and_entry_point(monkeypatch):
     @extend.register("halve-test")
     def halve(rope, *, factor, strength: float = 1.0):
         """Test method: divide frequencies by factor**strength."""
-        return rope.inv_freq / factor ** strength, 1.0
+        return rope.inv_freq / factor**strength, 1.0
 
     try:
         assert "halve-test" in extend.methods()
@@ -204,11 +241,13 @@ def test_register_user_method_and_entry_point(monkeypatch):
             def ep_method(rope, *, factor):
                 """From an installed package."""
                 return rope.inv_freq, 1.0
+
             return ep_method
 
     monkeypatch.setattr(extend.registry, "_entry_points_loaded", False)
-    monkeypatch.setattr(extend.registry, "entry_points", lambda group: [EntryPoint] if group == "ropebench.methods"
-                        else [])
+    monkeypatch.setattr(
+        extend.registry, "entry_points", lambda group: [EntryPoint] if group == "ropebench.methods" else []
+    )
     try:
         assert "ep-test" in extend.methods()
     finally:
@@ -235,7 +274,9 @@ def test_describe_every_method():
 
 # ---- bad input: each raises ExtendError with a message that says what to do ----
 def _gpt2():
-    return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    return T.GPT2LMHeadModel(
+        T.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    ).eval()
 
 
 BAD = [
@@ -248,16 +289,32 @@ BAD = [
     ("factor bool", lambda m: extend.patch(m, "yarn", factor=True), "must be a number"),
     ("factor < 1 for extension", lambda m: extend.patch(m, "ntk", factor=0.5), ">= 1"),
     ("missing longrope factors", lambda m: extend.patch(m, "longrope", factor=2), "needs option"),
-    ("wrong factor-list length", lambda m: extend.patch(m, "longrope", factor=2, short_factor=[1.0] * 3,
-                                                        long_factor=[1.0] * 8), "list of 8"),
-    ("non-positive list values", lambda m: extend.patch(m, "longrope", factor=2, short_factor=[0.0] * 8,
-                                                        long_factor=[1.0] * 8), "> 0"),
+    (
+        "wrong factor-list length",
+        lambda m: extend.patch(m, "longrope", factor=2, short_factor=[1.0] * 3, long_factor=[1.0] * 8),
+        "list of 8",
+    ),
+    (
+        "non-positive list values",
+        lambda m: extend.patch(m, "longrope", factor=2, short_factor=[0.0] * 8, long_factor=[1.0] * 8),
+        "> 0",
+    ),
     ("unknown option", lambda m: extend.patch(m, "yarn", factor=2, beta_fats=16), "valid options"),
-    ("bad original context", lambda m: extend.patch(m, "yarn", factor=2, original_max_position_embeddings=-1),
-     "positive integer"),
-    ("bad llama3 factors", lambda m: extend.patch(m, "llama3", factor=2, low_freq_factor=4, high_freq_factor=1),
-     "high_freq_factor > low_freq_factor"),
-    ("bad xpos option", lambda m: extend.patch(m, "xpos", factor=1, scale_base=-1), "scale_base( of method 'xpos' must be)? > 0"),
+    (
+        "bad original context",
+        lambda m: extend.patch(m, "yarn", factor=2, original_max_position_embeddings=-1),
+        "positive integer",
+    ),
+    (
+        "bad llama3 factors",
+        lambda m: extend.patch(m, "llama3", factor=2, low_freq_factor=4, high_freq_factor=1),
+        "high_freq_factor > low_freq_factor",
+    ),
+    (
+        "bad xpos option",
+        lambda m: extend.patch(m, "xpos", factor=1, scale_base=-1),
+        "scale_base( of method 'xpos' must be)? > 0",
+    ),
     ("xpos in fp16", lambda m: extend.patch(m.half(), "xpos", factor=1), "float32 or bfloat16"),
     ("non-RoPE model", lambda m: extend.patch(_gpt2(), "yarn", factor=2), "'gpt2' has no rotary"),
     ("unknown alias / missing path", lambda m: extend.load("./no/such/dir"), "not a model directory"),
@@ -283,8 +340,16 @@ def test_double_patch_is_an_error():
 
 
 def test_unsupported_family_is_named():
-    config = T.Llama4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
-                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    config = T.Llama4TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
     model = T.Llama4ForCausalLM(config).eval()
     with pytest.raises(extend.ExtendError, match="not supported: llama4_text"):
         extend.patch(model, "yarn", factor=2)
@@ -297,7 +362,9 @@ def test_default_dtype_follows_the_device_and_native_bf16(monkeypatch, tmp_path)
 
     monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path))
     monkeypatch.delenv(loading.CPU_DTYPE_ENV, raising=False)
-    monkeypatch.setattr(loading, "measure_bf16_speedup", lambda: {"gemm": 3.0, "attention": 1.0, "layer": 2.5})
+    monkeypatch.setattr(
+        loading, "measure_bf16_speedup", lambda: {"gemm": 3.0, "attention": 1.0, "layer": 2.5}
+    )
     assert loading.default_dtype("cuda") == torch.bfloat16
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": False})
     assert loading.default_dtype("cpu") == torch.bfloat16

@@ -1,5 +1,6 @@
 """extend.prefix_cache: the sharing order, and a continued forward equal to one forward over the whole prompt on
 tiny models of many families (sliding-window layers with prompts longer than the window included)."""
+
 import itertools
 import os
 
@@ -22,8 +23,9 @@ def test_common_prefix_and_order_walk_the_trie():
     assert order == [2, 3, 0, 4, 1]
     # one cached path visiting the prompts in this order computes each node of their token trie once
     trie = {tuple(p[:k]) for p in prompts for k in range(1, len(p) + 1)}
-    computed = len(prompts[order[0]]) + sum(len(prompts[b]) - common_prefix(prompts[a], prompts[b])
-                                            for a, b in itertools.pairwise(order))
+    computed = len(prompts[order[0]]) + sum(
+        len(prompts[b]) - common_prefix(prompts[a], prompts[b]) for a, b in itertools.pairwise(order)
+    )
     assert computed == len(trie)
 
 
@@ -72,8 +74,12 @@ def test_generation_from_a_shared_prefix_equals_plain_generate(family, block, mo
         want = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
         past = cache.prime(p)
         assert past.get_seq_length() == len(p) - 1  # generate runs the last prompt token itself
-        got = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config,
-                             **with_cache(model, past))
+        got = model.generate(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            generation_config=config,
+            **with_cache(model, past),
+        )
         cache.settle()
         assert torch.equal(got, want) and cache.cache.get_seq_length() == len(p)
     assert cache.reused == 60

@@ -31,17 +31,35 @@ def _wilson_lo(k, n):
 
 def _rows(per_length, method="plain", trials=24, options='{"trained_context": 8000}'):
     """0/1 passkey-like rows: ``per_length`` = {length: number correct of ``trials``}."""
-    base = {"task": "needles", "model": "m", "factor": 1.0, "status": "ok", "seed": 0, "n": 1, "corpus": "c",
-            "metric": "hit", "depth": 0.5, "method": method, "options": options}
-    return [{**base, "length": L, "trial": t, "value": float(t < k)} for L, k in per_length.items()
-            for t in range(trials)]
+    base = {
+        "task": "needles",
+        "model": "m",
+        "factor": 1.0,
+        "status": "ok",
+        "seed": 0,
+        "n": 1,
+        "corpus": "c",
+        "metric": "hit",
+        "depth": 0.5,
+        "method": method,
+        "options": options,
+    }
+    return [
+        {**base, "length": L, "trial": t, "value": float(t < k)}
+        for L, k in per_length.items()
+        for t in range(trials)
+    ]
 
 
 # ------------------------------------------------------------------------------------ NoLiMa: 0.85 x own short score
 def test_nolima_rule_by_hand():
     # own score 20/24 at the shortest length: the bar is 0.85 x 0.833 = 0.708 (NoLiMa's point estimate)
-    e = results.effective_length(normalize(pd.DataFrame(_rows({1000: 20, 2000: 24, 4000: 20, 8000: 10}))),
-                                 "needles", "hit", rule="short").iloc[0]
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({1000: 20, 2000: 24, 4000: 20, 8000: 10}))),
+        "needles",
+        "hit",
+        rule="short",
+    ).iloc[0]
     bar = 0.85 * 20 / 24
     assert _wilson_lo(20, 24) >= 0.5  # the base is established (lower bound above the floor)
     assert _wilson_lo(24, 24) >= bar  # 2000 passes
@@ -55,27 +73,33 @@ def test_nolima_rule_by_hand():
 
 def test_nolima_rule_needs_an_established_short_score():
     # 10/24 at the shortest length: lower bound 0.245 < 0.5, so there is no short-context score to keep 85% of
-    e = results.effective_length(normalize(pd.DataFrame(_rows({1000: 10, 2000: 10}))), "needles", "hit",
-                                 rule="short").iloc[0]
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({1000: 10, 2000: 10}))), "needles", "hit", rule="short"
+    ).iloc[0]
     assert _wilson_lo(10, 24) < 0.5
     assert pd.isna(e["effective_length"]) and e["claim"] == "–" and e["rule"].startswith("not computed")
-
 
 
 def test_nolima_rule_claims_nothing_from_one_length():
     """One tested length is only the base: it passes by definition, so alone it must not claim itself (the demo's
     passkey at 10240 read "≥ 10240" for 6/6)."""
-    e = results.effective_length(normalize(pd.DataFrame(_rows({10240: 24}))), "needles", "hit",
-                                 rule="short").iloc[0]
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({10240: 24}))), "needles", "hit", rule="short"
+    ).iloc[0]
     assert pd.isna(e["effective_length"]) and e["claim"] == "–" and e["rule"].startswith("not computed")
+
 
 def test_the_three_rules_can_disagree():
     # the own short score is 0.75, so NoLiMa's bar (0.64) is below RULER's absolute 0.8, which 18/24 already
     # misses; 21/24 (lower bound 0.69) passes NoLiMa's; plain at 8000 (the trained context) sets the third bar
-    rows = _rows({1000: 18, 2000: 21, 4000: 24, 8000: 24}) + _rows({1000: 18, 2000: 21, 4000: 21, 8000: 21}, "ext")
+    rows = _rows({1000: 18, 2000: 21, 4000: 24, 8000: 24}) + _rows(
+        {1000: 18, 2000: 21, 4000: 21, 8000: 21}, "ext"
+    )
     df = normalize(pd.DataFrame(rows))
-    by = {rule: results.effective_length(df, "needles", "hit", rule=rule).set_index("method")["claim"]
-          for rule in ("threshold", "short", "trained")}
+    by = {
+        rule: results.effective_length(df, "needles", "hit", rule=rule).set_index("method")["claim"]
+        for rule in ("threshold", "short", "trained")
+    }
     assert _wilson_lo(21, 24) >= 0.85 * 18 / 24 and _wilson_lo(21, 24) < 0.8 <= 21 / 24
     assert 18 / 24 < 0.8 and by["threshold"]["ext"] == "< 1000"
     assert by["short"]["ext"] == "≥ 8000"
@@ -86,9 +110,25 @@ def test_the_three_rules_can_disagree():
 
 # ------------------------------------------------------------------------------------ perplexity against the baseline
 def _ppl_rows(method, per_doc):
-    return [{"task": "perplexity", "model": "m", "factor": 1.0, "status": "ok", "seed": 0, "corpus": "c",
-             "options": '{"trained_context": 8192}', "method": method, "metric": "ppl_tail", "length": L,
-             "doc": f"d{i}", "value": v, "n": 100} for L, values in per_doc.items() for i, v in enumerate(values)]
+    return [
+        {
+            "task": "perplexity",
+            "model": "m",
+            "factor": 1.0,
+            "status": "ok",
+            "seed": 0,
+            "corpus": "c",
+            "options": '{"trained_context": 8192}',
+            "method": method,
+            "metric": "ppl_tail",
+            "length": L,
+            "doc": f"d{i}",
+            "value": v,
+            "n": 100,
+        }
+        for L, values in per_doc.items()
+        for i, v in enumerate(values)
+    ]
 
 
 def test_perplexity_trained_rule_is_relative_to_the_baseline():
@@ -99,9 +139,14 @@ def test_perplexity_trained_rule_is_relative_to_the_baseline():
     vs_plain = results.effective_length(df, "perplexity", rule="trained").set_index("method")
     assert own.loc["ext", "claim"] == "≥ 16384"  # flat against its own value at 8192
     # every document 1.2 x plain's at the trained context: the ratio is 1.2 > 1.1 already there
-    assert vs_plain.loc["ext", "claim"] == "< 8192" and vs_plain.loc["ext", "at_value"] != vs_plain.loc["ext", "at_value"]
+    assert (
+        vs_plain.loc["ext", "claim"] == "< 8192"
+        and vs_plain.loc["ext", "at_value"] != vs_plain.loc["ext", "at_value"]
+    )
     assert vs_plain.loc["ext", "fail_value"] == pytest.approx(1.2)
-    assert vs_plain.loc["ext", "reference_value"] == pytest.approx(math.exp(np.log([10.0, 11.0, 12.0]).mean()))
+    assert vs_plain.loc["ext", "reference_value"] == pytest.approx(
+        math.exp(np.log([10.0, 11.0, 12.0]).mean())
+    )
     assert "plain's value at 8192" in vs_plain.loc["ext", "rule"]
     assert vs_plain.loc["plain", "claim"] == own.loc["plain", "claim"] == "8192"
     with pytest.raises(results.ResultsError, match="for 0/1 rates"):
@@ -133,15 +178,23 @@ def test_unknown_suite_shows_in_summary_with_every_rule(needles):
     values = -2.9 + 0.05 * (np.arange(24) - 11.5)
     half = T975_23 * values.std(ddof=1) / math.sqrt(24)
     assert s.loc["plain", "needles logprob @ longest"] == pytest.approx(-2.9)
-    assert (s.loc["plain", "needles logprob @ longest_lo"], s.loc["plain", "needles logprob @ longest_hi"]) == \
-        pytest.approx((-2.9 - half, -2.9 + half), abs=1e-4)
+    assert (
+        s.loc["plain", "needles logprob @ longest_lo"],
+        s.loc["plain", "needles logprob @ longest_hi"],
+    ) == pytest.approx((-2.9 - half, -2.9 + half), abs=1e-4)
     assert s.loc["yarn", "needles logprob @ longest_significant"]
     assert not any(c.startswith("needles logprob reach") for c in s.columns)
     shown = results.summary(df)
-    assert {"needles hit @ 16384", "needles rank1 @ 16384", "needles logprob @ 16384", "needles hit reach (short)",
-            "needles hit reach (trained)"} <= set(shown.columns)
-    assert shown.loc[("yarn", 2.0), "needles hit @ 16384"] == \
-        f"1.000 [{_wilson_lo(24, 24):.3f}, 1.000] n=24 *"
+    assert {
+        "needles hit @ 16384",
+        "needles rank1 @ 16384",
+        "needles logprob @ 16384",
+        "needles hit reach (short)",
+        "needles hit reach (trained)",
+    } <= set(shown.columns)
+    assert (
+        shown.loc[("yarn", 2.0), "needles hit @ 16384"] == f"1.000 [{_wilson_lo(24, 24):.3f}, 1.000] n=24 *"
+    )
 
 
 def test_unknown_suite_shows_in_the_report(needles, tmp_path):
@@ -149,10 +202,21 @@ def test_unknown_suite_shows_in_the_report(needles, tmp_path):
     results.RecordWriter(run).write(needles)
     md = results.report(run).read_text()
     stems = {p.stem for p in (run / "tables").iterdir()}
-    assert {"needles_hit_vs_plain", "needles_rank1_vs_plain", "needles_logprob_vs_plain", "reach_needles_hit_threshold",
-            "reach_needles_hit_short", "reach_needles_hit_trained", "reach_needles_rank1_short"} <= stems
-    assert md.index("## Summary") < md.index("## Differences to plain") < md.index("## Effective context length") \
+    assert {
+        "needles_hit_vs_plain",
+        "needles_rank1_vs_plain",
+        "needles_logprob_vs_plain",
+        "reach_needles_hit_threshold",
+        "reach_needles_hit_short",
+        "reach_needles_hit_trained",
+        "reach_needles_rank1_short",
+    } <= stems
+    assert (
+        md.index("## Summary")
+        < md.index("## Differences to plain")
+        < md.index("## Effective context length")
         < md.index("## needles")
+    )
     assert "needles hit reach (short) (needles/hit) — bar (NoLiMa)" in md
     assert "paired t over the shared units' differences" in md  # logprob: a mean, not a log ratio
 
@@ -167,7 +231,10 @@ def test_predicted_reach_beside_the_measured(tmp_path):
     shown = results.summary(df)
     assert shown["predicted reach (Men et al.)"].tolist() == ["3616", "7232", "7232", "≥ 10000"]
     e = results.effective_length(df, "passkey").set_index(["method", "factor"])
-    assert e.loc[("linear", 2.0), "predicted_reach"] == 7232 and e.loc[("linear", 2.0), "predicted_limit"] == 10000
+    assert (
+        e.loc[("linear", 2.0), "predicted_reach"] == 7232
+        and e.loc[("linear", 2.0), "predicted_limit"] == 10000
+    )
     run = tmp_path / "run"
     results.RecordWriter(run).write(rows)
     md = results.report(run).read_text()
@@ -185,12 +252,15 @@ def _first_negative(inv_freq, limit):
     return int(bad[0]) if bad.size else limit
 
 
-@pytest.mark.parametrize("method, factor, theta_scale, divide", [
-    ("plain", 1.0, 1.0, 1.0),
-    ("pi", 2.0, 1.0, 2.0),  # position interpolation: every frequency / 2
-    # dynamic NTK at factor x the trained context (2 x 128): base x (2 * 256 / 128 - 1)^(d / (d - 2)), d = 16
-    ("dynamic-ntk", 2.0, 3.0 ** (16 / 14), 1.0),
-])
+@pytest.mark.parametrize(
+    "method, factor, theta_scale, divide",
+    [
+        ("plain", 1.0, 1.0, 1.0),
+        ("pi", 2.0, 1.0, 2.0),  # position interpolation: every frequency / 2
+        # dynamic NTK at factor x the trained context (2 x 128): base x (2 * 256 / 128 - 1)^(d / (d - 2)), d = 16
+        ("dynamic-ntk", 2.0, 3.0 ** (16 / 14), 1.0),
+    ],
+)
 def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale, divide):
     sys.path.insert(0, str(ROOT / "scripts"))
     from conftest import tiny_llama

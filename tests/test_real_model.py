@@ -13,7 +13,9 @@ OPTIONS = {"longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32}}
 @pytest.fixture(scope="module")
 def batch(smollm2):
     model, tok = smollm2
-    text = " ".join(f"Item {i}: the committee reported on the budget of district {i % 17}." for i in range(200))
+    text = " ".join(
+        f"Item {i}: the committee reported on the budget of district {i % 17}." for i in range(200)
+    )
     ids = tok(text, return_tensors="pt").input_ids[:, :N_TOKENS]
     assert ids.shape[1] == N_TOKENS
     with torch.no_grad():
@@ -34,8 +36,10 @@ def test_every_method_finite_identity_and_undo(smollm2, batch, method):
     model, _ = smollm2
     ids, ref = batch
     opts = OPTIONS.get(method, {})
-    identity = {"xpos": {"scale_base": 1e30},  # decay 1 to float precision (inf is refused as an option)
-                "longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32}}.get(method, opts)
+    identity = {
+        "xpos": {"scale_base": 1e30},  # decay 1 to float precision (inf is refused as an option)
+        "longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32},
+    }.get(method, opts)
     with torch.no_grad():
         with extend.patched(model, method, factor=1.0, **identity):
             assert torch.equal(model(ids).logits, ref)

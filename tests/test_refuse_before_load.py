@@ -3,6 +3,7 @@ option ranges (declared per option, checked by extend.registry.check_options), t
 (extend.preflight), the lengths against the suites and corpora (tasks.checks.check_lengths_fit), unreadable corpora
 (tasks.data.check_corpus) and the memory a forward needs (extend.memory). The one-line CLI cases are in
 tests/test_bad_inputs.py; these are the units behind them."""
+
 from __future__ import annotations
 
 import math
@@ -37,20 +38,35 @@ with torch.no_grad():
     model.model(input_ids=torch.zeros(1, L, dtype=torch.long), use_cache=False)
 print((status("VmHWM") - base) * 1024)
 """
-TINY_SLIDING = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "vocab_size": 1000, "sliding_window": 256, "max_position_embeddings": 8192}
+TINY_SLIDING = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "sliding_window": 256,
+    "max_position_embeddings": 8192,
+}
 
 
-@pytest.mark.parametrize("method, options, fragment", [
-    ("yarn", {"beta_fast": -5}, "option beta_fast of method 'yarn' must be > 0"),  # was "math domain error"
-    ("ntk-parts", {"beta_slow": 0}, "option beta_slow of method 'ntk-parts' must be > 0"),
-    ("yarn", {"attention_factor": -1.0}, "option attention_factor of method 'yarn' must be > 0"),
-    ("llama3", {"low_freq_factor": -1.0}, "must be > 0"),
-    ("xpos", {"scale_base": 0}, "option scale_base of method 'xpos' must be > 0"),
-    ("self-extend", {"window": 0}, "option window of method 'self-extend' must be >= 1"),
-    ("rerope", {"window": -4}, "must be >= 1"),
-    ("dca", {"local_window": -1}, "option local_window of method 'dca' must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "method, options, fragment",
+    [
+        (
+            "yarn",
+            {"beta_fast": -5},
+            "option beta_fast of method 'yarn' must be > 0",
+        ),  # was "math domain error"
+        ("ntk-parts", {"beta_slow": 0}, "option beta_slow of method 'ntk-parts' must be > 0"),
+        ("yarn", {"attention_factor": -1.0}, "option attention_factor of method 'yarn' must be > 0"),
+        ("llama3", {"low_freq_factor": -1.0}, "must be > 0"),
+        ("xpos", {"scale_base": 0}, "option scale_base of method 'xpos' must be > 0"),
+        ("self-extend", {"window": 0}, "option window of method 'self-extend' must be >= 1"),
+        ("rerope", {"window": -4}, "must be >= 1"),
+        ("dca", {"local_window": -1}, "option local_window of method 'dca' must be >= 0"),
+    ],
+)
 def test_option_ranges_are_one_line_ropebench_errors(method, options, fragment):
     """The Python API: a RopebenchError subclass with one line naming option and value (not a bare ValueError
     from deep inside transformers), and the model is left unpatched."""
@@ -65,8 +81,12 @@ def test_option_ranges_are_one_line_ropebench_errors(method, options, fragment):
 
 def test_values_inside_the_ranges_still_patch():
     model = tiny_llama()
-    for method, options in [("yarn", {"beta_fast": 16, "beta_slow": 0.5}), ("self-extend", {"window": 1}),
-                            ("dca", {"local_window": 0}), ("xpos", {"gamma": 0.1})]:
+    for method, options in [
+        ("yarn", {"beta_fast": 16, "beta_slow": 0.5}),
+        ("self-extend", {"window": 1}),
+        ("dca", {"local_window": 0}),
+        ("xpos", {"gamma": 0.1}),
+    ]:
         extend.patch(model, method, 2, **options).undo()
 
 
@@ -88,10 +108,13 @@ def test_skeleton_check_raises_what_patch_raises():
     from extend.preflight import check_on_config
 
     model = tiny_llama()
-    for method, options in [("yarn", {"start_from": "bogus"}), ("yarn", {"layer_types": ["global"]}),
-                            ("llama3", {"low_freq_factor": 4.0, "high_freq_factor": 1.0}),
-                            ("longrope", {"short_factor": [1.0, 2.0], "long_factor": [1.0, 2.0]}),
-                            ("self-extend", {"window": 10**6})]:
+    for method, options in [
+        ("yarn", {"start_from": "bogus"}),
+        ("yarn", {"layer_types": ["global"]}),
+        ("llama3", {"low_freq_factor": 4.0, "high_freq_factor": 1.0}),
+        ("longrope", {"short_factor": [1.0, 2.0], "long_factor": [1.0, 2.0]}),
+        ("self-extend", {"window": 10**6}),
+    ]:
         with pytest.raises(extend.ExtendError) as loaded:
             extend.patch(model, method, 2, **options)
         with pytest.raises(extend.ExtendError) as from_config:
@@ -107,23 +130,38 @@ def test_estimate_matches_a_measured_peak_within_an_order_of_magnitude():
 
     config = MistralConfig(**TINY_SLIDING)
     for length, attn in [(4096, "sdpa"), (2048, "eager")]:
-        child = subprocess.run([sys.executable, "-c", MEASURE.format(config=TINY_SLIDING), str(length), attn],
-                               capture_output=True, text=True, timeout=300, check=True,
-                               env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        child = subprocess.run(
+            [sys.executable, "-c", MEASURE.format(config=TINY_SLIDING), str(length), attn],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+            env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        )
         measured = int(child.stdout.strip().splitlines()[-1])
         parts = memory.estimate(config, length, attn_implementation=attn).parts
-        forward = parts["KV cache"] + parts["activations"] + parts["attention mask/scores"]  # no weights, no head
+        forward = (
+            parts["KV cache"] + parts["activations"] + parts["attention mask/scores"]
+        )  # no weights, no head
         assert measured / 3 < forward < measured * 3, (attn, measured, parts)
 
 
 def test_estimate_grows_with_the_square_only_where_an_l_by_l_matrix_exists():
     from transformers import LlamaConfig, MistralConfig
 
-    causal = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=1000)
+    causal = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
     sliding = MistralConfig(**TINY_SLIDING)
     assert memory.estimate(causal, 100_000).parts["attention mask/scores"] == 0  # sdpa's is_causal path
-    assert memory.estimate(sliding, 100_000).parts["attention mask/scores"] >= 100_000**2  # Gemma3's 10 GB mask
+    assert (
+        memory.estimate(sliding, 100_000).parts["attention mask/scores"] >= 100_000**2
+    )  # Gemma3's 10 GB mask
     assert memory.estimate(sliding, 100_000, blockwise=True).parts["attention mask/scores"] == 0
 
 
@@ -173,15 +211,18 @@ def test_corpus_byte_bound_and_lengths_fit(tmp_path, smollm2_tokenizer):
     assert document_bytes(str(tmp_path / "a.jsonl")) == [250]
 
 
-@pytest.mark.parametrize("name, data, fragment", [
-    ("latin1.txt", "caf\xe9 ".encode("latin-1") * 10, "is not UTF-8 text"),
-    ("b.txt", b"\x00\x01\x02" * 100, "is binary"),
-    ("u.txt", "text".encode("utf-16"), "is UTF-16 text"),
-    ("r.jsonl", b'["not", "an object"]\n', "has no 'text' string"),
-    ("a.json", b'[{"text": "ok"}, {"body": "no text"}]', "row 2 has no 'text' string"),
-    ("c.csv", b"body,label\nx,1\n", "has no 'text' column"),
-    ("s.txt", b" " * 100_000, "has no documents"),
-])
+@pytest.mark.parametrize(
+    "name, data, fragment",
+    [
+        ("latin1.txt", "caf\xe9 ".encode("latin-1") * 10, "is not UTF-8 text"),
+        ("b.txt", b"\x00\x01\x02" * 100, "is binary"),
+        ("u.txt", "text".encode("utf-16"), "is UTF-16 text"),
+        ("r.jsonl", b'["not", "an object"]\n', "has no 'text' string"),
+        ("a.json", b'[{"text": "ok"}, {"body": "no text"}]', "row 2 has no 'text' string"),
+        ("c.csv", b"body,label\nx,1\n", "has no 'text' column"),
+        ("s.txt", b" " * 100_000, "has no documents"),
+    ],
+)
 def test_unreadable_corpora_are_refused_by_check_corpus(tmp_path, name, data, fragment):
     from tasks import TaskError
     from tasks.data import check_corpus

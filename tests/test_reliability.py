@@ -7,6 +7,7 @@
 Each ends with 0 rows lost (every cell's rows, once, with the right values) and 0 finished cells computed twice
 (the fake suite logs every call). Nothing about time is asserted.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from test_sweep import FAKE_SUITE, PY, ROOT, SWEEP, env, make_tiny_dir, write
 
 # Injected into results.store: on the N-th append to a records file, write part of the batch, then die (kill -9)
 # or fail like a full disk. Manifest writes (atomic temp files) are left alone.
-FAULT_PLUGIN = '''
+FAULT_PLUGIN = """
 import errno, os, signal
 import results.store as store
 
@@ -48,7 +49,7 @@ def _faulty(fd, data):
     os.kill(os.getpid(), signal.SIGKILL)
 
 store._write_all = _faulty
-'''
+"""
 
 pytestmark = pytest.mark.slow  # end to end: a dozen sweep processes
 
@@ -68,8 +69,25 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def sweep_args(tiny: Path, out: Path, fake: Path, *more) -> list[str]:
-    return [str(SWEEP), "--model", str(tiny), "--tasks", "fake", "--lengths", *LENGTHS, "--methods", *METHODS,
-            "--factors", "2", "--out", str(out), "--plugin", str(fake), "--quiet", *more]
+    return [
+        str(SWEEP),
+        "--model",
+        str(tiny),
+        "--tasks",
+        "fake",
+        "--lengths",
+        *LENGTHS,
+        "--methods",
+        *METHODS,
+        "--factors",
+        "2",
+        "--out",
+        str(out),
+        "--plugin",
+        str(fake),
+        "--quiet",
+        *more,
+    ]
 
 
 def calls(log: Path) -> list[str]:
@@ -104,12 +122,22 @@ def check_complete(out: Path) -> None:
 def test_interrupted_write_loses_nothing_and_recomputes_only_that_cell(mode, tmp_path, tiny, plugins):
     fake, fault = plugins
     out, log = tmp_path / "run", tmp_path / "calls.log"
-    first = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake, "--plugin", fault)], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT, env=env(FAKE_LOG=log, FAULT_AT=3, FAULT_MODE=mode))
+    first = subprocess.run(
+        check=False,
+        args=[PY, *sweep_args(tiny, out, fake, "--plugin", fault)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env(FAKE_LOG=log, FAULT_AT=3, FAULT_MODE=mode),
+    )
     if mode == "enospc":  # one line, exit 1; the file is cut back to the two whole cells before the write
         assert first.returncode == 1, first.stderr
-        assert first.stderr.strip().splitlines()[-1].startswith("error: cannot write records") and \
-            "No space left on device" in first.stderr and "Traceback" not in first.stderr
+        assert (
+            first.stderr.strip().splitlines()[-1].startswith("error: cannot write records")
+            and "No space left on device" in first.stderr
+            and "Traceback" not in first.stderr
+        )
         assert len(rows_of(out)) == 2 * len(LENGTHS)
     else:  # two whole cells + one (kill-mid: and half a line) or two (kill-line) whole rows of the third
         assert first.returncode == -9, first.stderr
@@ -122,12 +150,21 @@ def test_interrupted_write_loses_nothing_and_recomputes_only_that_cell(mode, tmp
     with pytest.warns(results.ResultsWarning) if mode != "enospc" else _nothing():
         assert len(results.finished_cells(out)) == 2  # the cut cell is not finished
 
-    second = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake)], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT, env=env(FAKE_LOG=log))
+    second = subprocess.run(
+        check=False,
+        args=[PY, *sweep_args(tiny, out, fake)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env(FAKE_LOG=log),
+    )
     assert second.returncode == 0, second.stderr
     again = calls(log)[3:]
     assert len(again) == len(METHODS) - 2  # the cut cell and the two never started
-    assert first_calls[2] in again and not set(again) & set(first_calls[:2])  # no finished cell computed twice
+    assert first_calls[2] in again and not set(again) & set(
+        first_calls[:2]
+    )  # no finished cell computed twice
     check_complete(out)
     assert "all 5 cells finished" in second.stdout
 
@@ -144,18 +181,38 @@ def test_two_sweeps_on_one_directory(tmp_path, tiny, plugins):
     """Started together: one runs, the other is refused at once (exit 2, one line); 0 cells computed twice."""
     fake, _ = plugins
     out, log = tmp_path / "run", tmp_path / "calls.log"
-    procs = [subprocess.Popen([PY, *sweep_args(tiny, out, fake)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=ROOT, env=env(FAKE_LOG=log, FAKE_SLEEP=2.0)) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [PY, *sweep_args(tiny, out, fake)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env(FAKE_LOG=log, FAKE_SLEEP=2.0),
+        )
+        for _ in range(2)
+    ]
     results_ = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(r[0] for r in results_)
     assert codes == [0, 2], results_
     refused = next(r for r in results_ if r[0] == 2)[2]
-    assert refused.strip().count("\n") == 0 and "in use by another sweep" in refused and "Traceback" not in refused
+    assert (
+        refused.strip().count("\n") == 0
+        and "in use by another sweep" in refused
+        and "Traceback" not in refused
+    )
     assert len(calls(log)) == len(METHODS) and len(set(calls(log))) == len(METHODS)  # each cell once
     check_complete(out)
     # after the first finished, the same command resumes and has nothing left to do
-    third = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake)], capture_output=True, text=True, timeout=300,
-                           cwd=ROOT, env=env(FAKE_LOG=log))
+    third = subprocess.run(
+        check=False,
+        args=[PY, *sweep_args(tiny, out, fake)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env(FAKE_LOG=log),
+    )
     assert third.returncode == 0 and len(calls(log)) == len(METHODS)
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["resumed"]) == 1  # the refused sweep never touched the manifest
@@ -164,24 +221,42 @@ def test_two_sweeps_on_one_directory(tmp_path, tiny, plugins):
 def test_second_sweep_started_later_is_refused_while_the_first_runs(tmp_path, tiny, plugins):
     fake, _ = plugins
     out, log, ready = tmp_path / "run", tmp_path / "calls.log", tmp_path / "ready"
-    first = subprocess.Popen([PY, *sweep_args(tiny, out, fake)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, cwd=ROOT,
-                             env=env(FAKE_LOG=log, FAKE_HANG_AT=2, FAKE_READY=ready))
+    first = subprocess.Popen(
+        [PY, *sweep_args(tiny, out, fake)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env(FAKE_LOG=log, FAKE_HANG_AT=2, FAKE_READY=ready),
+    )
     try:
         deadline = time.time() + 240
         while not ready.exists():
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.2)
-        second = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake)], capture_output=True, text=True, timeout=300,
-                                cwd=ROOT, env=env(FAKE_LOG=log))
+        second = subprocess.run(
+            check=False,
+            args=[PY, *sweep_args(tiny, out, fake)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env=env(FAKE_LOG=log),
+        )
         assert second.returncode == 2 and "in use by another sweep" in second.stderr
         assert f"pid {first.pid}" in second.stderr
     finally:
         first.kill()
         first.wait(timeout=30)
     # kill -9 released the lock: the next sweep resumes
-    third = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake)], capture_output=True, text=True, timeout=300,
-                           cwd=ROOT, env=env(FAKE_LOG=log))
+    third = subprocess.run(
+        check=False,
+        args=[PY, *sweep_args(tiny, out, fake)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env(FAKE_LOG=log),
+    )
     assert third.returncode == 0, third.stderr
     check_complete(out)
     assert len(calls(log)) == len(METHODS)  # the hanging cell never logged; each cell completed once
@@ -190,7 +265,7 @@ def test_second_sweep_started_later_is_refused_while_the_first_runs(tmp_path, ti
 
 # Orders two sweeps on a new --out with files, not sleeps: "late" checks the directory, then waits at its mkdir until
 # "first" has made the directory and holds the lock; "first" then waits (lock held) until the test says go.
-RACE_PLUGIN = '''
+RACE_PLUGIN = """
 import os, time
 from pathlib import Path
 from sweep_lib import rundir
@@ -230,7 +305,7 @@ if ROLE == "first":
         return held
 
     rundir.RunLock.acquire = acquire
-'''
+"""
 
 
 def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(tmp_path, tiny, plugins):
@@ -242,9 +317,14 @@ def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(tmp
     sync.mkdir()
 
     def start(role):
-        return subprocess.Popen([PY, *sweep_args(tiny, out, fake, "--plugin", str(race))], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                env=env(FAKE_LOG=log, RACE_ROLE=role, RACE_SYNC=sync, RACE_OUT=out))
+        return subprocess.Popen(
+            [PY, *sweep_args(tiny, out, fake, "--plugin", str(race))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env(FAKE_LOG=log, RACE_ROLE=role, RACE_SYNC=sync, RACE_OUT=out),
+        )
 
     late = start("late")
     first = start("first")
@@ -253,8 +333,15 @@ def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(tmp
         assert late.returncode == 2 and "in use by another sweep" in late_err, late_err
         assert late_err.strip().count("\n") == 0 and "Traceback" not in late_err
         assert (out / ".ropebench.lock").is_file()  # the holder's lock file is still there
-        third = subprocess.run(check=False, args=[PY, *sweep_args(tiny, out, fake)], capture_output=True,
-                               text=True, timeout=300, cwd=ROOT, env=env(FAKE_LOG=log))
+        third = subprocess.run(
+            check=False,
+            args=[PY, *sweep_args(tiny, out, fake)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env=env(FAKE_LOG=log),
+        )
         assert third.returncode == 2 and "in use by another sweep" in third.stderr, third.stderr
         (sync / "go").touch()
         first_err = first.communicate(timeout=300)[1]

@@ -16,14 +16,24 @@ from transformers.modeling_utils import AttentionInterface
 import extend
 from extend import remap_attention
 
-SMALL = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+SMALL = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 FAMILIES = {  # published configs' RoPE layout, shrunk: Mistral v0.2+ has no sliding window
     "llama": (T.LlamaConfig, T.LlamaForCausalLM, {}),
     "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {}),
     "mistral": (T.MistralConfig, T.MistralForCausalLM, {"sliding_window": None}),
-    "gemma3_text": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
-                    {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}),
+    "gemma3_text": (
+        T.Gemma3TextConfig,
+        T.Gemma3ForCausalLM,
+        {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    ),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {"bos_token_id": 0, "eos_token_id": 0}),  # 25% rotary
 }
 OTHER_FAMILIES = {  # the rest of extend.TESTED_FAMILIES (and Mistral v0.1's sliding window, shrunk)
@@ -31,16 +41,29 @@ OTHER_FAMILIES = {  # the rest of extend.TESTED_FAMILIES (and Mistral v0.1's sli
     "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, {"head_dim": 16}),
     "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {"head_dim": 16}),
     # published Gemma2 soft-caps its logits (refused at patch time, below); without the cap it runs, windows kept
-    "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16, "attn_logit_softcapping": None,
-                                                     "sliding_window": 32}),
+    "gemma2": (
+        T.Gemma2Config,
+        T.Gemma2ForCausalLM,
+        {"head_dim": 16, "attn_logit_softcapping": None, "sliding_window": 32},
+    ),
     "phi": (T.PhiConfig, T.PhiForCausalLM, {}),  # 50% rotary, sliced in the attention module
     "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM, {}),
-    "olmo3": (T.Olmo3Config, T.Olmo3ForCausalLM,
-              {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}),
-    "stablelm": (T.StableLmConfig, T.StableLmForCausalLM, {"bos_token_id": 0, "eos_token_id": 0}),  # 25%, sliced
-    "cohere": (T.CohereConfig, T.CohereForCausalLM, {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-                                                     "logit_scale": 1.0}),  # 0.0625 shrinks what is compared
+    "olmo3": (
+        T.Olmo3Config,
+        T.Olmo3ForCausalLM,
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    ),
+    "stablelm": (
+        T.StableLmConfig,
+        T.StableLmForCausalLM,
+        {"bos_token_id": 0, "eos_token_id": 0},
+    ),  # 25%, sliced
+    "cohere": (
+        T.CohereConfig,
+        T.CohereForCausalLM,
+        {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "logit_scale": 1.0},
+    ),  # 0.0625 shrinks what is compared
 }
 CONTEXT = 64  # SMALL's max_position_embeddings: the trained context c every case derives from
 CASES = {  # (method, options)
@@ -83,6 +106,7 @@ def logits(model, ids, **kwargs):
 
 # ---- the independent reference: relative positions straight from the papers, full float64 attention ----
 
+
 def self_extend_group(options, context=CONTEXT):
     """Self-Extend's group size G (Jin et al. 2024): given, or the smallest G whose grouped relative positions
     for s x c tokens stay within the pretrained ones (<= c - 1) — found by trying G = 1, 2, ... on the paper's
@@ -111,7 +135,9 @@ def paper_relative(method, options, n, context=CONTEXT):
     i = torch.arange(n, dtype=torch.float64)[:, None]
     j = torch.arange(n, dtype=torch.float64)[None, :]
     d = i - j
-    if method == "self-extend":  # Jin et al. 2024: neighbour window, then floor(pos / G) shifted by W - W // G
+    if (
+        method == "self-extend"
+    ):  # Jin et al. 2024: neighbour window, then floor(pos / G) shifted by W - W // G
         w = options.get("window", context // 8)
         g = options["group"] if options.get("group") else self_extend_group(options, context)
         return torch.where(d < w, d, torch.floor(i / g) - torch.floor(j / g) + w - w // g)
@@ -142,7 +168,7 @@ def rotate_half64(x, angle):
     dims = 2 * angle.shape[-1]
     rot, rest = x[..., :dims], x[..., dims:]
     cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
-    x1, x2 = rot[..., :dims // 2], rot[..., dims // 2:]
+    x1, x2 = rot[..., : dims // 2], rot[..., dims // 2 :]
     return torch.cat([rot * cos + torch.cat([-x2, x1], -1) * sin, rest], -1)
 
 
@@ -179,16 +205,18 @@ class Naive:
         kv, n_q = k.shape[2], q.shape[2]
         pos = torch.arange(kv, dtype=torch.float32)
         plain = (pos[:, None] * inv[None, :]).double()  # the model's own float32 angles, undone in float64
-        q0 = self.rotate(q.double(), -plain[kv - n_q:])
+        q0 = self.rotate(q.double(), -plain[kv - n_q :])
         k0 = self.rotate(k.double(), -plain)
         window = kwargs.get("sliding_window")
         remapped = self.extended is None or self.layer_type(module) in self.extended
-        rel = self.rel[kv - n_q:kv, :kv] if remapped else (pos[kv - n_q:, None] - pos[None, :]).double()
+        rel = self.rel[kv - n_q : kv, :kv] if remapped else (pos[kv - n_q :, None] - pos[None, :]).double()
         groups = q.shape[1] // k.shape[1]
         k0, v0 = k0.repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
         scores = torch.empty(q.shape[0], q.shape[1], n_q, kv, dtype=torch.float64)
         for r in range(n_q):
-            qr = self.rotate(q0[:, :, r:r + 1].expand(-1, -1, kv, -1), rel[r][:, None] * inv.double()[None, :])
+            qr = self.rotate(
+                q0[:, :, r : r + 1].expand(-1, -1, kv, -1), rel[r][:, None] * inv.double()[None, :]
+            )
             scores[:, :, r] = (qr * k0).sum(-1) * scaling
         i = torch.arange(kv - n_q, kv)[:, None]
         allowed = torch.arange(kv)[None, :] <= i
@@ -218,13 +246,14 @@ def generate_steps(model, ids, prompt, step=1):
         out = model(ids[:, :prompt], use_cache=True)
         past, steps = out.past_key_values, [out.logits]
         for t in range(prompt, ids.shape[1], step):
-            out = model(ids[:, t:t + step], past_key_values=past, use_cache=True)
+            out = model(ids[:, t : t + step], past_key_values=past, use_cache=True)
             past = out.past_key_values
             steps.append(out.logits)
     return torch.cat(steps, 1)
 
 
 # ---- tests ----
+
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -241,13 +270,24 @@ def test_beyond_window_matches_naive_prefill_and_generation(family, case, monkey
         for block, lengths in ((7, (97, n)), (512, (n,))):  # tiles cut the keys differently
             monkeypatch.setattr(remap_attention, "QUERY_BLOCK", block)
             for length in lengths:  # the reference is causal: its prefixes are the shorter references
-                torch.testing.assert_close(logits(model, ids[:, :length]), want[:, :length], atol=2e-5, rtol=0,
-                                           msg=f"{family}/{case} at {length} tokens, block {block}")
+                torch.testing.assert_close(
+                    logits(model, ids[:, :length]),
+                    want[:, :length],
+                    atol=2e-5,
+                    rtol=0,
+                    msg=f"{family}/{case} at {length} tokens, block {block}",
+                )
         monkeypatch.setattr(remap_attention, "QUERY_BLOCK", 32)
-        torch.testing.assert_close(generate_steps(model, ids, 90), want, atol=2e-5, rtol=0,
-                                   msg=f"{family}/{case}: cached generation")
-        torch.testing.assert_close(generate_steps(model, ids, 90, step=13), want, atol=2e-5, rtol=0,
-                                   msg=f"{family}/{case}: continued on a cache in blocks")
+        torch.testing.assert_close(
+            generate_steps(model, ids, 90), want, atol=2e-5, rtol=0, msg=f"{family}/{case}: cached generation"
+        )
+        torch.testing.assert_close(
+            generate_steps(model, ids, 90, step=13),
+            want,
+            atol=2e-5,
+            rtol=0,
+            msg=f"{family}/{case}: continued on a cache in blocks",
+        )
     assert model.config._attn_implementation == "sdpa"
 
 
@@ -267,10 +307,13 @@ def test_every_tested_family_beyond_window_matches_naive(family, case, monkeypat
     monkeypatch.setattr(remap_attention, "QUERY_BLOCK", 32)
     with extend.patched(model, method, **options) as handle:
         want = naive_logits(model, ids, paper_relative(method, options, n), handle.options.get("layer_types"))
-        assert (want - naive_logits(model, ids, plain_relative(n))).abs().max() > 1e-4  # 5x atol: not plain RoPE
+        assert (
+            want - naive_logits(model, ids, plain_relative(n))
+        ).abs().max() > 1e-4  # 5x atol: not plain RoPE
         torch.testing.assert_close(logits(model, ids), want, atol=2e-5, rtol=0, msg=f"{family}/{case}")
-        torch.testing.assert_close(generate_steps(model, ids, 90, step=7), want, atol=2e-5, rtol=0,
-                                   msg=f"{family}/{case}: cached")
+        torch.testing.assert_close(
+            generate_steps(model, ids, 90, step=7), want, atol=2e-5, rtol=0, msg=f"{family}/{case}: cached"
+        )
 
 
 def test_every_tested_family_is_covered():
@@ -278,11 +321,14 @@ def test_every_tested_family_is_covered():
     assert built == set(extend.TESTED_FAMILIES)
 
 
-@pytest.mark.parametrize("case, options, group", [
-    ("factor 2, window 8", {"factor": 2.0, "window": 8}, 3),  # (64 - 8) G + 8 >= 128
-    ("factor 4, window 8", {"factor": 4.0, "window": 8}, 5),  # (64 - 8) G + 8 >= 256
-    ("factor 3, window 16", {"factor": 3.0, "window": 16}, 4),  # (64 - 16) G + 16 >= 192, G | 16
-])
+@pytest.mark.parametrize(
+    "case, options, group",
+    [
+        ("factor 2, window 8", {"factor": 2.0, "window": 8}, 3),  # (64 - 8) G + 8 >= 128
+        ("factor 4, window 8", {"factor": 4.0, "window": 8}, 5),  # (64 - 8) G + 8 >= 256
+        ("factor 3, window 16", {"factor": 3.0, "window": 16}, 4),  # (64 - 16) G + 16 >= 192, G | 16
+    ],
+)
 def test_self_extend_group_is_the_papers(case, options, group):
     """G from Jin et al. 2024's reach, (c - w) G + w >= s c with G minimal, in cases where G divides w or the
     floor does not bite — where the paper's closed form and the brute force on its positions agree."""
@@ -305,8 +351,14 @@ def test_remap_extends_from_the_shipped_rope_by_default():
     keeps the shipped frequencies and derives G from the shipped context 64; start_from="pretrained" restarts
     from the unscaled RoPE and the pretraining context 32."""
     torch.manual_seed(0)
-    shipped = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 2.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    shipped = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 2.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     model = T.LlamaForCausalLM(T.LlamaConfig(**SMALL, rope_parameters=shipped)).eval()
     model.config._attn_implementation = "sdpa"
     own = model.base_model.rotary_emb.inv_freq.clone()
@@ -325,8 +377,11 @@ def test_remap_extends_from_the_shipped_rope_by_default():
 def test_published_gemma2_soft_cap_is_refused_at_patch_time():
     torch.manual_seed(0)
     gemma2 = T.Gemma2ForCausalLM(T.Gemma2Config(**SMALL, head_dim=16)).eval()  # attn_logit_softcapping 50
-    for method, options in (("self-extend", {"factor": 2.0, "window": 8}), ("rerope", {"factor": 2.0}),
-                            ("dca", {})):
+    for method, options in (
+        ("self-extend", {"factor": 2.0, "window": 8}),
+        ("rerope", {"factor": 2.0}),
+        ("dca", {}),
+    ):
         with pytest.raises(extend.ExtendError, match="soft-capped"):
             extend.patch(gemma2, method, **options)
         assert extend.current(gemma2) is None and gemma2.config._attn_implementation == "eager"
@@ -335,8 +390,10 @@ def test_published_gemma2_soft_cap_is_refused_at_patch_time():
 
 
 WITHIN = {  # windows wider than the 30 tokens run
-    "self-extend": {"factor": 2.0, "window": 32}, "rerope": {"factor": 2.0, "window": 32},
-    "rerope-clip": {"window": 32, "leaky": False}, "dca": {"chunk_size": 48, "local_window": 8},
+    "self-extend": {"factor": 2.0, "window": 32},
+    "rerope": {"factor": 2.0, "window": 32},
+    "rerope-clip": {"window": 32, "leaky": False},
+    "dca": {"chunk_size": 48, "local_window": 8},
 }
 
 
@@ -381,7 +438,9 @@ def test_left_padded_batch_matches_single_rows():
     model = build("llama")
     a, b = token_ids(120, seed=2)[0], token_ids(100, seed=3)[0]
     ids = torch.stack([a, torch.cat([torch.zeros(20, dtype=torch.long), b])])
-    mask = torch.stack([torch.ones(120, dtype=torch.long), torch.cat([torch.zeros(20), torch.ones(100)]).long()])
+    mask = torch.stack(
+        [torch.ones(120, dtype=torch.long), torch.cat([torch.zeros(20), torch.ones(100)]).long()]
+    )
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with extend.patched(model, "self-extend", factor=2.0, window=8):
         batch = logits(model, ids, attention_mask=mask, position_ids=positions)
@@ -437,15 +496,18 @@ def test_registry_and_user_remap_method():
         extend.registry._REGISTRY.pop("clip-test", None)
 
 
-@pytest.mark.parametrize("method, options, message", [
-    ("self-extend", {"factor": 2.0, "group": 4}, "not both"),
-    ("self-extend", {"window": 64}, "window must be"),
-    ("rerope", {"factor": 2.0, "leaky": False}, "no scale"),
-    ("dca", {"chunk_size": 24, "local_window": 24}, "local_window"),
-    ("dca", {"chunk_size": 0}, "chunk_size( of method 'dca')? must be"),
-    ("rerope", {"temperature": "logits"}, "temperature"),
-    ("self-extend", {"factor": 0.5}, "only extends"),
-])
+@pytest.mark.parametrize(
+    "method, options, message",
+    [
+        ("self-extend", {"factor": 2.0, "group": 4}, "not both"),
+        ("self-extend", {"window": 64}, "window must be"),
+        ("rerope", {"factor": 2.0, "leaky": False}, "no scale"),
+        ("dca", {"chunk_size": 24, "local_window": 24}, "local_window"),
+        ("dca", {"chunk_size": 0}, "chunk_size( of method 'dca')? must be"),
+        ("rerope", {"temperature": "logits"}, "temperature"),
+        ("self-extend", {"factor": 0.5}, "only extends"),
+    ],
+)
 def test_bad_options_raise_one_clear_error(method, options, message):
     model = build("llama")
     with pytest.raises(extend.ExtendError, match=message):
@@ -466,9 +528,18 @@ def test_generate_agrees_with_the_naive_reference():
     model = build("llama")
     prompt = token_ids(100)
     with extend.patched(model, "self-extend", factor=2.0, window=8), torch.no_grad():
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         seq = out.sequences
-        want = naive_logits(model, seq, paper_relative("self-extend", {"factor": 2.0, "window": 8}, seq.shape[1]))
+        want = naive_logits(
+            model, seq, paper_relative("self-extend", {"factor": 2.0, "window": 8}, seq.shape[1])
+        )
     scores = torch.stack(out.scores, 1)  # (1, new, vocab)
     torch.testing.assert_close(scores, want[:, 99:-1], atol=2e-5, rtol=0)

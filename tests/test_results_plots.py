@@ -29,8 +29,10 @@ def _is_png(path):
 
 def _curves(ax):
     """(x, y) of every drawn line, as tuples, for comparison with the table."""
-    return [(tuple(np.asarray(l.get_xdata(), float)), tuple(np.round(np.asarray(l.get_ydata(), float), 6)))
-            for l in ax.get_lines()]
+    return [
+        (tuple(np.asarray(l.get_xdata(), float)), tuple(np.round(np.asarray(l.get_ydata(), float), 6)))
+        for l in ax.get_lines()
+    ]
 
 
 def test_perplexity_plot(df, tmp_path):
@@ -123,11 +125,17 @@ def _bands(ax):
 def test_perplexity_bands_are_the_table_intervals(df, tmp_path):
     p = results.plot_perplexity(df, tmp_path / "ppl.png")
     bands = _bands(p.figure.axes[0])
-    lo, hi = results.table(df, "perplexity", "ppl", stat="lo"), results.table(df, "perplexity", "ppl", stat="hi")
+    lo, hi = (
+        results.table(df, "perplexity", "ppl", stat="lo"),
+        results.table(df, "perplexity", "ppl", stat="hi"),
+    )
     assert len(bands) == 4
     for key in lo.index:  # each band spans the bootstrap interval over documents of its line
-        want = (tuple(map(float, LENGTHS)), tuple(np.round(lo.loc[key].to_numpy(float), 6)),
-                tuple(np.round(hi.loc[key].to_numpy(float), 6)))
+        want = (
+            tuple(map(float, LENGTHS)),
+            tuple(np.round(lo.loc[key].to_numpy(float), 6)),
+            tuple(np.round(hi.loc[key].to_numpy(float), 6)),
+        )
         assert want in bands
     assert {"lo", "hi", "n"} <= set(p.data.columns) and set(p.data["n"]) == {3}
     assert "n=3 documents" in p.figure.axes[0].get_title()
@@ -152,9 +160,11 @@ def test_passkey_cells_show_counts_and_title_clears_panels(df, tmp_path):
 
 def test_models_are_labelled_by_short_name(df, tmp_path):
     d = df.assign(model="/tmp/pytest-of-x/pytest-1/tiny-llama0")
-    titles = [results.plot_perplexity(d, tmp_path / "a.png").figure.axes[0].get_title(),
-              results.plot_passkey(d, tmp_path / "b.png").figure.get_suptitle(),
-              results.plot_classification(d, tmp_path / "c.png").figure.axes[0].get_title()]
+    titles = [
+        results.plot_perplexity(d, tmp_path / "a.png").figure.axes[0].get_title(),
+        results.plot_passkey(d, tmp_path / "b.png").figure.get_suptitle(),
+        results.plot_classification(d, tmp_path / "c.png").figure.axes[0].get_title(),
+    ]
     for t in titles:
         assert "tiny-llama0" in t and "/tmp" not in t
 
@@ -165,7 +175,10 @@ def test_classification_interval_band_and_chance(df, tmp_path):
     plain = p.data[p.data["label"] == "plain ×1"].set_index("length")
     assert (plain.loc[16384, "lo"], plain.loc[16384, "hi"]) == pytest.approx(results.wilson(10, 20))
     bands = _bands(ax)
-    assert (tuple(map(float, LENGTHS)), tuple(np.round(plain["lo"].to_numpy(float), 6)),
-            tuple(np.round(plain["hi"].to_numpy(float), 6))) in bands
+    assert (
+        tuple(map(float, LENGTHS)),
+        tuple(np.round(plain["lo"].to_numpy(float), 6)),
+        tuple(np.round(plain["hi"].to_numpy(float), 6)),
+    ) in bands
     assert "n=20 queries" in ax.get_title()
     assert [l for l in ax.get_lines() if l.get_linestyle() == "--"]  # chance line still there

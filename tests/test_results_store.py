@@ -21,10 +21,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rec(cell="c1", value=1.0, status="ok", **kw):
-    r = {"run": "r", "cell": cell, "model": "m", "method": "yarn", "factor": 2, "options": {"beta_fast": 32, "a": 1},
-         "task": "passkey", "corpus": "filler", "task_options": {"trials": 2}, "length": 1024, "depth": 0.5,
-         "doc": None, "trial": 0, "metric": "correct", "value": value, "n": 1, "seed": 0, "seconds": 0.1,
-         "status": status, "error": None}
+    r = {
+        "run": "r",
+        "cell": cell,
+        "model": "m",
+        "method": "yarn",
+        "factor": 2,
+        "options": {"beta_fast": 32, "a": 1},
+        "task": "passkey",
+        "corpus": "filler",
+        "task_options": {"trials": 2},
+        "length": 1024,
+        "depth": 0.5,
+        "doc": None,
+        "trial": 0,
+        "metric": "correct",
+        "value": value,
+        "n": 1,
+        "seed": 0,
+        "seconds": 0.1,
+        "status": status,
+        "error": None,
+    }
     r.update(kw)
     return r
 
@@ -125,8 +143,13 @@ def test_killed_writer_leaves_only_whole_rows(tmp_path):
 
 def test_resume_latest_cell_wins(tmp_path):
     first = RecordWriter(tmp_path)
-    first.write([_rec(cell="c1", value=0.0, trial=0), _rec(cell="c1", value=0.0, trial=1),
-                 _rec(cell="c2", status="error", value=None, metric=None, error="OOM")])
+    first.write(
+        [
+            _rec(cell="c1", value=0.0, trial=0),
+            _rec(cell="c1", value=0.0, trial=1),
+            _rec(cell="c2", status="error", value=None, metric=None, error="OOM"),
+        ]
+    )
     time.sleep(0.01)
     resumed = RecordWriter(tmp_path)  # a resume is a new writer session
     resumed.write([_rec(cell="c1", value=1.0, trial=0)])  # recomputed with only one trial this time
@@ -197,7 +220,9 @@ def test_load_errors(tmp_path):
 
 def test_numpy_values_serialize(tmp_path):
     np = pytest.importorskip("numpy")
-    RecordWriter(tmp_path).write([_rec(value=np.float32(0.5), length=np.int64(2048), options={"x": np.float64(1.5)})])
+    RecordWriter(tmp_path).write(
+        [_rec(value=np.float32(0.5), length=np.int64(2048), options={"x": np.float64(1.5)})]
+    )
     df = results.load(tmp_path)
     assert df.loc[0, "value"] == 0.5 and df.loc[0, "length"] == 2048 and df.loc[0, "options"] == '{"x":1.5}'
 

@@ -76,7 +76,10 @@ def test_wilson_and_newcombe_reference_values():
     # by hand: centre (p + z^2/2n) / (1 + z^2/n), half z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
     z, k, n = 1.959963984540054, 17, 18
     p = k / n
-    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    centre, half = (
+        (p + z * z / (2 * n)) / (1 + z * z / n),
+        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n),
+    )
     assert wilson(k, n) == pytest.approx((centre - half, centre + half), rel=1e-12)
 
 
@@ -85,7 +88,10 @@ def _frame(rows):
     return normalize(pd.DataFrame([{**base, **r} for r in rows]))
 
 
-T975 = {2: 4.3027, 3: 3.1824}  # Student's t 0.975 quantiles as printed in statistical tables (2, 3 degrees of freedom)
+T975 = {
+    2: 4.3027,
+    3: 3.1824,
+}  # Student's t 0.975 quantiles as printed in statistical tables (2, 3 degrees of freedom)
 
 
 def test_t_interval_over_units_by_hand():
@@ -94,7 +100,9 @@ def test_t_interval_over_units_by_hand():
     s = results.summarize(frame, "t", "m", by=["method"])
     assert s.loc[0, "mean"] == 2.5 and s.loc[0, "n"] == 4 and s.loc[0, "interval"] == "t"
     half = T975[3] * np.std(values, ddof=1) / math.sqrt(4)
-    assert s.loc[0, "half"] == pytest.approx(half, rel=1e-4) and s.loc[0, "lo"] + s.loc[0, "half"] == pytest.approx(2.5)
+    assert s.loc[0, "half"] == pytest.approx(half, rel=1e-4) and s.loc[0, "lo"] + s.loc[
+        0, "half"
+    ] == pytest.approx(2.5)
     assert results.summarize(frame.sample(frac=1.0, random_state=2), "t", "m", by=["method"]).equals(s)
     for m in (1, 2):  # below 3 units: no interval, not a zero-width or a +-12.7 s.e. one
         few = results.summarize(frame[frame["trial"] < m], "t", "m", by=["method"])
@@ -111,8 +119,9 @@ def test_perplexity_interval_is_t_over_documents_token_weighted():
     centre = (loss * n).sum() / n.sum()  # 2.7222...
     assert s.loc[0, "mean"] == pytest.approx(math.exp(centre), rel=1e-12) and s.loc[0, "interval"] == "t"
     half = T975[2] * 0.5 * math.sqrt(100**2 + 300**2 + 50**2) / 450  # s = 0.5 (losses 2, 3, 2.5)
-    assert (math.log(s.loc[0, "lo"]), math.log(s.loc[0, "hi"])) == pytest.approx((centre - half, centre + half),
-                                                                              abs=1e-4 * half)
+    assert (math.log(s.loc[0, "lo"]), math.log(s.loc[0, "hi"])) == pytest.approx(
+        (centre - half, centre + half), abs=1e-4 * half
+    )
 
 
 def test_t_interval_over_several_aggregate_rows():
@@ -150,8 +159,11 @@ def test_compare_ratio_and_delta(df):
 
 
 def test_unknown_task_metric_column(df):
-    with pytest.raises(results.ResultsError, match=r"unknown task 'ppl' — available tasks: classification, "
-                                                   r"passkey, perplexity"):
+    with pytest.raises(
+        results.ResultsError,
+        match=r"unknown task 'ppl' — available tasks: classification, "
+        r"passkey, perplexity",
+    ):
         results.table(df, "ppl", "ppl")
     with pytest.raises(results.ResultsError, match=r"unknown metric 'acc' .*accuracy, chance, macro_f1"):
         results.table(df, "classification", "acc")

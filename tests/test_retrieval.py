@@ -180,7 +180,12 @@ def test_rows_and_grid(tiny, tok):
     assert keys == {(L, d, t) for L in (256, 320) for d in (0.0, 0.5) for t in (0, 1)}
     for r in rows:
         # the variant is the row's doc: the results layer pairs and pools prompts by (doc, depth, trial)
-        assert r["task"] == "retrieval" and r["corpus"] == "filler" and r["n"] == 1 and r["doc"] == "niah_multiquery"
+        assert (
+            r["task"] == "retrieval"
+            and r["corpus"] == "filler"
+            and r["n"] == 1
+            and r["doc"] == "niah_multiquery"
+        )
         assert (
             r["task_options"]["variant"] == "niah_multiquery" and r["task_options"]["scoring"] == "likelihood"
         )

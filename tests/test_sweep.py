@@ -1,6 +1,7 @@
 """scripts/sweep.py: config + CLI overrides, method facts deciding the factors, cell keys, failure isolation, resume
 after kill -9, and an end-to-end run on a tiny random Llama (real perplexity suite) that a 2-process accelerate
 launch must reproduce. Bad input (exit 2, one line) is tests/test_bad_inputs.py."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,16 +34,29 @@ from sweep_lib.cli import load_config, parser
 
 
 def env(**extra):
-    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-             TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    e = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+    )
     e.pop("_FAKE_CALLS", None)  # the fake suite's call counter belongs to one process
     e.update({k: str(v) for k, v in extra.items()})
     return e
 
 
 def cli(*args, timeout=300, **extra_env):
-    return subprocess.run([PY, str(SWEEP), *map(str, args)], check=False, capture_output=True, text=True, timeout=timeout,
-                          env=env(**extra_env), cwd=ROOT)
+    return subprocess.run(
+        [PY, str(SWEEP), *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(**extra_env),
+        cwd=ROOT,
+    )
 
 
 def records(run_dir) -> list[dict]:
@@ -61,7 +75,7 @@ def write(path: Path, text: str) -> Path:
 
 # A fake suite for the machinery tests: instant, records one value per length, logs every call, can raise for
 # one method, and can hang on its N-th call (so a test can kill the sweep between cells deterministically).
-FAKE_SUITE = '''
+FAKE_SUITE = """
 import os, time, extend, tasks
 
 def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scale=1.0):
@@ -85,7 +99,7 @@ def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scal
              "task_options": {"scale": scale}} for L in lengths]
 
 tasks.SUITES["fake"] = run
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +123,36 @@ def make_tiny_dir(out: Path) -> Path:
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
 
 def fake_args(model, out, *more):
-    return ["--model", str(model), "--tasks", "fake", "--lengths", "16", "32", "--out", str(out), "--quiet", *more]
+    return [
+        "--model",
+        str(model),
+        "--tasks",
+        "fake",
+        "--lengths",
+        "16",
+        "32",
+        "--out",
+        str(out),
+        "--quiet",
+        *more,
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -135,7 +169,9 @@ def parse_methods(argv):
 
 
 def test_yaml_config_and_cli_overrides(tmp_path):
-    cfg_file = write(tmp_path / "c.yaml", """
+    cfg_file = write(
+        tmp_path / "c.yaml",
+        """
         model: smollm2-135m
         methods: [plain, {method: yarn, factors: [4], options: {beta_fast: 16}}, pi]
         factors: [2]
@@ -145,23 +181,61 @@ def test_yaml_config_and_cli_overrides(tmp_path):
           passkey: {lengths: [8k], trials: 1}
         seed: 3
         out: runs/x
-        """)
+        """,
+    )
     cfg = parse_methods(["--config", str(cfg_file)])
     assert cfg["model"] == ["smollm2-135m"]
     assert [(m["method"], m["factors"], m["options"]) for m in cfg["methods"]] == [
-        ("plain", [1.0], {}), ("yarn", [4.0], {"beta_fast": 16}), ("pi", [2.0], {})]
-    assert cfg["tasks"]["perplexity"] == {"lengths": [2048, 4096], "per_length": False, "options": {"num_docs": 2}}
+        ("plain", [1.0], {}),
+        ("yarn", [4.0], {"beta_fast": 16}),
+        ("pi", [2.0], {}),
+    ]
+    assert cfg["tasks"]["perplexity"] == {
+        "lengths": [2048, 4096],
+        "per_length": False,
+        "options": {"num_docs": 2},
+    }
     assert cfg["tasks"]["passkey"]["lengths"] == [8192] and cfg["tasks"]["passkey"]["per_length"] is True
     assert cfg["seed"] == 3 and cfg["out"] == str((Path.cwd() / "runs/x").resolve())
 
-    cfg = parse_methods(["--config", str(cfg_file), "--methods", "yarn,ntk", "--factors", "8", "--lengths", "1024",
-                 "--tasks", "perplexity", "--seed", "5", "--dtype", "bf16", "-o", "yarn.beta_slow=2",
-                 "-t", "perplexity.num_docs=1", "--corpus", "pg19", "--out", str(tmp_path / "o")])
+    cfg = parse_methods(
+        [
+            "--config",
+            str(cfg_file),
+            "--methods",
+            "yarn,ntk",
+            "--factors",
+            "8",
+            "--lengths",
+            "1024",
+            "--tasks",
+            "perplexity",
+            "--seed",
+            "5",
+            "--dtype",
+            "bf16",
+            "-o",
+            "yarn.beta_slow=2",
+            "-t",
+            "perplexity.num_docs=1",
+            "--corpus",
+            "pg19",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert [(m["method"], m["factors"], m["options"]) for m in cfg["methods"]] == [
-        ("yarn", [8.0], {"beta_fast": 16, "beta_slow": 2}), ("ntk", [8.0], {})]  # CLI factors win
+        ("yarn", [8.0], {"beta_fast": 16, "beta_slow": 2}),
+        ("ntk", [8.0], {}),
+    ]  # CLI factors win
     assert list(cfg["tasks"]) == ["perplexity"] and cfg["tasks"]["perplexity"]["lengths"] == [1024]
     assert cfg["tasks"]["perplexity"]["options"] == {"num_docs": 1}
-    assert (cfg["seed"], cfg["dtype"], cfg["corpus"], cfg["out"]) == (5, "bfloat16", ["pg19"], str(tmp_path / "o"))
+    assert (cfg["seed"], cfg["dtype"], cfg["corpus"], cfg["out"]) == (
+        5,
+        "bfloat16",
+        ["pg19"],
+        str(tmp_path / "o"),
+    )
 
 
 def test_no_arguments_is_the_demo():
@@ -176,8 +250,9 @@ def test_no_arguments_is_the_demo():
     checks.check_registries(cfg)  # every name of the demo is valid (it raises otherwise) ...
     # ... and plain, whose factor does nothing (registry fact), runs once at factor 1
     factors = sorted(float(f) for f in demo["factors"])
-    assert [m["factors"] for m in cfg["methods"]] == [[1.0] if m["method"] == "plain" else factors
-                                                      for m in cfg["methods"]] and factors != [1.0]
+    assert [m["factors"] for m in cfg["methods"]] == [
+        [1.0] if m["method"] == "plain" else factors for m in cfg["methods"]
+    ] and factors != [1.0]
     assert all(set(m) == {"method", "factors", "options"} for m in cfg["methods"])  # no bookkeeping left
 
 
@@ -185,18 +260,26 @@ def test_method_facts_decide_the_factors(tmp_path):
     """A method runs at factor 1 alone where the registry says the factor does nothing (plain) or must stay 1 with
     its options (self-extend with group, rerope with leaky=False); the position-remapping methods otherwise take
     the grid's factors like the frequency methods."""
-    conf = write(tmp_path / "c.yaml", """
+    conf = write(
+        tmp_path / "c.yaml",
+        """
         model: smollm2-135m
         methods: [plain, dca, self-extend, rerope, {method: self-extend, options: {group: 4}},
                   {method: rerope, options: {leaky: false}}]
         factors: [2, 4]
         tasks: [perplexity]
         lengths: [64]
-        """)
+        """,
+    )
     cfg = parse_methods(["--config", str(conf)])
     assert [(m["method"], m["factors"]) for m in cfg["methods"]] == [
-        ("plain", [1.0]), ("dca", [2.0, 4.0]), ("self-extend", [2.0, 4.0]), ("rerope", [2.0, 4.0]),
-        ("self-extend", [1.0]), ("rerope", [1.0])]
+        ("plain", [1.0]),
+        ("dca", [2.0, 4.0]),
+        ("self-extend", [2.0, 4.0]),
+        ("rerope", [2.0, 4.0]),
+        ("self-extend", [1.0]),
+        ("rerope", [1.0]),
+    ]
     import extend
 
     assert not extend.describe("plain")["uses_factor"] and extend.describe("dca")["uses_factor"]
@@ -220,36 +303,88 @@ def test_unknown_keys_get_the_closest_names(tmp_path):
     with pytest.raises(C.ConfigError, match="unknown key 'lenghts'.*did you mean lengths"):
         resolve.resolve({"model": "m", "methods": ["plain"], "tasks": ["perplexity"], "lenghts": [1]})
     with pytest.raises(C.ConfigError, match="unknown key 'factor' in methods\\[0\\].*factors"):
-        resolve.resolve({"model": "m", "methods": [{"method": "yarn", "factor": 2}], "tasks": ["x"], "lengths": [1]})
+        resolve.resolve(
+            {"model": "m", "methods": [{"method": "yarn", "factor": 2}], "tasks": ["x"], "lengths": [1]}
+        )
 
 
 # ---------------------------------------------------------------------------------------------- cells
 def test_cell_keys_are_stable_and_complete():
-    d = {"model": "m", "method": "yarn", "factor": 2, "options": {"b": 1, "a": 2}, "task": "perplexity",
-         "task_options": {"corpus": "sotu", "num_docs": 1}, "lengths": (2048, 4096), "seed": 0, "dtype": "float32"}
+    d = {
+        "model": "m",
+        "method": "yarn",
+        "factor": 2,
+        "options": {"b": 1, "a": 2},
+        "task": "perplexity",
+        "task_options": {"corpus": "sotu", "num_docs": 1},
+        "lengths": (2048, 4096),
+        "seed": 0,
+        "dtype": "float32",
+    }
     cell = G.make_cell(**d)
-    expected = hashlib.sha256(json.dumps(
-        {"dtype": "float32", "factor": 2.0, "lengths": [2048, 4096], "method": "yarn", "model": "m",
-         "options": {"a": 2, "b": 1}, "seed": 0, "task": "perplexity",
-         "task_options": {"corpus": "sotu", "num_docs": 1}}, sort_keys=True, separators=(",", ":")).encode()
+    expected = hashlib.sha256(
+        json.dumps(
+            {
+                "dtype": "float32",
+                "factor": 2.0,
+                "lengths": [2048, 4096],
+                "method": "yarn",
+                "model": "m",
+                "options": {"a": 2, "b": 1},
+                "seed": 0,
+                "task": "perplexity",
+                "task_options": {"corpus": "sotu", "num_docs": 1},
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
     ).hexdigest()[:16]
     assert cell.key == expected and len(cell.key) == 16
     assert G.make_cell(**dict(d, options={"a": 2, "b": 1}, factor=2.0)).key == cell.key  # canonical
-    changes = {"model": "m2", "method": "pi", "factor": 4, "options": {"a": 3}, "task": "passkey",
-               "task_options": {"corpus": "pg19"}, "lengths": (2048,), "seed": 1, "dtype": "bfloat16"}
+    changes = {
+        "model": "m2",
+        "method": "pi",
+        "factor": 4,
+        "options": {"a": 3},
+        "task": "passkey",
+        "task_options": {"corpus": "pg19"},
+        "lengths": (2048,),
+        "seed": 1,
+        "dtype": "bfloat16",
+    }
     for k, v in changes.items():
         assert G.make_cell(**dict(d, **{k: v})).key != cell.key, k
 
 
 def test_grid_order_per_length_and_sharding():
-    cfg = parse_methods(["--model", "a", "b", "--methods", "plain", "yarn", "--factors", "2", "4",
-                 "--tasks", "perplexity", "passkey", "--lengths", "64", "128"])
+    cfg = parse_methods(
+        [
+            "--model",
+            "a",
+            "b",
+            "--methods",
+            "plain",
+            "yarn",
+            "--factors",
+            "2",
+            "4",
+            "--tasks",
+            "perplexity",
+            "passkey",
+            "--lengths",
+            "64",
+            "128",
+        ]
+    )
     cells = G.build(dict(cfg, dtype="float32"))
     # model x (plain@1 + yarn@2,4) x (perplexity: one cell with both lengths + passkey: one per length)
     assert len(cells) == 2 * 3 * (1 + 2)
     assert [c.model for c in cells[:9]] == ["a"] * 9
-    assert [(c.task, c.lengths) for c in cells[:3]] == [("perplexity", (64, 128)), ("passkey", (64,)),
-                                                        ("passkey", (128,))]
+    assert [(c.task, c.lengths) for c in cells[:3]] == [
+        ("perplexity", (64, 128)),
+        ("passkey", (64,)),
+        ("passkey", (128,)),
+    ]
     assert G.build(dict(cfg, dtype="float32")) == cells and len({c.key for c in cells}) == len(cells)
     shards = [G.shard(cells, r, 3) for r in range(3)]
     keys = [[c.key for c in s] for s in shards]
@@ -279,7 +414,10 @@ def test_failure_isolation_records_errors_and_continues(tmp_path, tiny_dir, fake
     bad = [r for r in rows if r["status"] == "error"]
     assert len(bad) == 1 and bad[0]["method"] == "yarn" and bad[0]["metric"] == "error"
     assert "out of memory" in bad[0]["error"] and math.isnan(bad[0]["value"])
-    assert {r["method"] for r in rows if r["status"] == "ok"} == {"plain", "pi"}  # the sweep went on after yarn
+    assert {r["method"] for r in rows if r["status"] == "ok"} == {
+        "plain",
+        "pi",
+    }  # the sweep went on after yarn
     assert "FAILED cells (1 of 3" in stdout and bad[0]["cell"] in stdout and "report: " in stdout
     assert (out / "logs" / f"{bad[0]['cell']}.log").read_text().count("RuntimeError") >= 1
     # a rerun retries only the failed cell; once it passes the exit code is 0
@@ -287,7 +425,9 @@ def test_failure_isolation_records_errors_and_continues(tmp_path, tiny_dir, fake
     log = tmp_path / "calls.log"
     monkeypatch.setenv("FAKE_LOG", str(log))
     rc = sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "yarn", "pi", "--factors", "2"))
-    assert rc == 0 and log.read_text().split("\n")[0].startswith("yarn 2") and len(log.read_text().split()) == 3
+    assert (
+        rc == 0 and log.read_text().split("\n")[0].startswith("yarn 2") and len(log.read_text().split()) == 3
+    )
     assert "all 3 cells finished" in capsys.readouterr().out
     # --fresh starts over
     rc = sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "--fresh"))
@@ -298,9 +438,18 @@ def test_fresh_deletes_only_what_ropebench_wrote(tmp_path, tiny_dir, fake_suite,
     out = tmp_path / "run"
     assert sweep_lib.main(fake_args(tiny_dir, out, "--methods", "plain", "pi", "--factors", "2")) == 0
     ours = {p.relative_to(out) for p in out.rglob("*") if p.is_file()}
-    assert Path("records.jsonl") in ours and Path("report.md") in ours and any(p.parts[0] == "tables" for p in ours)
-    mine = {"logs/lab-notebook.txt": "notes", "tables/budget.csv": "a,b", "plots/fig1.png": "png",
-            "records-mine.jsonl": "{}", "notes.md": "x"}
+    assert (
+        Path("records.jsonl") in ours
+        and Path("report.md") in ours
+        and any(p.parts[0] == "tables" for p in ours)
+    )
+    mine = {
+        "logs/lab-notebook.txt": "notes",
+        "tables/budget.csv": "a,b",
+        "plots/fig1.png": "png",
+        "records-mine.jsonl": "{}",
+        "notes.md": "x",
+    }
     for name, text in mine.items():
         (out / name).parent.mkdir(exist_ok=True)
         (out / name).write_text(text)
@@ -326,10 +475,29 @@ def test_stray_manifest_temp_is_cleaned_on_resume(tmp_path, tiny_dir, fake_suite
 
 def test_resume_after_kill_9(tmp_path, tiny_dir, fake_plugin):
     out, log, ready = tmp_path / "run", tmp_path / "calls.log", tmp_path / "ready"
-    args = fake_args(tiny_dir, out, "--plugin", fake_plugin, "--methods", "plain", "pi", "ntk", "yarn", "xpos",
-                     "--factors", "2", "4")  # plain@1 + 4 methods x 2 factors = 9 cells, one per method x factor
-    proc = subprocess.Popen([PY, str(SWEEP), *map(str, args)], env=env(FAKE_LOG=log, FAKE_HANG_AT=5, FAKE_READY=ready),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    args = fake_args(
+        tiny_dir,
+        out,
+        "--plugin",
+        fake_plugin,
+        "--methods",
+        "plain",
+        "pi",
+        "ntk",
+        "yarn",
+        "xpos",
+        "--factors",
+        "2",
+        "4",
+    )  # plain@1 + 4 methods x 2 factors = 9 cells, one per method x factor
+    proc = subprocess.Popen(
+        [PY, str(SWEEP), *map(str, args)],
+        env=env(FAKE_LOG=log, FAKE_HANG_AT=5, FAKE_READY=ready),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while not ready.exists():
@@ -361,15 +529,47 @@ def test_resume_after_kill_9(tmp_path, tiny_dir, fake_plugin):
 
 
 # ---------------------------------------------------------------------------------------------- end to end
-E2E = ["--methods", "plain", "pi", "yarn", "dynamic-ntk", "--factors", "2", "--tasks", "perplexity", "passkey",
-       "-t", "perplexity.lengths=[32,64,128,256]", "-t", "perplexity.num_docs=2", "-t", "passkey.lengths=[96,192]",
-       "-t", "passkey.trials=1", "-t", "passkey.depths=[0.5]", "--quiet"]
+E2E = [
+    "--methods",
+    "plain",
+    "pi",
+    "yarn",
+    "dynamic-ntk",
+    "--factors",
+    "2",
+    "--tasks",
+    "perplexity",
+    "passkey",
+    "-t",
+    "perplexity.lengths=[32,64,128,256]",
+    "-t",
+    "perplexity.num_docs=2",
+    "-t",
+    "passkey.lengths=[96,192]",
+    "-t",
+    "passkey.trials=1",
+    "-t",
+    "passkey.depths=[0.5]",
+    "--quiet",
+]
 
 
 def accelerate_launch(*flags, timeout=400):
     accelerate = Path(PY).parent / "accelerate"
-    return [str(accelerate), "launch", *flags, "--num_machines", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(SWEEP)]
+    return [
+        str(accelerate),
+        "launch",
+        *flags,
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        str(SWEEP),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -377,7 +577,14 @@ def e2e_one(tiny_dir, tmp_path_factory):
     """One process. Launched as `accelerate launch --cpu --num_processes 2`, which (without an MPI hostfile)
     starts a single process: the sweep must then simply run every cell itself."""
     out = tmp_path_factory.mktemp("e2e") / "one"
-    cmd = [*accelerate_launch("--cpu", "--num_processes", "2"), "--model", str(tiny_dir), "--out", str(out), *E2E]
+    cmd = [
+        *accelerate_launch("--cpu", "--num_processes", "2"),
+        "--model",
+        str(tiny_dir),
+        "--out",
+        str(out),
+        *E2E,
+    ]
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=400, env=env(), cwd=ROOT)
     return out, r
 
@@ -412,8 +619,14 @@ def test_accelerate_two_processes_equal_one(e2e_one, tiny_dir, tmp_path):
     out = tmp_path / "two"
     # On a CPU-only machine `--multi_gpu` is what makes accelerate start N processes (torchrun); the sweep then
     # joins a gloo group.
-    cmd = [*accelerate_launch("--multi_gpu", "--num_processes", "2"), "--model", str(tiny_dir), "--out", str(out),
-           *E2E]
+    cmd = [
+        *accelerate_launch("--multi_gpu", "--num_processes", "2"),
+        "--model",
+        str(tiny_dir),
+        "--out",
+        str(out),
+        *E2E,
+    ]
     r2 = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=400, env=env(), cwd=ROOT)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert (out / "records.rank0.jsonl").is_file() and (out / "records.rank1.jsonl").is_file()
@@ -461,7 +674,10 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
     assert cfg["tasks"]["perplexity"]["options"]["num_docs"] == default
     args = parser().parse_args(["--corpus", "sotu", "-t", "perplexity.num_docs=2"])
     cfg = load_config(args)
-    assert "perplexity" not in raise_demo_num_docs(cfg, args) and cfg["tasks"]["perplexity"]["options"]["num_docs"] == 2
+    assert (
+        "perplexity" not in raise_demo_num_docs(cfg, args)
+        and cfg["tasks"]["perplexity"]["options"]["num_docs"] == 2
+    )
 
     assert sweep_lib.main(["--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     err = capsys.readouterr().err
@@ -470,6 +686,18 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
     # the demo itself (and a --config file) keep their own num_docs
     assert sweep_lib.main(["--out", str(tmp_path / "d"), "--dry-run"]) == 0
     assert "num_docs raised" not in capsys.readouterr().err
-    assert sweep_lib.main(["--config", str(C.DEMO_CONFIG), "--model", "smollm2-135m", "--out", str(tmp_path / "c"),
-                           "--dry-run"]) == 0
+    assert (
+        sweep_lib.main(
+            [
+                "--config",
+                str(C.DEMO_CONFIG),
+                "--model",
+                "smollm2-135m",
+                "--out",
+                str(tmp_path / "c"),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     assert "num_docs raised" not in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """tasks.classification: grouped splits, label scoring, prompt packing, metrics."""
+
 import json
 
 import pytest
@@ -44,10 +45,18 @@ def test_decision_by_sum_and_by_mean(tiny, tok, monkeypatch, tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # a toy scorer: label "aa" has two tokens of -1 (sum -2, mean -1); "b" one token of -1.5
     fake = {("aa",): [-1.0, -1.0], ("b",): [-1.5]}
-    monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, p, conts, **kw: [torch.tensor(fake[(tok.decode(c).strip(),)][:len(c)] * 1) for c in conts])
-    assert [len(tok.encode(" aa", add_special_tokens=False)), len(tok.encode(" b", add_special_tokens=False))] == [2, 1]
-    recs = classification.run(tiny, tok, lengths=[128], corpus=str(tmp_path / "d.jsonl"), num_docs=4, progress=False)
+    monkeypatch.setattr(
+        classification,
+        "continuation_logprobs",
+        lambda m, p, conts, **kw: [torch.tensor(fake[(tok.decode(c).strip(),)][: len(c)] * 1) for c in conts],
+    )
+    assert [
+        len(tok.encode(" aa", add_special_tokens=False)),
+        len(tok.encode(" b", add_special_tokens=False)),
+    ] == [2, 1]
+    recs = classification.run(
+        tiny, tok, lengths=[128], corpus=str(tmp_path / "d.jsonl"), num_docs=4, progress=False
+    )
     got = {r["metric"]: r["value"] for r in recs if r["doc"] is None}
     per_query = [r for r in recs if r["doc"] is not None]
     # one 0/1 accuracy row per query, summing to the aggregate
@@ -62,8 +71,11 @@ def test_decision_by_sum_and_by_mean(tiny, tok, monkeypatch, tmp_path):
 
 def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, monkeypatch):
     lengths = []
-    monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, p, conts, **kw: lengths.append(len(p)) or [torch.zeros(len(c)) for c in conts])
+    monkeypatch.setattr(
+        classification,
+        "continuation_logprobs",
+        lambda m, p, conts, **kw: lengths.append(len(p)) or [torch.zeros(len(c)) for c in conts],
+    )
     recs = classification.run(tiny, tok, lengths=[512, 4096], num_docs=30, progress=False)
     assert set(lengths) == {512, 4096}
     skipped = {r["length"]: r["task_options"]["skipped_short"] for r in recs}
@@ -75,10 +87,14 @@ def test_zero_shot_prompts_are_exactly_L_and_short_documents_skipped(tiny, tok, 
 
 def test_many_shot_packs_demonstrations_to_exactly_L(tiny, tok, monkeypatch):
     prompts = []
-    monkeypatch.setattr(classification, "continuation_logprobs",
-                        lambda m, p, conts, **kw: prompts.append(p) or [torch.zeros(len(c)) for c in conts])
-    recs = classification.run(tiny, tok, lengths=[1024, 3000], mode="many-shot", label="party", num_docs=3,
-                              progress=False)
+    monkeypatch.setattr(
+        classification,
+        "continuation_logprobs",
+        lambda m, p, conts, **kw: prompts.append(p) or [torch.zeros(len(c)) for c in conts],
+    )
+    recs = classification.run(
+        tiny, tok, lengths=[1024, 3000], mode="many-shot", label="party", num_docs=3, progress=False
+    )
     assert sorted({len(p) for p in prompts}) == [1024, 3000]
     text = tok.decode(prompts[-1])
     assert text.count("\nParty: Democratic\n") >= 2 and text.count("\nParty: Republican\n") >= 2
@@ -103,14 +119,22 @@ def test_pack_demos_keeps_labels():
 
 def test_macro_f1():
     assert macro_f1(["a", "a", "b", "b"], ["a", "a", "b", "b"]) == 1.0
-    assert macro_f1(["a", "a", "b", "b"], ["a", "a", "a", "a"]) == pytest.approx((2 * 2 / (2 * 2 + 2) + 0) / 2)
+    assert macro_f1(["a", "a", "b", "b"], ["a", "a", "a", "a"]) == pytest.approx(
+        (2 * 2 / (2 * 2 + 2) + 0) / 2
+    )
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"lengths": [512], "label": "color"}, "must be one of era, party, label"), ({"lengths": [512], "mode": "few"}, "mode"),
-    ({"lengths": [0]}, "positive"), ({"lengths": [20]}, "no room"), ({"lengths": [512], "corpus": "nope"}, "unknown corpus"),
-    ({"lengths": [4096], "corpus": "short"}, "no query document"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"lengths": [512], "label": "color"}, "must be one of era, party, label"),
+        ({"lengths": [512], "mode": "few"}, "mode"),
+        ({"lengths": [0]}, "positive"),
+        ({"lengths": [20]}, "no room"),
+        ({"lengths": [512], "corpus": "nope"}, "unknown corpus"),
+        ({"lengths": [4096], "corpus": "short"}, "no query document"),
+    ],
+)
 def test_bad_parameters(tiny, tok, kw, match, tmp_path):
     rows = [{"text": "a short text", "label": y, "group": str(i)} for i, y in enumerate("xyxy")]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,4 +1,5 @@
 """tasks.data: corpora by name, local files through `datasets`, skipping short documents."""
+
 import json
 
 import pytest
@@ -30,10 +31,16 @@ def test_local_txt_dir_one_document_per_file(tmp_path):
 
 
 def test_local_jsonl_and_csv_with_labels(tmp_path):
-    rows = [{"text": "alpha beta", "label": "x", "group": "g1"}, {"text": "gamma", "label": "y", "group": "g2"}]
+    rows = [
+        {"text": "alpha beta", "label": "x", "group": "g1"},
+        {"text": "gamma", "label": "y", "group": "g2"},
+    ]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     docs = load_corpus(str(tmp_path / "d.jsonl"))
-    assert [(d.text, d.meta["label"], d.meta["group"]) for d in docs] == [("alpha beta", "x", "g1"), ("gamma", "y", "g2")]
+    assert [(d.text, d.meta["label"], d.meta["group"]) for d in docs] == [
+        ("alpha beta", "x", "g1"),
+        ("gamma", "y", "g2"),
+    ]
     (tmp_path / "c.csv").write_text("text,label\nhello there,pos\nbad day,neg\n")
     docs = load_corpus(str(tmp_path / "c.csv"))
     assert [d.meta["label"] for d in docs] == ["pos", "neg"]

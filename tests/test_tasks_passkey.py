@@ -1,4 +1,5 @@
 """tasks.passkey: exact prompt lengths, needle depth, determinism, records."""
+
 import random
 
 import pytest
@@ -18,7 +19,9 @@ def needle_depth(text, key):
 @pytest.mark.parametrize("haystack", ["filler", "corpus"])
 @pytest.mark.parametrize("chat", [False, True])
 def test_prompt_length_within_one_percent_and_needle_at_depth(tok, haystack, chat):
-    texts = None if haystack == "filler" else [d.text for d in __import__("tasks").data.load_corpus("sotu")[:40]]
+    texts = (
+        None if haystack == "filler" else [d.text for d in __import__("tasks").data.load_corpus("sotu")[:40]]
+    )
     sentences = haystack_sentences(texts, random.Random(1), words=5000)
     longest = max(len(s) for s in sentences[:400])
     for length in (500, 2000, 3000):
@@ -29,7 +32,7 @@ def test_prompt_length_within_one_percent_and_needle_at_depth(tok, haystack, cha
             assert text.count("12345") == 2 and text.rstrip().endswith("The pass key is")
             if chat:
                 assert text.startswith("<|im_start|>")
-                text = text[text.index("There is an important"):]
+                text = text[text.index("There is an important") :]
             haystack_chars = text.rindex("\nWhat is") - text.index("\n")
             assert abs(needle_depth(text, 12345) - depth) <= (longest + 2) / haystack_chars  # +- one sentence
 
@@ -43,7 +46,9 @@ def test_filler_haystack_is_the_classic_text(tok):
 def test_same_seed_same_prompts_and_results(tiny, tok, monkeypatch):
     prompts = []
     real = passkey._generate
-    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: prompts.append(ids) or real(m, t, ids, n, c))
+    monkeypatch.setattr(
+        passkey, "_generate", lambda m, t, ids, n, c: prompts.append(ids) or real(m, t, ids, n, c)
+    )
     kw = {"lengths": [128, 256], "depths": [0.0, 1.0], "trials": 2, "progress": False}
     a = passkey.run(tiny, tok, seed=3, **kw)
     b = passkey.run(tiny, tok, seed=3, **kw)
@@ -60,20 +65,33 @@ def test_same_seed_same_prompts_and_results(tiny, tok, monkeypatch):
 def test_exact_match_of_the_first_integer(tiny, tok, monkeypatch):
     keys = []
     real_build = passkey.build_prompt
-    monkeypatch.setattr(passkey, "build_prompt", lambda t, L, d, key, s, c, prefix: keys.append(key) or
-                        real_build(t, L, d, key, s, c, prefix))
+    monkeypatch.setattr(
+        passkey,
+        "build_prompt",
+        lambda t, L, d, key, s, c, prefix: keys.append(key) or real_build(t, L, d, key, s, c, prefix),
+    )
     # trial 1's prompt gets its own key back (after a leading "12"-free text), trial 0's a wrong integer
-    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: f" {keys[1]}. Remember"
-                        if str(keys[1]) in t.decode(ids) else "12 is it")
+    monkeypatch.setattr(
+        passkey,
+        "_generate",
+        lambda m, t, ids, n, c: f" {keys[1]}. Remember" if str(keys[1]) in t.decode(ids) else "12 is it",
+    )
     recs = passkey.run(tiny, tok, lengths=[128], depths=[0.5], trials=2, progress=False)
     assert [r["value"] for r in recs if r["metric"] == "correct"] == [0.0, 1.0]
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"lengths": [128], "depths": [1.5]}, r"\[0, 1\]"), ({"lengths": [128], "depths": [-0.1]}, r"\[0, 1\]"),
-    ({"lengths": [-5]}, "positive"), ({"lengths": [10]}, "too short"), ({"lengths": [128], "trials": 0}, "trials"),
-    ({"lengths": [128], "haystack": "x"}, "haystack"), ({"lengths": [128], "haystack": "corpus", "corpus": "nope"}, "unknown corpus"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"lengths": [128], "depths": [1.5]}, r"\[0, 1\]"),
+        ({"lengths": [128], "depths": [-0.1]}, r"\[0, 1\]"),
+        ({"lengths": [-5]}, "positive"),
+        ({"lengths": [10]}, "too short"),
+        ({"lengths": [128], "trials": 0}, "trials"),
+        ({"lengths": [128], "haystack": "x"}, "haystack"),
+        ({"lengths": [128], "haystack": "corpus", "corpus": "nope"}, "unknown corpus"),
+    ],
+)
 def test_bad_parameters(tiny, tok, kw, match):
     with pytest.raises(TaskError, match=match):
         passkey.run(tiny, tok, progress=False, **kw)
@@ -94,7 +112,13 @@ def _answers(monkeypatch):
 
 @pytest.mark.parametrize("haystack", ["filler", "corpus"])
 def test_shared_prefix_same_prompts_and_answers(tiny, tok, monkeypatch, haystack):
-    kw = {"lengths": [256, 384], "depths": [0.0, 0.5, 1.0], "trials": 2, "haystack": haystack, "progress": False}
+    kw = {
+        "lengths": [256, 384],
+        "depths": [0.0, 0.5, 1.0],
+        "trials": 2,
+        "haystack": haystack,
+        "progress": False,
+    }
     seen = _answers(monkeypatch)
     shared = passkey.run(tiny, tok, **kw)
     first = dict(seen)
@@ -127,4 +151,3 @@ def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
     assert sum(r["value"] for r in shared if r["metric"] == "correct") >= 3  # the model finds the keys here
     sharing, plain = counts
     assert plain.reused == 0 and sharing.reused > 0 and sharing.computed < 0.75 * plain.computed
-

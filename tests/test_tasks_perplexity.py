@@ -35,8 +35,17 @@ def test_blocked_loss_matches_the_family_forward(family, monkeypatch):
         "granite": (T.GraniteConfig, T.GraniteForCausalLM, {"logits_scaling": 4.0}),
     }[family]
     torch.manual_seed(0)
-    model = model_cls(config_cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, **extra)).eval()
+    model = model_cls(
+        config_cls(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            **extra,
+        )
+    ).eval()
     ids = torch.randint(3, 96, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = F.cross_entropy(model(ids).logits[0, :-1].float(), ids[0, 1:], reduction="none")
@@ -64,7 +73,9 @@ def test_dynamic_method_gets_one_pass_per_length(tiny, tok, monkeypatch):
     import extend
 
     calls = []
-    monkeypatch.setattr(perplexity, "token_nll", lambda *a, **k: calls.append(len(a[1])) or token_nll(*a, **k))
+    monkeypatch.setattr(
+        perplexity, "token_nll", lambda *a, **k: calls.append(len(a[1])) or token_nll(*a, **k)
+    )
     with extend.patched(tiny, "dynamic-ntk", factor=2.0):
         perplexity.run(tiny, tok, lengths=[64, 128], num_docs=1, progress=False)
     assert calls == [64, 128]
@@ -73,8 +84,12 @@ def test_dynamic_method_gets_one_pass_per_length(tiny, tok, monkeypatch):
 def test_sliding_with_stride_equal_to_window_is_truncate(tiny, tok):
     for L in (64, 200):
         t = by(perplexity.run(tiny, tok, lengths=[L], num_docs=2, progress=False), metric="loss")
-        s = by(perplexity.run(tiny, tok, lengths=[L], num_docs=2, protocol="sliding", stride=L - 1,
-                              progress=False), metric="loss")
+        s = by(
+            perplexity.run(
+                tiny, tok, lengths=[L], num_docs=2, protocol="sliding", stride=L - 1, progress=False
+            ),
+            metric="loss",
+        )
         assert t.keys() == s.keys()
         for key in t:
             assert abs(t[key]["value"] - s[key]["value"]) <= 1e-5 and t[key]["n"] == s[key]["n"]
@@ -82,10 +97,14 @@ def test_sliding_with_stride_equal_to_window_is_truncate(tiny, tok):
 
 def test_sliding_scores_every_token_of_the_span_once(tiny, tok, monkeypatch):
     seen = []
-    monkeypatch.setattr(perplexity, "token_nll",
-                        lambda m, ids, start, chunk_size: seen.append((len(ids), start)) or token_nll(m, ids, start=start))
-    recs = perplexity.run(tiny, tok, lengths=[64, 256], num_docs=1, protocol="sliding", stride=48, progress=False,
-                          add_bos=False)
+    monkeypatch.setattr(
+        perplexity,
+        "token_nll",
+        lambda m, ids, start, chunk_size: seen.append((len(ids), start)) or token_nll(m, ids, start=start),
+    )
+    recs = perplexity.run(
+        tiny, tok, lengths=[64, 256], num_docs=1, protocol="sliding", stride=48, progress=False, add_bos=False
+    )
     loss = by(recs, metric="loss", doc=None)
     assert loss[(64, None)]["n"] == loss[(256, None)]["n"] == 255  # span = 256 tokens, first one is context
     windows64 = [s for s in seen if s[0] == 64]
@@ -95,7 +114,9 @@ def test_sliding_scores_every_token_of_the_span_once(tiny, tok, monkeypatch):
 def test_lm_head_never_sees_more_than_chunk_size_positions(tiny, tok, monkeypatch):
     rows = []
     head = tiny.get_output_embeddings()
-    hook = head.register_forward_hook(lambda mod, inp, out: rows.append(out.shape[-2] if out.dim() == 3 else out.shape[0]))
+    hook = head.register_forward_hook(
+        lambda mod, inp, out: rows.append(out.shape[-2] if out.dim() == 3 else out.shape[0])
+    )
 
     def no_full_forward(*a, **k):
         raise AssertionError("the full CausalLM forward materialises (length x vocab) logits")
@@ -110,17 +131,36 @@ def test_lm_head_never_sees_more_than_chunk_size_positions(tiny, tok, monkeypatc
 
 def test_records_follow_the_contract(tiny, tok):
     recs = tasks.SUITES["perplexity"](tiny, tok, lengths=[64], num_docs=1, progress=False)
-    keys = {"task", "corpus", "length", "depth", "doc", "trial", "metric", "value", "n", "seconds", "task_options"}
+    keys = {
+        "task",
+        "corpus",
+        "length",
+        "depth",
+        "doc",
+        "trial",
+        "metric",
+        "value",
+        "n",
+        "seconds",
+        "task_options",
+    }
     assert all(set(r) == keys for r in recs)
     assert {r["metric"] for r in recs} == {"loss", "ppl"}
     assert recs[0]["task_options"]["skipped_short"] >= 0
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"lengths": [0, 64]}, "positive"), ({"lengths": []}, "positive"), ({"lengths": [64], "protocol": "x"}, "protocol"),
-    ({"lengths": [64], "corpus": "nope"}, "unknown corpus"), ({"lengths": [64], "protocol": "sliding", "stride": 100}, "stride"),
-    ({"lengths": [64], "stride": 8}, "sliding"), ({"lengths": [64], "corpus": "short"}, "join_docs"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"lengths": [0, 64]}, "positive"),
+        ({"lengths": []}, "positive"),
+        ({"lengths": [64], "protocol": "x"}, "protocol"),
+        ({"lengths": [64], "corpus": "nope"}, "unknown corpus"),
+        ({"lengths": [64], "protocol": "sliding", "stride": 100}, "stride"),
+        ({"lengths": [64], "stride": 8}, "sliding"),
+        ({"lengths": [64], "corpus": "short"}, "join_docs"),
+    ],
+)
 def test_bad_parameters(tiny, tok, kw, match, tmp_path):
     (tmp_path / "a.txt").write_text("only a few words here")
     if kw.get("corpus") == "short":
@@ -149,7 +189,11 @@ def test_ppl_tail_scores_only_the_new_tokens(tiny, tok):
 
     recs = perplexity.run(tiny, tok, lengths=[64, 128, 256], num_docs=1, progress=False)
     agg = {(r["metric"], r["length"]): r for r in recs if r["doc"] is None}
-    assert ("ppl_tail", 64) not in agg and agg[("ppl_tail", 128)]["n"] == 64 and agg[("ppl_tail", 256)]["n"] == 128
+    assert (
+        ("ppl_tail", 64) not in agg
+        and agg[("ppl_tail", 128)]["n"] == 64
+        and agg[("ppl_tail", 256)]["n"] == 128
+    )
     # total NLL at 256 = NLL at 128 + tail NLL: the tail is exactly the tokens the longer window adds
     total = agg[("loss", 256)]["value"] * agg[("loss", 256)]["n"]
     head = agg[("loss", 128)]["value"] * agg[("loss", 128)]["n"]

@@ -65,17 +65,25 @@ def test_critical_dimension_of_llama2_is_92():
 @pytest.mark.parametrize("theta, dim, context", [(1e5, 64, 8192), (1e4, 128, 4096), (5e5, 128, 8192)])
 def test_yarn_ramp_matches_transformers_frequencies(theta, dim, context):
     """Pairs up to `low` keep their frequency in transformers' yarn, pairs from `high` are divided by s."""
-    config = PreTrainedConfig(hidden_size=dim, num_attention_heads=1, head_dim=dim,
-                              max_position_embeddings=4 * context,
-                              rope_parameters={"rope_type": "yarn", "rope_theta": theta, "factor": 4.0,
-                                               "original_max_position_embeddings": context})
+    config = PreTrainedConfig(
+        hidden_size=dim,
+        num_attention_heads=1,
+        head_dim=dim,
+        max_position_embeddings=4 * context,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": theta,
+            "factor": 4.0,
+            "original_max_position_embeddings": context,
+        },
+    )
     yarn, _ = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     ratio = (yarn.double() / plain).numpy()
     low, high = theory.yarn_ramp(theta, dim, context)
-    assert np.allclose(ratio[:low + 1], 1, rtol=1e-6)
+    assert np.allclose(ratio[: low + 1], 1, rtol=1e-6)
     assert np.allclose(ratio[high:], 0.25, rtol=1e-6)
-    assert ((ratio[low + 1:high] < 1 - 1e-6) & (ratio[low + 1:high] > 0.25 + 1e-6)).all()
+    assert ((ratio[low + 1 : high] < 1 - 1e-6) & (ratio[low + 1 : high] > 0.25 + 1e-6)).all()
 
 
 def test_bad_dimension_is_refused():

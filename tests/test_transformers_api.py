@@ -44,8 +44,12 @@ def test_with_cache_uses_the_installed_transformers_keyword():
 
 
 def _deprecations(caught) -> list[str]:
-    return [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
-            and ("past_key_values" in str(w.message) or "cache" in str(w.message))]
+    return [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, (FutureWarning, DeprecationWarning))
+        and ("past_key_values" in str(w.message) or "cache" in str(w.message))
+    ]
 
 
 def test_cached_paths_print_no_deprecation_warning(tok):
@@ -69,8 +73,14 @@ def test_cached_paths_print_no_deprecation_warning(tok):
 
 # ---- xPos continued on a cache ----
 def _generate_logits(model, ids, new_tokens):
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
-                              output_logits=True, return_dict_in_generate=True)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out.sequences, torch.cat(out.logits)
 
@@ -82,7 +92,7 @@ def test_xpos_generate_matches_a_full_forward():
     prompt = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(3))
     with extend.patched(model, "xpos", factor=2.0), torch.no_grad():
         sequence, steps = _generate_logits(model, prompt, 12)
-        full = model(sequence[:, :-1]).logits[0, prompt.shape[1] - 1:]
+        full = model(sequence[:, :-1]).logits[0, prompt.shape[1] - 1 :]
     assert steps.shape == full.shape
     torch.testing.assert_close(steps, full, atol=tolerance(full), rtol=0)
 
@@ -101,7 +111,7 @@ def test_xpos_cached_forwards_keep_the_centre_under_either_keyword(keyword):
             passed = with_cache(model, cache) if keyword == "installed" else {"past_key_values": cache}
             return model(piece, use_cache=True, **passed).logits
 
-        steps = torch.cat([run(ids[:, :30])] + [run(ids[:, t:t + 1]) for t in range(30, 40)], 1)
+        steps = torch.cat([run(ids[:, :30])] + [run(ids[:, t : t + 1]) for t in range(30, 40)], 1)
     assert cache.get_seq_length() == 40
     torch.testing.assert_close(steps, full, atol=tolerance(full), rtol=0)
 

@@ -4,6 +4,7 @@ traceback, never deleted), and the results API raises its own one-line errors.
 The CLI's one-line messages for the same inputs are in tests/test_bad_inputs.py (and docs/bad-input.md); the race of
 two sweeps on a new --out is replayed in tests/test_reliability.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -100,21 +101,41 @@ def test_report_of_a_run_from_before_the_index_replaces_its_linked_files(run, tm
 
 # ---------------------------------------------------------------------------------------------- damaged records
 def _good(cell: str) -> dict:
-    return {"run": "r", "cell": cell, "model": "m", "method": "plain", "factor": 1.0, "options": "{}",
-            "task": "t", "corpus": "c", "task_options": "{}", "length": 64, "depth": None, "doc": None,
-            "trial": None, "metric": "loss", "value": 2.5, "n": 10, "seed": 0, "seconds": 0.1, "status": "ok",
-            "error": None}
+    return {
+        "run": "r",
+        "cell": cell,
+        "model": "m",
+        "method": "plain",
+        "factor": 1.0,
+        "options": "{}",
+        "task": "t",
+        "corpus": "c",
+        "task_options": "{}",
+        "length": 64,
+        "depth": None,
+        "doc": None,
+        "trial": None,
+        "metric": "loss",
+        "value": 2.5,
+        "n": 10,
+        "seed": 0,
+        "seconds": 0.1,
+        "status": "ok",
+        "error": None,
+    }
 
 
 def test_damaged_lines_are_skipped_counted_and_named(tmp_path):
-    lines = [json.dumps(_good("a")),
-             json.dumps({**_good("b"), "cell": ["a", "list"]}),
-             json.dumps({**_good("c"), "cell": {"a": "dict"}}),
-             "[" * 200000 + "]" * 200000,
-             json.dumps({**_good("d"), "length": "64"}),
-             json.dumps({**_good("e"), "value": True}),
-             json.dumps({"id": 7, "score": 0.5}),
-             json.dumps(_good("f"))]
+    lines = [
+        json.dumps(_good("a")),
+        json.dumps({**_good("b"), "cell": ["a", "list"]}),
+        json.dumps({**_good("c"), "cell": {"a": "dict"}}),
+        "[" * 200000 + "]" * 200000,
+        json.dumps({**_good("d"), "length": "64"}),
+        json.dumps({**_good("e"), "value": True}),
+        json.dumps({"id": 7, "score": 0.5}),
+        json.dumps(_good("f")),
+    ]
     (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.warns(ResultsWarning) as caught:
         rows = read_jsonl(tmp_path / "records.jsonl")
@@ -128,11 +149,14 @@ def test_damaged_lines_are_skipped_counted_and_named(tmp_path):
         assert finished_cells(tmp_path) == {"a", "f"}
 
 
-@pytest.mark.parametrize("line, why", [
-    (json.dumps({**_good("x"), "cell": [1, 2]}), "cell is a list"),
-    ("[" * 200000 + "]" * 200000, "nested too deeply"),
-    (json.dumps({"id": 1, "score": 0.5}), "no task, metric, value key"),
-])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (json.dumps({**_good("x"), "cell": [1, 2]}), "cell is a list"),
+        ("[" * 200000 + "]" * 200000, "nested too deeply"),
+        (json.dumps({"id": 1, "score": 0.5}), "no task, metric, value key"),
+    ],
+)
 def test_a_file_with_no_record_is_refused_naming_file_and_line(tmp_path, line, why):
     (tmp_path / "records.jsonl").write_text(line + "\n")
     for call in (results.load, finished_cells):
@@ -157,22 +181,48 @@ def test_sweep_dry_run_skips_damaged_lines_with_one_warning_line(tmp_path, capsy
     out = tmp_path / "o"
     out.mkdir()
     (out / ".ropebench.lock").touch()
-    (out / "records.jsonl").write_text(json.dumps(_good("a")) + "\n" + json.dumps({**_good("b"), "cell": [1]}) + "\n")
-    assert sweep_lib.main(["--model", "smollm2-135m", "--methods", "plain", "--tasks", "perplexity", "--lengths",
-                           "64", "--out", str(out), "--dry-run", "--quiet"]) == 0
+    (out / "records.jsonl").write_text(
+        json.dumps(_good("a")) + "\n" + json.dumps({**_good("b"), "cell": [1]}) + "\n"
+    )
+    assert (
+        sweep_lib.main(
+            [
+                "--model",
+                "smollm2-135m",
+                "--methods",
+                "plain",
+                "--tasks",
+                "perplexity",
+                "--lengths",
+                "64",
+                "--out",
+                str(out),
+                "--dry-run",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert [x for x in err.splitlines() if "damaged" in x] == [
-        f"warning: {out / 'records.jsonl'}: skipped 1 damaged line (line 2: cell is a list ([1]), expected a string)"]
+        f"warning: {out / 'records.jsonl'}: skipped 1 damaged line (line 2: cell is a list ([1]), expected a string)"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- results API errors
-@pytest.mark.parametrize("kwargs, match", [
-    ({"rows": ["method", "nosuch"]}, "rows 'nosuch' is not a column of the records — use one of: run, cell"),
-    ({"cols": "nosuch"}, "cols 'nosuch' is not a column"),
-    ({"rows": "method", "cols": "method"}, "'method' is given twice as rows/cols"),
-    ({"rows": ["method", "method"]}, "'method' is given twice"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            {"rows": ["method", "nosuch"]},
+            "rows 'nosuch' is not a column of the records — use one of: run, cell",
+        ),
+        ({"cols": "nosuch"}, "cols 'nosuch' is not a column"),
+        ({"rows": "method", "cols": "method"}, "'method' is given twice as rows/cols"),
+        ({"rows": ["method", "method"]}, "'method' is given twice"),
+    ],
+)
 def test_table_axes_raise_results_errors(run, kwargs, match):
     """table, compare and paired_differences (all need method in rows, as given here) and summarize."""
     df = results.load(run)
@@ -180,7 +230,9 @@ def test_table_axes_raise_results_errors(run, kwargs, match):
         with pytest.raises(ResultsError, match=match) as info:
             call(df, "perplexity", "ppl", **kwargs)
         assert "\n" not in str(info.value)
-    with pytest.raises(ResultsError, match="rows 'nosuch' is not a column"):  # the issue's call: was a KeyError
+    with pytest.raises(
+        ResultsError, match="rows 'nosuch' is not a column"
+    ):  # the issue's call: was a KeyError
         results.table(df, "perplexity", "ppl", rows="nosuch")
     with pytest.raises(ResultsError, match="'length' is given twice"):
         results.summarize(df, "perplexity", "ppl", by=("length", "length"))

@@ -3,6 +3,7 @@
 them); plugins.py imports plugins between the last two. Then orchestrate.py (the run directory, sharding over
 accelerate ranks: dist.py), run.py (cell execution: resume, failure isolation), summary.py (tables, report) and
 grid.py (cells and their keys), rundir.py (lock, --fresh)."""
+
 from .cli import main
 
 __all__ = ["main"]

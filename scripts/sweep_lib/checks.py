@@ -2,6 +2,7 @@
 and options (`extend.registry.check_method`), model specs and devices (`extend.loading`), suites and their options
 (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`). The sweep adds only what is its own: `-o KEY=VALUE`
 without a method, and suite arguments it sets itself. All before a model loads."""
+
 from __future__ import annotations
 
 import sys
@@ -89,12 +90,16 @@ def check_methods(cfg: dict) -> None:
         for factor in m["factors"]:
             registry.check_method(m["method"], factor, m["options"])
     if collapsed:
-        print(f"note: the factor changes nothing for {'; '.join(collapsed)}: run once, at factor 1",
-              file=sys.stderr)
+        print(
+            f"note: the factor changes nothing for {'; '.join(collapsed)}: run once, at factor 1",
+            file=sys.stderr,
+        )
     if broadcast - taken:
         key = min(broadcast - taken)
-        raise ConfigError(f"--option {key}=...: no method of the grid takes option {key!r} — check the name "
-                          f"(extend.describe(method) lists options)")
+        raise ConfigError(
+            f"--option {key}=...: no method of the grid takes option {key!r} — check the name "
+            f"(extend.describe(method) lists options)"
+        )
 
 
 def _collapsed(method: registry.Method, entry: dict) -> str:
@@ -108,7 +113,9 @@ def check_tasks(cfg: dict) -> None:
     for name, t in cfg["tasks"].items():
         for key in SET_BY_SWEEP:
             if key in t["options"]:
-                raise ConfigError(f"tasks.{name}.{key} is set by the sweep — use the top-level {key}: / --{key}")
+                raise ConfigError(
+                    f"tasks.{name}.{key} is set by the sweep — use the top-level {key}: / --{key}"
+                )
         check_task(name, t["options"], caller_keys=TASK_SWEEP_KEYS)
 
 

@@ -1,5 +1,6 @@
 """The command line: flags, the config they make, and `main(argv) -> exit code` — the one place that turns a
 RopebenchError (bad input anywhere in ropebench) into one line `error: ...` and exit 2."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,19 @@ from .orchestrate import sweep
 from .resolve import resolve
 
 # The flags that change the grid: with any of them and no --config, the demo's grid is not the demo any more.
-GRID_FLAGS = ("model", "methods", "factors", "lengths", "tasks", "corpus", "seed", "dtype", "option",
-              "task_option", "plugin")
+GRID_FLAGS = (
+    "model",
+    "methods",
+    "factors",
+    "lengths",
+    "tasks",
+    "corpus",
+    "seed",
+    "dtype",
+    "option",
+    "task_option",
+    "plugin",
+)
 
 
 class UsageError(ConfigError):
@@ -27,8 +39,10 @@ class _Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if getattr(namespace, self.dest, None) is not None:
-            raise UsageError(f"{option_string} is given twice — give it once (a list: every value after one "
-                             f"{option_string}, e.g. {option_string} a b)")
+            raise UsageError(
+                f"{option_string} is given twice — give it once (a list: every value after one "
+                f"{option_string}, e.g. {option_string} a b)"
+            )
         setattr(namespace, self.dest, values)
 
 
@@ -45,33 +59,59 @@ def _int(text):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python scripts/sweep.py", description=(
-        "Grid of model x method x factor x task x lengths for RoPE context extension. Without arguments runs the "
-        "embedded demo (scripts/configs/demo.yaml); with --config FILE the file is the base, flags override it."),
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
-        "examples:\n  python scripts/sweep.py\n  python scripts/sweep.py --config scripts/configs/llama2-7b-gpu.yaml\n"
-        "  python scripts/sweep.py --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192\n"
-        "  accelerate launch scripts/sweep.py --config my.yaml     # one share of the cells per process\n"))
+    p = _Parser(
+        prog="python scripts/sweep.py",
+        description=(
+            "Grid of model x method x factor x task x lengths for RoPE context extension. Without arguments runs the "
+            "embedded demo (scripts/configs/demo.yaml); with --config FILE the file is the base, flags override it."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n  python scripts/sweep.py\n  python scripts/sweep.py --config scripts/configs/llama2-7b-gpu.yaml\n"
+            "  python scripts/sweep.py --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192\n"
+            "  accelerate launch scripts/sweep.py --config my.yaml     # one share of the cells per process\n"
+        ),
+    )
     p.add_argument("--config", action=_Once, help="YAML config (default: scripts/configs/demo.yaml)")
-    p.add_argument("--model", nargs="+", action=_Once, help="model spec(s): hub id, local dir, .gguf file, smollm2-135m")
+    p.add_argument(
+        "--model", nargs="+", action=_Once, help="model spec(s): hub id, local dir, .gguf file, smollm2-135m"
+    )
     p.add_argument("--methods", nargs="+", action=_Once, help="RoPE methods (space or comma separated)")
     p.add_argument("--factors", nargs="+", action=_Once, help="scale factors")
-    p.add_argument("--lengths", nargs="+", action=_Once, help="context lengths for every task (e.g. 2048 4096 8k)")
+    p.add_argument(
+        "--lengths", nargs="+", action=_Once, help="context lengths for every task (e.g. 2048 4096 8k)"
+    )
     p.add_argument("--tasks", nargs="+", action=_Once, help="suites: perplexity passkey classification")
-    p.add_argument("--corpus", nargs="+", action=_Once, help="corpus name(s): sotu, pg19, proof-pile, hub id, path")
+    p.add_argument(
+        "--corpus", nargs="+", action=_Once, help="corpus name(s): sotu, pg19, proof-pile, hub id, path"
+    )
     p.add_argument("--out", action=_Once, help="run directory (rerun with the same --out to resume)")
     p.add_argument("--seed", type=_int, action=_Once, help="random seed")
     p.add_argument("--device", action=_Once, help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", action=_Once, help="float32, bfloat16, float16 or auto")
-    p.add_argument("-o", "--option", action="append", metavar="[METHOD.]KEY=VALUE",
-                   help="method option, e.g. yarn.beta_fast=16 (without METHOD: every method that takes KEY)")
-    p.add_argument("-t", "--task-option", action="append", metavar="TASK.KEY=VALUE",
-                   help="suite option, e.g. passkey.trials=4 or perplexity.num_docs=2")
-    p.add_argument("--plugin", action="append", help="module or .py file to import first (registers methods/suites)")
+    p.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        metavar="[METHOD.]KEY=VALUE",
+        help="method option, e.g. yarn.beta_fast=16 (without METHOD: every method that takes KEY)",
+    )
+    p.add_argument(
+        "-t",
+        "--task-option",
+        action="append",
+        metavar="TASK.KEY=VALUE",
+        help="suite option, e.g. passkey.trials=4 or perplexity.num_docs=2",
+    )
+    p.add_argument(
+        "--plugin", action="append", help="module or .py file to import first (registers methods/suites)"
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     p.add_argument("--fresh", action="store_true", help="delete this run directory's previous results first")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--dry-run", action="store_true", help="list the cells (and which are finished), run nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="list the cells (and which are finished), run nothing"
+    )
     return p
 
 
@@ -93,7 +133,10 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    shown, warnings.showwarning = warnings.showwarning, _one_line_warning  # e.g. damaged records: one line each
+    shown, warnings.showwarning = (
+        warnings.showwarning,
+        _one_line_warning,
+    )  # e.g. damaged records: one line each
     try:
         args = parser().parse_args(argv)
         return sweep(args, load_config(args))  # shape errors fail in load_config, before anything is checked

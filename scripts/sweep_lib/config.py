@@ -5,6 +5,7 @@ The stages after this one: `resolve` (shape and types of every key), plugins, th
 Names are checked last because plugins named in the config may register methods or suites.
 Every problem raises a RopebenchError subclass with one line: what is wrong — what to do.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,14 +35,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):  # `1:` or `on:` (YAML 1.1 reads a bool): every config key is a name
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is not a name", key_node.start_mark)
+                    None, None, f"key {key!r} is not a name", key_node.start_mark
+                )
             try:
                 hash(key)
             except TypeError:
                 continue  # PyYAML reports unhashable keys itself
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -51,10 +54,13 @@ def read_yaml(path: str | os.PathLike) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path} — check the path (examples: scripts/configs/*.yaml)") from None
+        raise ConfigError(
+            f"config file not found: {path} — check the path (examples: scripts/configs/*.yaml)"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {getattr(e, 'strerror', None) or e} — check the file"
-                          ) from None
+        raise ConfigError(
+            f"cannot read config file {path}: {getattr(e, 'strerror', None) or e} — check the file"
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
@@ -62,16 +68,22 @@ def read_yaml(path: str | os.PathLike) -> dict:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         if problem.startswith("key ") and problem.endswith("is not a name"):
-            raise ConfigError(f"{path}{where}: {problem} — config keys are names such as lengths or beta_fast "
-                              f"(quote it if you meant the text)") from None
+            raise ConfigError(
+                f"{path}{where}: {problem} — config keys are names such as lengths or beta_fast "
+                f"(quote it if you meant the text)"
+            ) from None
         if problem.startswith("duplicate key"):
-            raise ConfigError(f"{path}{where}: {problem} — keep one (YAML would silently use the last)") from None
+            raise ConfigError(
+                f"{path}{where}: {problem} — keep one (YAML would silently use the last)"
+            ) from None
         raise ConfigError(f"invalid YAML in {path}{where}: {problem} — fix the syntax") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of keys (model:, methods:, ...), got a "
-                          f"{type(data).__name__} — see scripts/configs/demo.yaml")
+        raise ConfigError(
+            f"{path} must hold a mapping of keys (model:, methods:, ...), got a "
+            f"{type(data).__name__} — see scripts/configs/demo.yaml"
+        )
     return data
 
 
@@ -126,8 +138,10 @@ def merge_cli(cfg: dict, args) -> dict:
     if args.factors:
         cfg["factors"] = [parse_value(f) for f in _listed(args.factors)]
         if isinstance(cfg.get("methods"), list):  # the CLI factors win over per-method factors
-            cfg["methods"] = [{k: v for k, v in e.items() if k != "factors"} if isinstance(e, dict) else e
-                              for e in cfg["methods"]]
+            cfg["methods"] = [
+                {k: v for k, v in e.items() if k != "factors"} if isinstance(e, dict) else e
+                for e in cfg["methods"]
+            ]
     if args.lengths:
         cfg["lengths"] = [parse_value(x) for x in _listed(args.lengths)]
         cfg["_cli_lengths"] = True
@@ -151,7 +165,6 @@ def merge_cli(cfg: dict, args) -> dict:
     return cfg
 
 
-
 # ---------------------------------------------------------------------------------------------- outside the demo
 def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
     """A run that overrides --model or --corpus without --config inherits the demo's suite options, sized for the
@@ -161,14 +174,21 @@ def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
     import tasks
     from tasks.checks import suite_options
 
-    given = {(name, key) for name, key, _ in (parse_assignment(o, "--task-option") for o in args.task_option or [])}
+    given = {
+        (name, key) for name, key, _ in (parse_assignment(o, "--task-option") for o in args.task_option or [])
+    }
     raised = {}
     for name, task in cfg["tasks"].items():
         if (name, "num_docs") in given or name not in tasks.SUITES:
             continue
         default = suite_options(tasks.SUITES[name])[0].get("num_docs")
         have = task["options"].get("num_docs")
-        if isinstance(default, int) and isinstance(have, int) and not isinstance(have, bool) and have < default:
+        if (
+            isinstance(default, int)
+            and isinstance(have, int)
+            and not isinstance(have, bool)
+            and have < default
+        ):
             task["options"]["num_docs"] = default
             raised[name] = [have, default]
     return raised

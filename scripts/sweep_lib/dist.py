@@ -1,4 +1,5 @@
 """Which share of the cells this process runs: rank and world size from accelerate, else one process."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -17,7 +18,10 @@ class Dist:
 
             # cpu=True without a GPU: gloo process group (else accelerate falls back to one process per rank,
             # each believing it is alone). Long timeout: ranks may finish their shares hours apart.
-            cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+            cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in (
+                "1",
+                "true",
+            )
             self.state = PartialState(cpu=cpu, timeout=dt.timedelta(days=7))
             self.rank, self.world = self.state.process_index, self.state.num_processes
 

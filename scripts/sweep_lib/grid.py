@@ -4,6 +4,7 @@ A cell is everything that defines one suite call: model, method, factor, method 
 (corpus included), the lengths of that call, seed and dtype. Its key is the first 16 hex digits of the sha256
 of the cell's canonical JSON, so the same definition gets the same key in every process and every rerun.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,9 +44,17 @@ class Cell:
     key: str = field(default="", compare=False)
 
     def definition(self) -> dict:
-        return {"model": self.model, "method": self.method, "factor": float(self.factor),
-                "options": dict(self.options), "task": self.task, "task_options": dict(self.task_options),
-                "lengths": list(self.lengths), "seed": self.seed, "dtype": self.dtype}
+        return {
+            "model": self.model,
+            "method": self.method,
+            "factor": float(self.factor),
+            "options": dict(self.options),
+            "task": self.task,
+            "task_options": dict(self.task_options),
+            "lengths": list(self.lengths),
+            "seed": self.seed,
+            "dtype": self.dtype,
+        }
 
     @property
     def corpus(self) -> str | None:
@@ -54,8 +63,10 @@ class Cell:
     def label(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         lengths = ",".join(str(x) for x in self.lengths)
-        return (f"{self.method}{'[' + opts + ']' if opts else ''} x{self.factor:g} {self.task}"
-                f"{' ' + self.corpus if self.corpus else ''} L={lengths}")
+        return (
+            f"{self.method}{'[' + opts + ']' if opts else ''} x{self.factor:g} {self.task}"
+            f"{' ' + self.corpus if self.corpus else ''} L={lengths}"
+        )
 
 
 def make_cell(**definition) -> Cell:
@@ -86,9 +97,17 @@ def build(cfg: dict, suite_accepts=lambda task, option: True) -> list[Cell]:
                         if corpus is not None:
                             opts["corpus"] = corpus
                         for lengths in groups:
-                            cell = make_cell(model=model, method=m["method"], factor=factor,
-                                             options=dict(m["options"]), task=task, task_options=opts,
-                                             lengths=lengths, seed=cfg["seed"], dtype=cfg["dtype"])
+                            cell = make_cell(
+                                model=model,
+                                method=m["method"],
+                                factor=factor,
+                                options=dict(m["options"]),
+                                task=task,
+                                task_options=opts,
+                                lengths=lengths,
+                                seed=cfg["seed"],
+                                dtype=cfg["dtype"],
+                            )
                             if cell.key not in seen:  # e.g. a method listed twice
                                 seen.add(cell.key)
                                 cells.append(cell)

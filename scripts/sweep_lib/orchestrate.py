@@ -1,5 +1,6 @@
 """A whole sweep from a resolved config: check every name, build the grid, dry-run or take the run directory
 (lock, --fresh, resume), run this rank's share of the cells, and let rank 0 summarise the grid."""
+
 from __future__ import annotations
 
 import sys
@@ -33,17 +34,23 @@ def sweep(args, cfg: dict) -> int:
     dist = Dist()
     device = dist.device(cfg["device"])
     cells = _cells(cfg, device)
-    lock, created = rundir.take(out, dist.shard_rank)  # refused: raises, having touched nothing of the holder's
+    lock, created = rundir.take(
+        out, dist.shard_rank
+    )  # refused: raises, having touched nothing of the holder's
     completed = False
     try:
         if inherits_demo and dist.main:
-            show_grid(cfg)  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
+            show_grid(
+                cfg
+            )  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
         code = _run(args, cfg, cells, dist, device, out)
         completed = True
         return code
     finally:
         if created and not completed and not any(out.glob("records*.jsonl")):
-            rundir.discard(out, lock, dist.shard_rank)  # stopped before any record (e.g. the model is rejected)
+            rundir.discard(
+                out, lock, dist.shard_rank
+            )  # stopped before any record (e.g. the model is rejected)
         lock.release()
 
 
@@ -55,7 +62,9 @@ def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
     from tasks.checks import suite_options
 
     cfg["resolved_device"] = device or default_device()
-    if cfg["dtype"] is None:  # the manifest records the choice and why (on a CPU: measured, see extend.loading)
+    if (
+        cfg["dtype"] is None
+    ):  # the manifest records the choice and why (on a CPU: measured, see extend.loading)
         choice = dtype_choice(cfg["resolved_device"])
         cfg["dtype"], cfg["dtype_reason"] = str(choice.dtype).removeprefix("torch."), choice.reason
     else:
@@ -117,16 +126,30 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
     manifest_config = {k: v for k, v in cfg.items() if k != "trained_context"}
     manifest_config["cells"] = {c.key: c.definition() for c in cells}
     try:
-        writer.write_manifest(config=manifest_config, seed=cfg["seed"], device=cfg["resolved_device"],
-                              extra={"trained_context": cfg["trained_context"], "rank": dist.rank,
-                                     "world_size": dist.world, "cells_total": len(cells), "cells_mine": len(mine),
-                                     "cells_todo": len(todo)})
+        writer.write_manifest(
+            config=manifest_config,
+            seed=cfg["seed"],
+            device=cfg["resolved_device"],
+            extra={
+                "trained_context": cfg["trained_context"],
+                "rank": dist.rank,
+                "world_size": dist.world,
+                "cells_total": len(cells),
+                "cells_mine": len(mine),
+                "cells_todo": len(todo),
+            },
+        )
     except OSError as e:
-        raise WriteFailure(f"cannot write {writer.manifest_path}: {e.strerror or e} — free space (or fix the "
-                           f"directory), then rerun the same command") from e
+        raise WriteFailure(
+            f"cannot write {writer.manifest_path}: {e.strerror or e} — free space (or fix the "
+            f"directory), then rerun the same command"
+        ) from e
     where = f"rank {dist.rank} of {dist.world}: " if dist.world > 1 else ""
-    say(f"{len(cells)} cells ({sum(c.key in finished for c in cells)} already finished); {where}{len(todo)} to run "
-        f"-> {out}", quiet)
+    say(
+        f"{len(cells)} cells ({sum(c.key in finished for c in cells)} already finished); {where}{len(todo)} to run "
+        f"-> {out}",
+        quiet,
+    )
     t0 = time.perf_counter()
     ok, failed = run_cells(todo, cfg, writer, run=out.name, device=device, show=show, rank=dist.rank)
     try:
@@ -134,8 +157,10 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
     except OSError as e:  # every record is on disk; only the end time is missing
         say(f"warning: could not record the end time in {writer.manifest_path}: {e.strerror or e}", False)
     if dist.world > 1:
-        print(f"rank {dist.rank}: {ok} cells ok, {failed} failed in {time.perf_counter() - t0:.0f} s",
-              file=sys.stderr)
+        print(
+            f"rank {dist.rank}: {ok} cells ok, {failed} failed in {time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+        )
     dist.wait()
     if not dist.main:
         return 0  # rank 0 reports (and sets the exit code) for the whole grid

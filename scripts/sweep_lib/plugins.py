@@ -1,5 +1,6 @@
 """Plugins: modules or .py files imported before names are checked, so they can register RoPE methods
 (`extend.register`) or suites (`tasks.SUITES[name] = run`)."""
+
 from __future__ import annotations
 
 import importlib
@@ -18,7 +19,9 @@ def import_plugins(plugins: list[str]) -> None:
     for spec in dict.fromkeys([*env, *plugins]):
         spec = spec.strip()
         if not spec:
-            raise ConfigError("--plugin '' names no plugin — give a module name or a .py file (or drop --plugin)")
+            raise ConfigError(
+                "--plugin '' names no plugin — give a module name or a .py file (or drop --plugin)"
+            )
         try:
             if spec.endswith(".py"):
                 path = Path(spec).expanduser().resolve()
@@ -39,20 +42,28 @@ def import_plugins(plugins: list[str]) -> None:
                 importlib.import_module(spec)
         except ConfigError:
             raise
-        except (SystemExit, KeyboardInterrupt) as e:  # a plugin's exit() or raise KeyboardInterrupt: not ours to obey
+        except (
+            SystemExit,
+            KeyboardInterrupt,
+        ) as e:  # a plugin's exit() or raise KeyboardInterrupt: not ours to obey
             what = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else "raised KeyboardInterrupt"
-            raise ConfigError(f"plugin {spec!r} {what}{_where(e)} while being imported — fix the plugin (or drop "
-                              f"--plugin {spec})") from None
+            raise ConfigError(
+                f"plugin {spec!r} {what}{_where(e)} while being imported — fix the plugin (or drop "
+                f"--plugin {spec})"
+            ) from None
         except ModuleNotFoundError as e:
             raise ConfigError(f"plugin {spec!r} could not be imported: {e} — check the module name") from None
         except SyntaxError as e:
             where = f"{Path(e.filename).name}:{e.lineno}" if e.filename else f"line {e.lineno}"
-            raise ConfigError(f"plugin {spec!r} has a syntax error ({where}: {e.msg}) — fix the plugin file"
-                              ) from None
+            raise ConfigError(
+                f"plugin {spec!r} has a syntax error ({where}: {e.msg}) — fix the plugin file"
+            ) from None
         except Exception as e:  # noqa: BLE001 - a plugin's own bug: name it, no traceback
             first = (str(e).strip().splitlines() or [""])[0]
-            raise ConfigError(f"plugin {spec!r} raised {type(e).__name__}{_where(e)}: {first} — fix the plugin (or "
-                              f"drop --plugin {spec})") from None
+            raise ConfigError(
+                f"plugin {spec!r} raised {type(e).__name__}{_where(e)}: {first} — fix the plugin (or "
+                f"drop --plugin {spec})"
+            ) from None
 
 
 def _where(e: BaseException) -> str:

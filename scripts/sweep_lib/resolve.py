@@ -1,5 +1,6 @@
 """Sweep configuration, second stage: the merged config -> one normalised config, checking the shape and type of
 every key (no names yet: those are checked by `checks` once plugins are imported)."""
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,14 @@ TASK_SWEEP_KEYS = ("lengths", "per_length")  # consumed by the sweep, not passed
 # Cells of these tasks hold one length each (finer resume and sharding; their suites gain nothing from several
 # lengths in one call). Perplexity keeps all lengths in one cell: one forward gives the whole curve.
 PER_LENGTH_DEFAULT = {"passkey": True, "classification": True}
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
 def _as_list(value, key: str) -> list:
@@ -42,7 +49,9 @@ def _as_list(value, key: str) -> list:
         return list(value)
     if isinstance(value, (str, int, float)):
         return [value]
-    raise ConfigError(f"{key} must be a value or a list, got {type(value).__name__} — see scripts/configs/demo.yaml")
+    raise ConfigError(
+        f"{key} must be a value or a list, got {type(value).__name__} — see scripts/configs/demo.yaml"
+    )
 
 
 def check_lengths(values, where: str) -> list[int]:
@@ -72,8 +81,10 @@ def check_factors(values, where: str) -> list[float]:
         if isinstance(v, str) and NUMBER.match(v.strip()):
             v = parse_value(v)  # 1e3 in a YAML file is a string (YAML 1.1 wants 1.0e+3)
         if isinstance(v, float) and not math.isfinite(v):  # 1e400 parses to inf
-            raise ConfigError(f"{where}: factor {v!r} is not finite (too large for a float) — use a positive "
-                              f"number such as 2 or 4")
+            raise ConfigError(
+                f"{where}: factor {v!r} is not finite (too large for a float) — use a positive "
+                f"number such as 2 or 4"
+            )
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(f"{where}: factor {v!r} is not a positive number — use e.g. 2 or 4")
         out.append(float(v))
@@ -84,8 +95,10 @@ def _check_mapping(value, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping of key: value, got {type(value).__name__} {value!r} — "
-                          f"see scripts/configs/demo.yaml")
+        raise ConfigError(
+            f"{where} must be a mapping of key: value, got {type(value).__name__} {value!r} — "
+            f"see scripts/configs/demo.yaml"
+        )
     bad = [k for k in value if not isinstance(k, str)]
     if bad:
         raise ConfigError(f"{where}: key {bad[0]!r} is not a string — use names as keys")
@@ -108,10 +121,14 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
         raise ConfigError("empty grid: no model — set model: in the config or pass --model smollm2-135m")
     for m in models:
         if not isinstance(m, str) or not m.strip():
-            raise ConfigError(f"model {m!r} is not a model spec — pass a hub id, a directory, a .gguf file or "
-                              f"smollm2-135m")
-    out = {"model": list(dict.fromkeys(m.strip() for m in models)), "methods": _methods(cfg),
-           "tasks": _tasks(cfg)}
+            raise ConfigError(
+                f"model {m!r} is not a model spec — pass a hub id, a directory, a .gguf file or smollm2-135m"
+            )
+    out = {
+        "model": list(dict.fromkeys(m.strip() for m in models)),
+        "methods": _methods(cfg),
+        "tasks": _tasks(cfg),
+    }
     # methods named under options: — checked against the registry once plugins are in (checks.py)
     out["_option_methods"] = sorted(_check_mapping(cfg.get("options"), "options"))
     corpora = _as_list(cfg.get("corpus", "sotu"), "corpus")
@@ -140,11 +157,15 @@ def _methods(cfg: dict) -> list[dict]:
         if isinstance(entry, str):
             entry = {"method": entry}
         if not isinstance(entry, dict):
-            raise ConfigError(f"methods[{i}] must be a name or a mapping {{method, factors, options}}, got {entry!r} — "
-                              f"write e.g. [plain, {{method: yarn, factors: [2, 4]}}]")
+            raise ConfigError(
+                f"methods[{i}] must be a name or a mapping {{method, factors, options}}, got {entry!r} — "
+                f"write e.g. [plain, {{method: yarn, factors: [2, 4]}}]"
+            )
         bad = [k for k in entry if k not in METHOD_KEYS]
         if bad:
-            raise ConfigError(f"unknown key {bad[0]!r} in methods[{i}] — {closest(bad[0], METHOD_KEYS, 'keys')}")
+            raise ConfigError(
+                f"unknown key {bad[0]!r} in methods[{i}] — {closest(bad[0], METHOD_KEYS, 'keys')}"
+            )
         name = entry.get("method")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"methods[{i}] has no method name — write {{method: yarn, factors: [2, 4]}}")
@@ -160,8 +181,10 @@ def _methods(cfg: dict) -> list[dict]:
         seen.add((name, key))
         targets = [m for m in methods if name is None or m["method"] == name]
         if name is not None and not targets:
-            raise ConfigError(f"--option {name}.{key}: method {name!r} is not in the grid — "
-                              f"{closest(name, [m['method'] for m in methods], 'methods')}")
+            raise ConfigError(
+                f"--option {name}.{key}: method {name!r} is not in the grid — "
+                f"{closest(name, [m['method'] for m in methods], 'methods')}"
+            )
         for m in targets:
             m["options"][key] = value
             if name is None:
@@ -183,29 +206,40 @@ def _tasks(cfg: dict) -> dict:
     seen: set = set()
     for name, key, value in cfg.get("_cli_task_options", []):
         if name is None or name not in raw:
-            raise ConfigError(f"--task-option needs TASK.KEY=VALUE with a task of the grid — "
-                              f"{closest(name or '', list(raw), 'tasks')}")
+            raise ConfigError(
+                f"--task-option needs TASK.KEY=VALUE with a task of the grid — "
+                f"{closest(name or '', list(raw), 'tasks')}"
+            )
         if (name, key) in seen:
-            raise ConfigError(f"-t {name}.{key} is given twice — give it once (a list value: -t {name}.{key}=[a,b])")
+            raise ConfigError(
+                f"-t {name}.{key} is given twice — give it once (a list value: -t {name}.{key}=[a,b])"
+            )
         seen.add((name, key))
         if key == "lengths" and cli_lengths:
-            raise ConfigError(f"--lengths and -t {name}.lengths both set the lengths of {name} — drop one (--lengths "
-                              f"for every task, -t {name}.lengths=[...] for {name} alone)")
+            raise ConfigError(
+                f"--lengths and -t {name}.lengths both set the lengths of {name} — drop one (--lengths "
+                f"for every task, -t {name}.lengths=[...] for {name} alone)"
+            )
         raw[name] = dict(raw[name] or {}, **{key: value})
     tasks = {}
     for name, opts in raw.items():
         opts = _check_mapping(opts, f"tasks.{name}")
         if (cli_lengths and (name, "lengths") not in seen) or "lengths" not in opts:
             if cfg.get("lengths") is None:
-                raise ConfigError(f"task {name!r} has no lengths — set tasks.{name}.lengths or lengths:, or pass "
-                                  f"--lengths")
+                raise ConfigError(
+                    f"task {name!r} has no lengths — set tasks.{name}.lengths or lengths:, or pass --lengths"
+                )
             lengths = check_lengths(cfg["lengths"], "lengths")
         else:
             lengths = check_lengths(opts["lengths"], f"tasks.{name}.lengths")
-        per_length = _check_flag(opts.get("per_length", PER_LENGTH_DEFAULT.get(name, False)),
-                                 f"tasks.{name}.per_length")
-        tasks[name] = {"lengths": lengths, "per_length": per_length,
-                       "options": {k: v for k, v in opts.items() if k not in TASK_SWEEP_KEYS}}
+        per_length = _check_flag(
+            opts.get("per_length", PER_LENGTH_DEFAULT.get(name, False)), f"tasks.{name}.per_length"
+        )
+        tasks[name] = {
+            "lengths": lengths,
+            "per_length": per_length,
+            "options": {k: v for k, v in opts.items() if k not in TASK_SWEEP_KEYS},
+        }
     return tasks
 
 
@@ -217,13 +251,15 @@ def _run_settings(cfg: dict) -> dict:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an integer, got {seed!r} — e.g. --seed 0")
     if seed < 0:  # random.Random(-1) is random.Random(1): the same prompts under another cell key
-        raise ConfigError(f"seed must be >= 0, got {seed} — e.g. --seed 0 (a negative seed repeats the positive "
-                          f"one)")
+        raise ConfigError(
+            f"seed must be >= 0, got {seed} — e.g. --seed 0 (a negative seed repeats the positive one)"
+        )
     device = cfg.get("device")
     if device in (None, "auto", ""):
         device = None
-    elif not isinstance(device, str) or not (device in ("cpu", "cuda", "mps") or
-                                              (device.startswith("cuda:") and device[5:].isdigit())):
+    elif not isinstance(device, str) or not (
+        device in ("cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())
+    ):
         raise ConfigError(f"unknown device {device!r} — use cpu, cuda, cuda:N or auto")
     dtype = cfg.get("dtype")
     if dtype in (None, "auto", ""):
@@ -238,17 +274,28 @@ def _run_settings(cfg: dict) -> dict:
         raise ConfigError(f"out must be a directory path, got {outdir!r} — e.g. --out runs/my-sweep")
     if "\0" in outdir:
         raise ConfigError("out contains a NUL character — give a plain directory path")
-    return {"seed": seed, "device": device, "dtype": DTYPES.get(dtype) if dtype else None,
-            "trust_remote_code": trust, "plugins": [str(p) for p in _as_list(cfg.get("plugins"), "plugins")],
-            "description": cfg.get("description"), "out": _absolute(outdir)}
+    return {
+        "seed": seed,
+        "device": device,
+        "dtype": DTYPES.get(dtype) if dtype else None,
+        "trust_remote_code": trust,
+        "plugins": [str(p) for p in _as_list(cfg.get("plugins"), "plugins")],
+        "description": cfg.get("description"),
+        "out": _absolute(outdir),
+    }
 
 
 def _absolute(outdir: str) -> str:
     try:
         return str(Path(outdir).expanduser().resolve())
-    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13), an unreadable parent
-        raise ConfigError(f"cannot use --out {outdir}: {getattr(e, 'strerror', None) or e} — choose a directory "
-                          f"path without symlink loops that you can read and write") from None
+    except (
+        OSError,
+        RuntimeError,
+    ) as e:  # a symlink loop (RuntimeError before Python 3.13), an unreadable parent
+        raise ConfigError(
+            f"cannot use --out {outdir}: {getattr(e, 'strerror', None) or e} — choose a directory "
+            f"path without symlink loops that you can read and write"
+        ) from None
 
 
 def check_writable(out: str) -> None:
@@ -265,10 +312,13 @@ def check_writable(out: str) -> None:
                 break
             probe = probe.parent
         except OSError as e:  # a parent that may not be read (Permission denied), a symlink loop
-            raise ConfigError(f"cannot use --out {out}: {e.strerror or e} at {probe} — choose a directory you "
-                              f"can read and write") from None
+            raise ConfigError(
+                f"cannot use --out {out}: {e.strerror or e} at {probe} — choose a directory you "
+                f"can read and write"
+            ) from None
     if not probe.is_dir():
-        raise ConfigError(f"cannot write to --out {out}: {probe} is a file, not a directory — choose a "
-                          f"directory path")
+        raise ConfigError(
+            f"cannot write to --out {out}: {probe} is a file, not a directory — choose a directory path"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write to --out {out}: Permission denied — choose a writable directory")

@@ -1,5 +1,6 @@
 """Cell execution: load each model once, patch once per method x factor x options, run every suite cell of this
 rank, write one atomic append of rows per cell (an error row for a failed one), and keep going after a failure."""
+
 from __future__ import annotations
 
 import gc
@@ -36,23 +37,65 @@ def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = 
     options = cell.options if options is None else options
     rows = []
     for r in records:
-        row = {"run": run, "cell": cell.key, "model": cell.model, "method": cell.method, "factor": cell.factor,
-               "options": options, "task": cell.task, "corpus": cell.corpus, "task_options": cell.task_options,
-               "length": None, "depth": None, "doc": None, "trial": None, "metric": None, "value": math.nan,
-               "n": None, "seed": cell.seed, "seconds": None}
+        row = {
+            "run": run,
+            "cell": cell.key,
+            "model": cell.model,
+            "method": cell.method,
+            "factor": cell.factor,
+            "options": options,
+            "task": cell.task,
+            "corpus": cell.corpus,
+            "task_options": cell.task_options,
+            "length": None,
+            "depth": None,
+            "doc": None,
+            "trial": None,
+            "metric": None,
+            "value": math.nan,
+            "n": None,
+            "seed": cell.seed,
+            "seconds": None,
+        }
         row.update(r)
-        row.update(run=run, cell=cell.key, model=cell.model, method=cell.method, factor=cell.factor,
-                   options=options, seed=cell.seed, status="ok", error=None)
+        row.update(
+            run=run,
+            cell=cell.key,
+            model=cell.model,
+            method=cell.method,
+            factor=cell.factor,
+            options=options,
+            seed=cell.seed,
+            status="ok",
+            error=None,
+        )
         rows.append(row)
     return rows
 
 
 def error_row(cell: G.Cell, run: str, message: str, seconds: float) -> dict:
-    return {"run": run, "cell": cell.key, "model": cell.model, "method": cell.method, "factor": cell.factor,
-            "options": cell.options, "task": cell.task, "corpus": cell.corpus, "task_options": cell.task_options,
-            "length": cell.lengths[0] if len(cell.lengths) == 1 else None, "depth": None, "doc": None,
-            "trial": None, "metric": "error", "value": math.nan, "n": 0, "seed": cell.seed, "seconds": seconds,
-            "status": "error", "error": message}
+    return {
+        "run": run,
+        "cell": cell.key,
+        "model": cell.model,
+        "method": cell.method,
+        "factor": cell.factor,
+        "options": cell.options,
+        "task": cell.task,
+        "corpus": cell.corpus,
+        "task_options": cell.task_options,
+        "length": cell.lengths[0] if len(cell.lengths) == 1 else None,
+        "depth": None,
+        "doc": None,
+        "trial": None,
+        "metric": "error",
+        "value": math.nan,
+        "n": 0,
+        "seed": cell.seed,
+        "seconds": seconds,
+        "status": "error",
+        "error": message,
+    }
 
 
 def describe_error(exc: BaseException, lengths=None) -> str:
@@ -63,8 +106,11 @@ def describe_error(exc: BaseException, lengths=None) -> str:
     if "out of memory" in low or "can't allocate memory" in low or kind == "OutOfMemoryError":
         # e.g. Gemma3's sliding-window mask at 100k tokens: name the length, not only the allocator's bytes
         lengths = list(lengths or [])
-        where = f" at length {lengths[0]}" if len(lengths) == 1 else (
-            f" with lengths up to {max(lengths)}" if lengths else "")
+        where = (
+            f" at length {lengths[0]}"
+            if len(lengths) == 1
+            else (f" with lengths up to {max(lengths)}" if lengths else "")
+        )
         kind = f"out of memory{where} ({kind}) — use shorter lengths or more memory"
     return f"{kind}: {first}"[:2000] if first else kind
 
@@ -81,9 +127,11 @@ def length_warning(method: str, factor: float, lengths, patch_options: dict) -> 
     over = [L for L in lengths if L > limit]
     if not over:
         return None
-    return (f"warning: {method} x{factor:g}: length(s) {', '.join(map(str, over))} exceed {limit:g} tokens "
-            f"(what it reaches from the trained context {context}) — expect extrapolation, and memory grows with "
-            f"length")
+    return (
+        f"warning: {method} x{factor:g}: length(s) {', '.join(map(str, over))} exceed {limit:g} tokens "
+        f"(what it reaches from the trained context {context}) — expect extrapolation, and memory grows with "
+        f"length"
+    )
 
 
 # Men et al.'s criterion is checked up to this many times the longest tested length (it stops at the first failing
@@ -113,16 +161,26 @@ def theory_records(model, handle, longest: int) -> list[dict]:
     critical = min(theory.critical_dimension(f, context) for f in freqs.values())
     dim = 2 * min(len(f) for f in freqs.values())
     where = {"layer_types": [str(lt) for lt in types], "rotary_dim": dim, "frequencies_at": target}
-    rows = [{"metric": "men_reach", "value": float(reach), "n": 1, "task_options": {**where, "limit": limit}},
-            {"metric": "critical_dimension", "value": float(critical), "n": 1, "task_options": where}]
+    rows = [
+        {"metric": "men_reach", "value": float(reach), "n": 1, "task_options": {**where, "limit": limit}},
+        {"metric": "critical_dimension", "value": float(critical), "n": 1, "task_options": where},
+    ]
     if context <= theory.BOUND_MAX_CONTEXT:  # the bound's search grows with the context (extend/theory.py)
-        rows.append({"metric": "base_lower_bound", "value": float(theory.base_lower_bound(dim, context)), "n": 1,
-                     "length": context, "task_options": where})
+        rows.append(
+            {
+                "metric": "base_lower_bound",
+                "value": float(theory.base_lower_bound(dim, context)),
+                "n": 1,
+                "length": context,
+                "task_options": where,
+            }
+        )
     return rows
 
 
-def write_theory(out: Path, rank: int, model, handle, group: list[G.Cell], run: str, resolved: dict,
-                 quiet: bool) -> None:
+def write_theory(
+    out: Path, rank: int, model, handle, group: list[G.Cell], run: str, resolved: dict, quiet: bool
+) -> None:
     """Record the theory rows of one setting (a cell of its own, task "theory") in the run's theory file beside the
     records (results.reach.record_theory); a failure here is only a warning."""
     from results.reach import record_theory
@@ -137,9 +195,17 @@ def write_theory(out: Path, rank: int, model, handle, group: list[G.Cell], run: 
         return
     if not records:
         return
-    cell = G.make_cell(model=first.model, method=first.method, factor=first.factor, options=first.options,
-                       task=THEORY_TASK, task_options={"limit": THEORY_LIMIT * longest}, lengths=(longest,),
-                       seed=first.seed, dtype=first.dtype)
+    cell = G.make_cell(
+        model=first.model,
+        method=first.method,
+        factor=first.factor,
+        options=first.options,
+        task=THEORY_TASK,
+        task_options={"limit": THEORY_LIMIT * longest},
+        lengths=(longest,),
+        seed=first.seed,
+        dtype=first.dtype,
+    )
     seconds = time.perf_counter() - t0
     try:
         record_theory(out, ok_rows(cell, run, [dict(r, seconds=seconds) for r in records], resolved), rank)
@@ -169,13 +235,15 @@ def write_rows(writer, rows: list[dict]) -> None:
     try:
         writer.write(rows)
     except OSError as e:
-        raise WriteFailure(f"cannot write records to {writer.path}: {e.strerror or e} — free space (or fix the "
-                           f"directory), then rerun the same command: finished cells are kept, the rest resume"
-                           ) from e
+        raise WriteFailure(
+            f"cannot write records to {writer.path}: {e.strerror or e} — free space (or fix the "
+            f"directory), then rerun the same command: finished cells are kept, the rest resume"
+        ) from e
 
 
-def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str | None, show: bool,
-              rank: int) -> tuple[int, int]:
+def run_cells(
+    cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str | None, show: bool, rank: int
+) -> tuple[int, int]:
     """Run this rank's unfinished cells. Returns (ok, failed)."""
     from tqdm.auto import tqdm
 
@@ -184,8 +252,14 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
 
     out = Path(cfg["out"])
     done = failed = 0
-    bar = tqdm(total=len(cells), desc="sweep" if rank == 0 else f"sweep rank {rank}", unit="cell",
-               position=0, disable=not show, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(cells),
+        desc="sweep" if rank == 0 else f"sweep rank {rank}",
+        unit="cell",
+        position=0,
+        disable=not show,
+        dynamic_ncols=True,
+    )
 
     def fail_cells(group, msg: str) -> int:
         """Every cell of a group that could not start (model load or patch failed): one error row each."""
@@ -199,8 +273,9 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
         by_model = list(by_model)
         say(f"loading {model_spec} ...", not show)
         try:
-            model, tokenizer = extend.load(model_spec, device=device, dtype=cfg["dtype"],
-                                           trust_remote_code=cfg["trust_remote_code"])
+            model, tokenizer = extend.load(
+                model_spec, device=device, dtype=cfg["dtype"], trust_remote_code=cfg["trust_remote_code"]
+            )
         except extend.ExtendError:
             raise  # bad input (unknown / unsupported model): one line, exit 2
         except Exception as e:  # noqa: BLE001 - e.g. out of memory while loading: every cell of this model fails
@@ -228,8 +303,14 @@ def run_cells(cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str |
                         warning = length_warning(method, factor, cell.lengths, resolved)
                         if warning:
                             say(f"{cell.label()}: {warning}")
-                        records = suite(model, tokenizer, lengths=list(cell.lengths), seed=cell.seed,
-                                        progress=show, **cell.task_options)
+                        records = suite(
+                            model,
+                            tokenizer,
+                            lengths=list(cell.lengths),
+                            seed=cell.seed,
+                            progress=show,
+                            **cell.task_options,
+                        )
                         if not records:
                             raise RuntimeError("the suite returned no records")
                         rows = ok_rows(cell, run, list(records), resolved)

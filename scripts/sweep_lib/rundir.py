@@ -6,6 +6,7 @@ Policy for a second sweep on the same --out: it is refused (exit 2) while the fi
 the holder dies, even by kill -9: no stale lock to clean up. The lock file also marks the directory as a ropebench
 run, from the moment the sweep creates it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -21,9 +22,11 @@ from .config import ConfigError
 
 LOCK_NAME = ".ropebench.lock"
 # What ropebench writes into a run directory (the report's tables/plots are found through report.md's links).
-OWN_FILE = re.compile(r"^(records(\.rank\d+)?\.jsonl|(manifest|theory)(\.rank\d+)?\.json|report\.md|"
-                      r"\.ropebench(\.rank\d+)?\.lock|\.(manifest|theory)(\.rank\d+)?\.json\.\d+\.[0-9a-f]{8}\.tmp|"
-                      r"\.write-test-.*)$")
+OWN_FILE = re.compile(
+    r"^(records(\.rank\d+)?\.jsonl|(manifest|theory)(\.rank\d+)?\.json|report\.md|"
+    r"\.ropebench(\.rank\d+)?\.lock|\.(manifest|theory)(\.rank\d+)?\.json\.\d+\.[0-9a-f]{8}\.tmp|"
+    r"\.write-test-.*)$"
+)
 LOG_FILE = re.compile(r"^[0-9a-f]{16}\.log$")  # logs/<cell key>.log
 REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
 
@@ -52,8 +55,10 @@ def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory — choose a directory for the run")
     if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):
-        raise ConfigError(f"--out {out} is a non-empty directory that is not a ropebench run — choose a new or "
-                          f"empty directory (ropebench never writes into, or deletes, other files)")
+        raise ConfigError(
+            f"--out {out} is a non-empty directory that is not a ropebench run — choose a new or "
+            f"empty directory (ropebench never writes into, or deletes, other files)"
+        )
 
 
 def check_records(out: Path, fresh: bool) -> None:
@@ -83,18 +88,26 @@ class RunLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:  # e.g. the directory was just removed by the sweep that made it
-            raise ConfigError(f"cannot lock run directory {self.path.parent}: {e.strerror or e} — check that it "
-                              f"exists and is writable, then rerun") from None
+            raise ConfigError(
+                f"cannot lock run directory {self.path.parent}: {e.strerror or e} — check that it "
+                f"exists and is writable, then rerun"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
-            raise ConfigError(f"run directory {self.path.parent} is in use by another sweep ({holder}) — wait for "
-                              f"it to finish (then rerun to resume), or choose another --out") from None
+            raise ConfigError(
+                f"run directory {self.path.parent} is in use by another sweep ({holder}) — wait for "
+                f"it to finish (then rerun to resume), or choose another --out"
+            ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC\n".encode(), 0)
+        os.pwrite(
+            fd,
+            f"pid {os.getpid()} on {platform.node()}, since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC\n".encode(),
+            0,
+        )
         self.fd = fd
         return self
 
@@ -135,8 +148,11 @@ def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
 def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     """Temp files of an atomic write that a kill interrupted (`.manifest.json.<pid>.<hex>.tmp`), of this rank's
     own files only (another rank may be writing its own right now)."""
-    names = [f"manifest.rank{int(rank)}.json", f"theory.rank{int(rank)}.json"] if rank else \
-        ["manifest.json", "theory.json", "report.md"]
+    names = (
+        [f"manifest.rank{int(rank)}.json", f"theory.rank{int(rank)}.json"]
+        if rank
+        else ["manifest.json", "theory.json", "report.md"]
+    )
     stray = re.compile(rf"^\.({'|'.join(map(re.escape, names))})\.\d+\.[0-9a-f]{{8}}\.tmp$")
     removed = []
     for p in out.iterdir():

@@ -1,5 +1,6 @@
 """What a sweep prints: the grid it will run (when it inherits the demo's suite options) and, at the end, the main
 tables, the report and the failed cells."""
+
 from __future__ import annotations
 
 import inspect
@@ -15,8 +16,11 @@ def main_tables() -> list[tuple[str, str, str]]:
     import tasks
     from tasks.suite import suite_of
 
-    return [(name, metric, caption) for name, run in tasks.SUITES.items()
-            for metric, caption in suite_of(name, run).tables]
+    return [
+        (name, metric, caption)
+        for name, run in tasks.SUITES.items()
+        for metric, caption in suite_of(name, run).tables
+    ]
 
 
 def show_grid(cfg: dict) -> None:
@@ -26,7 +30,9 @@ def show_grid(cfg: dict) -> None:
     import tasks
     from tasks.checks import suite_options
 
-    print(f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr)
+    print(
+        f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr
+    )
     for name, t in cfg["tasks"].items():
         defaults, _ = suite_options(tasks.SUITES[name])
         effective = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}
@@ -34,13 +40,18 @@ def show_grid(cfg: dict) -> None:
         effective.pop("corpus", None)
         opts = ", ".join(f"{k}={v}" for k, v in effective.items())
         print(f"  {name}: lengths {t['lengths']}; {opts}", file=sys.stderr)
-    print(f"  corpus {', '.join(cfg['corpus'])}; seed {cfg['seed']}; methods "
-          f"{', '.join(m['method'] for m in cfg['methods'])}", file=sys.stderr)
+    print(
+        f"  corpus {', '.join(cfg['corpus'])}; seed {cfg['seed']}; methods "
+        f"{', '.join(m['method'] for m in cfg['methods'])}",
+        file=sys.stderr,
+    )
     raised = cfg.get("num_docs_raised") or {}
     if raised:
-        print("  num_docs raised from the demo's to each suite's default (enough documents for an interval; "
-              "-t TASK.num_docs=N sets it): " + ", ".join(f"{t} {a} -> {b}" for t, (a, b) in raised.items()),
-              file=sys.stderr)
+        print(
+            "  num_docs raised from the demo's to each suite's default (enough documents for an interval; "
+            "-t TASK.num_docs=N sets it): " + ", ".join(f"{t} {a} -> {b}" for t, (a, b) in raised.items()),
+            file=sys.stderr,
+        )
 
 
 def summarize(cfg: dict, cells: list[G.Cell]) -> int:
@@ -61,7 +72,9 @@ def summarize(cfg: dict, cells: list[G.Cell]) -> int:
     if not ok.empty:
         try:  # the report's first table: what each setting reaches, every value with its interval and n
             print("\n## summary — value [95% interval] n (details and paired differences in report.md)\n")
-            print(results.to_markdown(results.summary(pd.concat([ok, theory]) if len(theory) else ok)).rstrip())
+            print(
+                results.to_markdown(results.summary(pd.concat([ok, theory]) if len(theory) else ok)).rstrip()
+            )
             print(f"\n{rules_caption()}")
         except results.ResultsError as e:
             print(f"(no summary: {e})")

