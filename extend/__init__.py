@@ -8,7 +8,7 @@ in place (and undo cleanly), plus model loading.
     print(extend.inspect(model, "yarn", factor=2))                  # what the patch changes, per layer type
 """
 
-from . import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
+from . import frequency_methods as _frequency_methods  # noqa: F401  (registers the frequency methods)
 from . import remap as _remap_methods  # noqa: F401  (registers self-extend, rerope, dca)
 from .errors import ExtendError, RopebenchError
 from .families import TESTED_FAMILIES, UNSUPPORTED_FAMILIES

@@ -1,7 +1,7 @@
 """Position-remapping methods: Self-Extend, ReRoPE (and leaky ReRoPE), Dual Chunk Attention.
 
-The frequency methods (extend/methods.py) change RoPE's frequencies; these keep them and change which position
-indices a (query, key) pair is rotated with. Each method is a pure function of the model's base RoPE parameters
+The frequency methods (extend/frequency_methods.py) change RoPE's frequencies; these keep them and change
+which position indices a (query, key) pair is rotated with. Each method is a pure function of the model's base RoPE parameters
 (`RopeBase`: only the trained context c is used), `factor` and its options, returning a `Remap`: a few
 `Piece`s that partition every query's keys. Within a piece, query i is rotated to `query_position(i)` and key j
 to `key_position(j)`, so their logit sees the relative position query_position(i) - key_position(j) (RoPE is

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import extend
-from extend.methods import transformers_rope  # the module, not the extend.methods() function
+from extend.frequency_methods import transformers_rope
 
 THETA, HEAD_DIM, L = 1e5, 64, 8192  # SmolLM2-135M's RoPE
 FACTORS = [1.0, 2.0, 4.0, 8.0]
