@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command from a fresh checkout: create/refresh .venv (idempotent) and run the sweep.
 # Without arguments this is the embedded demo (scripts/configs/demo.yaml, sized for <= 10 min on a 2-core CPU);
-# any arguments go to scripts/sweep.py, e.g. `bash scripts/demo.sh --config scripts/configs/llama2-7b-gpu.yaml`.
+# any arguments go to `ropebench sweep`, e.g. `bash scripts/demo.sh --config scripts/configs/llama2-7b-gpu.yaml`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
-exec "${ROPEBENCH_VENV:-$root/.venv}/bin/python" scripts/sweep.py "$@"
+exec "${ROPEBENCH_VENV:-$root/.venv}/bin/ropebench" sweep "$@"

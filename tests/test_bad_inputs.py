@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -1080,7 +1079,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
     err = io.StringIO()
     holder = None
     if case.kind == "sweep" and "locked" in str(args):
-        from sweep_lib.rundir import RunLock
+        from ropebench.sweep_lib.rundir import RunLock
 
         (tmp / "locked").mkdir()
         holder = RunLock(tmp / "locked").acquire()  # as if another sweep were running there
@@ -1093,7 +1092,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
             unreadable_parent(tmp) if "noread" in str(args) else contextlib.nullcontext(),
         ):
             if case.kind == "sweep":
-                import sweep_lib
+                from ropebench import sweep_lib
 
                 code = sweep_lib.main(args)
             elif case.kind == "results":
@@ -1189,8 +1188,8 @@ def test_docs_table_matches_the_cases():
 # ---------------------------------------------------------------------------------------------- accepted
 def test_accepted_inputs_that_used_to_be_refused_or_ignored(tmp_path):
     """`--factors 1e3` is a positive number; `1e3` in a YAML file too."""
-    from sweep_lib import config as C
-    from sweep_lib.cli import load_config, parser
+    from ropebench.sweep_lib import config as C
+    from ropebench.sweep_lib.cli import load_config, parser
 
     def parse(argv):
         return load_config(parser().parse_args(argv))
@@ -1228,7 +1227,7 @@ def test_accepted_inputs_that_used_to_be_refused_or_ignored(tmp_path):
 def test_corpus_under_home_is_found_by_the_check_and_the_loader(tmp_path, monkeypatch, capsys):
     """`~/x.txt` (a config file or -t value is not expanded by a shell): the check the sweep runs and the loader the
     suite runs expand it the same way, so a corpus the sweep accepts is the corpus a cell reads."""
-    import sweep_lib
+    from ropebench import sweep_lib
 
     from tasks import data
 
@@ -1285,7 +1284,7 @@ def test_records_with_odd_bookkeeping_still_report(tmp_path):
 def test_cli_runs_overriding_model_show_the_grid(tmp_path, capsys):
     """A run that inherits the demo's suite options (num_docs, trials, depths) by overriding only --model says so
     first (here as a dry run)."""
-    import sweep_lib
+    from ropebench import sweep_lib
 
     assert sweep_lib.main(["--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     err = capsys.readouterr().err

@@ -1,16 +1,12 @@
 """Sweep guards from issue 12: a warning past factor x the trained context, out of memory as a per-cell error
 naming the length, and the patch's resolved RoPE options (policy, base theta, trained context) in every row."""
 
-import sys
-from pathlib import Path
-
 from conftest import tiny_llama
 
 import extend
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from sweep_lib import grid as G
-from sweep_lib import run as R
+from ropebench.sweep_lib import grid as G
+from ropebench.sweep_lib import run as R
 
 
 def test_length_warning_past_factor_times_trained_context():

@@ -3,7 +3,6 @@ transformers' own rope types where they exist. Positions up to 32768, factors 1,
 
 import dataclasses
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -224,8 +223,7 @@ def test_dynamic_defaults_agree_with_docs_and_are_recorded():
 def test_sweep_collapses_a_factor_that_changes_nothing_with_one_line(capsys):
     """A sweep over factors 2 and 4 runs dynamic-yarn (paper rule) once, at factor 1, and says so in one line;
     dynamic-ntk (emozilla's rule, the factor enters) keeps both."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from sweep_lib import checks
+    from ropebench.sweep_lib import checks
 
     cfg = {
         "methods": [

@@ -5,7 +5,6 @@ computed by hand: Wilson's formula written out, Student's t from printed tables,
 
 import math
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -262,9 +261,8 @@ def _first_negative(inv_freq, limit):
     ],
 )
 def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale, divide):
-    sys.path.insert(0, str(ROOT / "scripts"))
     from conftest import tiny_llama
-    from sweep_lib import run as R
+    from ropebench.sweep_lib import run as R
 
     import extend
 
@@ -282,9 +280,8 @@ def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale
 
 
 def test_no_theory_rows_for_position_remapping():
-    sys.path.insert(0, str(ROOT / "scripts"))
     from conftest import tiny_llama
-    from sweep_lib import run as R
+    from ropebench.sweep_lib import run as R
 
     import extend
 

@@ -268,7 +268,7 @@ def test_second_sweep_started_later_is_refused_while_the_first_runs(tmp_path, ti
 RACE_PLUGIN = """
 import os, time
 from pathlib import Path
-from sweep_lib import rundir
+from ropebench.sweep_lib import rundir
 
 ROLE, SYNC, OUT = os.environ["RACE_ROLE"], Path(os.environ["RACE_SYNC"]), os.path.realpath(os.environ["RACE_OUT"])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -318,8 +317,7 @@ def test_length_too_short_refused_from_the_tokenizer(tok):
 
 
 def test_sweep_unknown_variant_exit_2_before_the_model_loads(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import sweep_lib
+    from ropebench import sweep_lib
 
     def refuse(*a, **k):
         raise AssertionError("a model was loaded for a bad input")

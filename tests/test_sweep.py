@@ -19,18 +19,17 @@ from pathlib import Path
 
 import pytest
 
+from ropebench import sweep_lib
+from ropebench.sweep_lib import checks, resolve
+from ropebench.sweep_lib import config as C
+from ropebench.sweep_lib import grid as G
+from ropebench.sweep_lib import run as R
+from ropebench.sweep_lib.cli import load_config, parser
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 SWEEP = SCRIPTS / "sweep.py"
 PY = sys.executable
-sys.path.insert(0, str(SCRIPTS))
-
-import sweep_lib
-from sweep_lib import checks, resolve
-from sweep_lib import config as C
-from sweep_lib import grid as G
-from sweep_lib import run as R
-from sweep_lib.cli import load_config, parser
 
 
 def env(**extra):
@@ -662,7 +661,7 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
     keep theirs; the grid printed first says so."""
     import inspect
 
-    from sweep_lib.config import raise_demo_num_docs
+    from ropebench.sweep_lib.config import raise_demo_num_docs
 
     import tasks
 

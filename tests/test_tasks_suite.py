@@ -3,7 +3,6 @@ itself; the shared cell runner."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,8 +49,7 @@ def test_a_declared_suite_is_checked_everywhere_from_one_declaration(monkeypatch
         run(None, None, lengths=[8], trials=-1)
     assert run(None, None, lengths=[8], trials=3) == [{"lengths": [8], "trials": 3}]
     assert extra_tokens("toy", {"trials": 2}) == 14
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from sweep_lib.summary import main_tables
+    from ropebench.sweep_lib.summary import main_tables
 
     assert ("toy", "hit", "toy hits") in main_tables() and (
         "passkey",

@@ -8,19 +8,17 @@ two sweeps on a new --out is replayed in tests/test_reliability.py.
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
 import results
 from extend.errors import RopebenchError
 from results.store import RecordWriter, ResultsError, ResultsWarning, finished_cells, read_jsonl
 from results.synthetic import synthetic_records
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -176,7 +174,7 @@ def test_records_name_taken_by_a_directory_is_refused_by_resume_and_writer(tmp_p
 
 
 def test_sweep_dry_run_skips_damaged_lines_with_one_warning_line(tmp_path, capsys):
-    import sweep_lib
+    from ropebench import sweep_lib
 
     out = tmp_path / "o"
     out.mkdir()
@@ -240,7 +238,7 @@ def test_table_axes_raise_results_errors(run, kwargs, match):
 
 # ---------------------------------------------------------------------------------------------- sweep pieces
 def test_config_keys_must_be_names_at_every_level(tmp_path):
-    from sweep_lib.config import ConfigError, read_yaml
+    from ropebench.sweep_lib.config import ConfigError, read_yaml
 
     for text, key in (("1: x\n", "1"), ("options: {yarn: {2: 3}}\n", "2"), ("on: 3\n", "True")):
         (tmp_path / "c.yaml").write_text("model: smollm2-135m\n" + text)
@@ -249,7 +247,7 @@ def test_config_keys_must_be_names_at_every_level(tmp_path):
 
 
 def test_discard_removes_only_what_the_sweep_made(tmp_path):
-    from sweep_lib import rundir
+    from ropebench.sweep_lib import rundir
 
     out = tmp_path / "o"
     lock, created = rundir.take(out)
@@ -264,7 +262,7 @@ def test_discard_removes_only_what_the_sweep_made(tmp_path):
 
 
 def test_report_index_is_deleted_by_fresh(run, tmp_path):
-    from sweep_lib import rundir
+    from ropebench.sweep_lib import rundir
 
     out = tmp_path / "o"
     RecordWriter(out).write(synthetic_records("o", tasks=("perplexity",)))
@@ -276,7 +274,7 @@ def test_report_index_is_deleted_by_fresh(run, tmp_path):
 
 def test_warnings_during_a_test_are_not_printed_by_the_cli_formatter():
     """sweep_lib.main restores the warning display it replaced (it is a library call in these tests)."""
-    import sweep_lib
+    from ropebench import sweep_lib
 
     shown = warnings.showwarning
     sweep_lib.main(["--lenghts", "5"])

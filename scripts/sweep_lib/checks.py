@@ -1,7 +1,7 @@
-"""Sweep configuration, last stage: every name and value against the layer that owns its rule — methods, factors
-and options (`extend.registry.check_method`), model specs and devices (`extend.loading`), suites and their options
-(`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`). The sweep adds only what is its own: `-o KEY=VALUE`
-without a method, and suite arguments it sets itself. All before a model loads."""
+"""Sweep configuration, last stage: every name and value against the layer that owns its rule — methods,
+factors and options (`extend.registry.check_method`), model specs and devices (`extend.loading`), suites and
+their options (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`). The sweep adds only what is
+its own: `-o KEY=VALUE` without a method, and suite arguments it sets itself. All before a model loads."""
 
 from __future__ import annotations
 

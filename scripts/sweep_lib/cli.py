@@ -34,8 +34,8 @@ class UsageError(ConfigError):
 
 
 class _Once(argparse.Action):
-    """A list flag given twice is an error (argparse would keep only the last: `--methods plain --methods yarn`
-    ran yarn alone)."""
+    """A list flag given twice is an error (argparse would keep only the last: `--methods plain --methods
+    yarn` ran yarn alone)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if getattr(namespace, self.dest, None) is not None:
@@ -48,7 +48,7 @@ class _Once(argparse.Action):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the whole usage first)
-        raise UsageError(f"{message} — run `python scripts/sweep.py --help` for usage")
+        raise UsageError(f"{message} — run `ropebench sweep --help` for usage")
 
 
 def _int(text):
@@ -60,16 +60,18 @@ def _int(text):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python scripts/sweep.py",
+        prog="ropebench sweep",
         description=(
-            "Grid of model x method x factor x task x lengths for RoPE context extension. Without arguments runs the "
-            "embedded demo (scripts/configs/demo.yaml); with --config FILE the file is the base, flags override it."
+            "Grid of model x method x factor x task x lengths for RoPE context extension. Without arguments "
+            "runs the embedded demo (scripts/configs/demo.yaml); with --config FILE the file is the base, "
+            "flags override it."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "examples:\n  python scripts/sweep.py\n  python scripts/sweep.py --config scripts/configs/llama2-7b-gpu.yaml\n"
-            "  python scripts/sweep.py --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192\n"
+            "examples:\n  ropebench sweep\n  ropebench sweep --config scripts/configs/llama2-7b-gpu.yaml\n"
+            "  ropebench sweep --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192\n"
             "  accelerate launch scripts/sweep.py --config my.yaml     # one share of the cells per process\n"
+            "(python scripts/sweep.py ... is the same command: accelerate launch needs a script file)\n"
         ),
     )
     p.add_argument("--config", action=_Once, help="YAML config (default: scripts/configs/demo.yaml)")
@@ -116,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def load_config(args) -> dict:
-    """The config file (default: the demo) with the flags over it, resolved (shape and types; names come later)."""
+    """The config file (default: the demo) with the flags over it, resolved (shape and types; names later)."""
     source = args.config or str(DEMO_CONFIG)
     base = read_yaml(source)
     if not args.config and not args.out and any(getattr(args, f) is not None for f in GRID_FLAGS):

@@ -91,8 +91,8 @@ NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
 def parse_value(text: str):
-    """A CLI value as YAML (2 -> int, 2.5 -> float, [1, 2] -> list, true -> bool, else the string). Numbers YAML 1.1
-    leaves as strings (1e3, 2E-1) are numbers too."""
+    """A CLI value as YAML (2 -> int, 2.5 -> float, [1, 2] -> list, true -> bool, else the string). Numbers
+    YAML 1.1 leaves as strings (1e3, 2E-1) are numbers too."""
     if isinstance(text, str) and NUMBER.match(text.strip()):
         t = text.strip()
         return int(t) if re.fullmatch(r"[+-]?\d+", t) else float(t)
@@ -165,12 +165,13 @@ def merge_cli(cfg: dict, args) -> dict:
     return cfg
 
 
-# ---------------------------------------------------------------------------------------------- outside the demo
+# ------------------------------------------------------------------------------------------ outside the demo
 def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
-    """A run that overrides --model or --corpus without --config inherits the demo's suite options, sized for the
-    embedded model on sotu in ten minutes (perplexity num_docs: 1, which has no interval). There each suite's
-    num_docs below the suite's own default takes that default — enough documents for an interval; a num_docs set
-    with -t stays. Changes cfg["tasks"] in place; returns {task: [demo's, now]} for what it raised."""
+    """A run that overrides --model or --corpus without --config inherits the demo's suite options, sized for
+    the embedded model on sotu in ten minutes (perplexity num_docs: 1, which has no interval). There each
+    suite's num_docs below the suite's own default takes that default — enough documents for an interval; a
+    num_docs set with -t stays. Changes cfg["tasks"] in place; returns {task: [demo's, now]} for what it
+    raised."""
     import tasks
     from tasks.checks import suite_options
 

@@ -31,7 +31,7 @@ class Dist:
 
     @property
     def shard_rank(self) -> int | None:
-        """The rank that names this process' files (records.rank{N}.jsonl, its lock); None in a single process."""
+        """The rank that names this process' files (records.rank{N}.jsonl, its lock); None in one process."""
         return self.rank if self.world > 1 else None
 
     def wait(self):

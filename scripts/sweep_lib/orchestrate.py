@@ -94,7 +94,7 @@ def _dry_run(cfg: dict, out: Path, *, fresh: bool, inherits_demo: bool) -> int:
 
 
 def _trained_context(spec: str, trust_remote_code: bool) -> int | None:
-    """The model's trained context from its config alone; None when unknown (the report then draws no line)."""
+    """The model's trained context from its config alone; None when unknown (the report draws no line)."""
     from extend.loading import trained_context_of
 
     try:
@@ -146,8 +146,8 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
         ) from e
     where = f"rank {dist.rank} of {dist.world}: " if dist.world > 1 else ""
     say(
-        f"{len(cells)} cells ({sum(c.key in finished for c in cells)} already finished); {where}{len(todo)} to run "
-        f"-> {out}",
+        f"{len(cells)} cells ({sum(c.key in finished for c in cells)} already finished); "
+        f"{where}{len(todo)} to run -> {out}",
         quiet,
     )
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""Sweep configuration, second stage: the merged config -> one normalised config, checking the shape and type of
-every key (no names yet: those are checked by `checks` once plugins are imported)."""
+"""Sweep configuration, second stage: the merged config -> one normalised config, checking the shape and type
+of every key (no names yet: those are checked by `checks` once plugins are imported)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from .config import NUMBER, ConfigError, parse_value
 TOP_KEYS = {
     "model": "model spec(s): hub id, local dir, .gguf file or alias (smollm2-135m)",
     "methods": "RoPE methods: names, or mappings {method, factors, options}",
-    "factors": "scale factors applied to every method (a method the factor does nothing for, e.g. plain, runs at 1)",
+    "factors": (
+        "scale factors applied to every method (a method the factor does nothing for, e.g. plain, runs at 1)"
+    ),
     "options": "method options by method: {yarn: {beta_fast: 32}}",
     "tasks": "suites: a list of names, or a mapping name -> suite options (+ lengths, per_length)",
     "lengths": "context lengths for every task that does not set its own",
@@ -143,8 +145,8 @@ def resolve(cfg: dict, *, source: str = "config") -> dict:
 
 
 def _methods(cfg: dict) -> list[dict]:
-    """methods x factors x options, with -o overrides. Per method: {method, factors, options}; `_broadcast` holds
-    the keys of `-o KEY=VALUE` without a method (kept only where the method takes them: checks.py)."""
+    """methods x factors x options, with -o overrides. Per method: {method, factors, options}; `_broadcast`
+    holds the keys of `-o KEY=VALUE` without a method (kept only where the method takes them: checks.py)."""
     factors = check_factors(cfg.get("factors", [2]), "factors")
     options = _check_mapping(cfg.get("options"), "options")
     for name, opts in options.items():

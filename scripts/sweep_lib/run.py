@@ -1,5 +1,6 @@
-"""Cell execution: load each model once, patch once per method x factor x options, run every suite cell of this
-rank, write one atomic append of rows per cell (an error row for a failed one), and keep going after a failure."""
+"""Cell execution: load each model once, patch once per method x factor x options, run every suite cell of
+this rank, write one atomic append of rows per cell (an error row for a failed one), and keep going after a
+failure."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from . import grid as G
 
 
 class WriteFailure(RopebenchError):
-    """The records could not be written (e.g. a full disk): the sweep stops; finished cells stay on disk. Not bad
-    input — the environment failed — so the exit code is 1, not 2."""
+    """The records could not be written (e.g. a full disk): the sweep stops; finished cells stay on disk. Not
+    bad input — the environment failed — so the exit code is 1, not 2."""
 
     exit_code = 1
 
@@ -117,7 +118,8 @@ def describe_error(exc: BaseException, lengths=None) -> str:
 
 def length_warning(method: str, factor: float, lengths, patch_options: dict) -> str | None:
     """A warning when a length exceeds what the method reaches from the trained context (registry fact
-    `Method.reach`: factor x the trained context for most; the trained context for plain; any length for dca)."""
+    `Method.reach`: factor x the trained context for most; the trained context for plain; any length for
+    dca)."""
     from extend import registry
 
     context = patch_options.get("trained_context")
@@ -134,19 +136,21 @@ def length_warning(method: str, factor: float, lengths, patch_options: dict) -> 
     )
 
 
-# Men et al.'s criterion is checked up to this many times the longest tested length (it stops at the first failing
-# distance: milliseconds); the base bound is computed for the trained context only (seconds, cached per process).
+# Men et al.'s criterion is checked up to this many times the longest tested length (it stops at the first
+# failing distance: milliseconds); the base bound is computed for the trained context only (seconds, cached
+# per process).
 THEORY_LIMIT = 4
 THEORY_TASK = "theory"  # results.reach.THEORY_TASK: rows the report sets beside the measured reaches
 
 
 def theory_records(model, handle, longest: int) -> list[dict]:
-    """What RoPE theory predicts for the patched frequencies (extend.theory), as records with task "theory": Men et
-    al.'s reach (`men_reach`, the first distance where sum_i cos(m theta_i) < 0, checked up to THEORY_LIMIT x the
-    longest tested length), the smallest base that meets the trained context (`base_lower_bound`, `length` = that
-    context) and Liu et al.'s critical dimension — over the layer types the method extends (the most limiting),
-    dynamic methods at factor x the trained context. None for position-remapping methods: they change distances,
-    not frequencies, so the criterion on frequencies says nothing about them."""
+    """What RoPE theory predicts for the patched frequencies (extend.theory), as records with task "theory":
+    Men et al.'s reach (`men_reach`, the first distance where sum_i cos(m theta_i) < 0, checked up to
+    THEORY_LIMIT x the longest tested length), the smallest base that meets the trained context
+    (`base_lower_bound`, `length` = that context) and Liu et al.'s critical dimension — over the layer types
+    the method extends (the most limiting), dynamic methods at factor x the trained context. None for
+    position-remapping methods: they change distances, not frequencies, so the criterion on frequencies says
+    nothing about them."""
     from extend import registry, theory
 
     wrapper = model.base_model.rotary_emb
@@ -181,8 +185,8 @@ def theory_records(model, handle, longest: int) -> list[dict]:
 def write_theory(
     out: Path, rank: int, model, handle, group: list[G.Cell], run: str, resolved: dict, quiet: bool
 ) -> None:
-    """Record the theory rows of one setting (a cell of its own, task "theory") in the run's theory file beside the
-    records (results.reach.record_theory); a failure here is only a warning."""
+    """Record the theory rows of one setting (a cell of its own, task "theory") in the run's theory file
+    beside the records (results.reach.record_theory); a failure here is only a warning."""
     from results.reach import record_theory
 
     first = group[0]

@@ -1,10 +1,10 @@
 """The run directory: is it ropebench's, one writer at a time (a lock), and --fresh deleting only what
 ropebench wrote.
 
-Policy for a second sweep on the same --out: it is refused (exit 2) while the first holds the lock. The lock is an
-`fcntl.flock` on `.ropebench.lock` (`.ropebench.rank{N}.lock` per accelerate rank), so the kernel releases it when
-the holder dies, even by kill -9: no stale lock to clean up. The lock file also marks the directory as a ropebench
-run, from the moment the sweep creates it.
+Policy for a second sweep on the same --out: it is refused (exit 2) while the first holds the lock. The lock
+is an `fcntl.flock` on `.ropebench.lock` (`.ropebench.rank{N}.lock` per accelerate rank), so the kernel
+releases it when the holder dies, even by kill -9: no stale lock to clean up. The lock file also marks the
+directory as a ropebench run, from the moment the sweep creates it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def lock_name(rank: int | None) -> str:
 
 
 def is_run_dir(out: Path) -> bool:
-    """A directory a sweep wrote: it holds a ropebench lock file or a manifest written by results.RecordWriter."""
+    """A directory a sweep wrote: it holds a ropebench lock file or a manifest results.RecordWriter wrote."""
     if any(out.glob(".ropebench*.lock")):
         return True
     for manifest in out.glob("manifest*.json"):
@@ -63,8 +63,8 @@ def check_out(out: Path) -> None:
 
 def check_records(out: Path, fresh: bool) -> None:
     """Records a resume would read and append to must be ropebench's: a records name that is a directory, or a
-    records file of which no line is a record, refuses the sweep with one line (nothing is deleted); damaged lines
-    among good ones are skipped with a warning."""
+    records file of which no line is a record, refuses the sweep with one line (nothing is deleted); damaged
+    lines among good ones are skipped with a warning."""
     if not out.is_dir():
         return
     from results.store import RECORDS_NAME, check_records_path, finished_cells
@@ -120,8 +120,8 @@ class RunLock:
 def take(out: Path, rank: int | None = None) -> tuple[RunLock, bool]:
     """Make the run directory and lock it: (the held lock, whether this process made the directory).
 
-    `mkdir` without exist_ok is atomic, so of two sweeps started together exactly one makes the directory; either
-    may then win the lock. The refused one raises having created or deleted nothing of the other's."""
+    `mkdir` without exist_ok is atomic, so of two sweeps started together exactly one makes the directory;
+    either may then win the lock. The refused one raises having created or deleted nothing of the other's."""
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         out.mkdir()
@@ -132,9 +132,9 @@ def take(out: Path, rank: int | None = None) -> tuple[RunLock, bool]:
 
 
 def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
-    """Undo a run directory this process made and that got no record (e.g. the model was rejected), while still
-    holding its lock: remove only this process's own files (manifest, lock), then the directory if it is empty.
-    Anything another process put there meanwhile stays, and so does the directory."""
+    """Undo a run directory this process made and that got no record (e.g. the model was rejected), while
+    still holding its lock: remove only this process's own files (manifest, lock), then the directory if it is
+    empty. Anything another process put there meanwhile stays, and so does the directory."""
     for name in (f"manifest.rank{int(rank)}.json" if rank else "manifest.json", lock_name(rank)):
         (out / name).unlink(missing_ok=True)
     lock.release()
@@ -146,8 +146,8 @@ def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
 
 
 def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
-    """Temp files of an atomic write that a kill interrupted (`.manifest.json.<pid>.<hex>.tmp`), of this rank's
-    own files only (another rank may be writing its own right now)."""
+    """Temp files of an atomic write that a kill interrupted (`.manifest.json.<pid>.<hex>.tmp`), of this
+    rank's own files only (another rank may be writing its own right now)."""
     names = (
         [f"manifest.rank{int(rank)}.json", f"theory.rank{int(rank)}.json"]
         if rank
@@ -176,7 +176,8 @@ def _report_links(out: Path) -> set[Path]:
 
 def fresh(out: Path) -> list[Path]:
     """Delete this run's previous results, and only files ropebench wrote: records, manifests, report.md, the
-    tables/plots the report wrote (its index, or report.md's links), logs/<cell>.log. Anything else stays (and keeps its folder)."""
+    tables/plots the report wrote (its index, or report.md's links), logs/<cell>.log. Anything else stays (and
+    keeps its folder)."""
     from results.reporting import report_files
     from results.store import REPORT_INDEX
 

@@ -1,5 +1,5 @@
-"""What a sweep prints: the grid it will run (when it inherits the demo's suite options) and, at the end, the main
-tables, the report and the failed cells."""
+"""What a sweep prints: the grid it will run (when it inherits the demo's suite options) and, at the end, the
+main tables, the report and the failed cells."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def summarize(cfg: dict, cells: list[G.Cell]) -> int:
         report = results.report(out)
     except Exception as e:  # noqa: BLE001 - the records are safe; say so instead of a traceback at the very end
         report = None
-        print(f"\nreport failed: {describe_error(e)} — rebuild it with `python -m results report {out}`")
+        print(f"\nreport failed: {describe_error(e)} — rebuild it with `ropebench report {out}`")
     finished = set(ok["cell"])
     failed = [c for c in cells if c.key not in finished]
     print()

@@ -1,0 +1,93 @@
+"""The `ropebench` command: one entry point, a subcommand per job. Each subcommand hands the rest of the
+command line to the CLI that owns the job and returns its exit code (bad input: one `error: ...` line, 2):
+
+    ropebench sweep ...        the sweep (ropebench.sweep_lib; also `python scripts/sweep.py`)
+    ropebench report ...       reports and tables from run directories (`python -m results report|table`)
+    ropebench inspect ...      a model's RoPE per layer type (`python -m extend inspect`)
+    ropebench lm-eval ...      lm-eval with the `ropebench` model registered (`python -m extend.lm_eval`)
+    ropebench bench ...        the speed and memory benchmarks (`python -m benchmarks`)
+
+Each subcommand imports its package only when it runs: `ropebench --help` loads no torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+
+
+def _sweep(argv: list[str]) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sweep forks data loaders after tokenizing
+    from .sweep_lib import main
+
+    return main(argv)
+
+
+def _report(argv: list[str]) -> int:
+    from results.__main__ import main
+
+    # `ropebench report RUN_DIR ...` is `python -m results report RUN_DIR ...`; `report table ...` is
+    # `python -m results table ...`
+    return main(argv if argv[:1] == ["table"] else ["report", *argv])
+
+
+def _inspect(argv: list[str]) -> int:
+    from extend.__main__ import main
+
+    return main(["inspect", *argv])
+
+
+def _lm_eval(argv: list[str]) -> int:
+    from extend.lm_eval import main
+
+    return main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from benchmarks.cli import main
+
+    return main(argv)
+
+
+# name -> (what it does, in one line; the function that runs it)
+SUBCOMMANDS = {
+    "sweep": ("run a grid of model x method x factor x suite x length into a run directory", _sweep),
+    "report": (
+        "write report.md, tables/ and plots/ for run directories (`report table ...`: one table to stdout)",
+        _report,
+    ),
+    "inspect": ("show a model's RoPE per layer type and what a method would change (config only)", _inspect),
+    "lm-eval": ("run lm-eval's CLI with the `ropebench` model and ropebench's tasks registered", _lm_eval),
+    "bench": ("measure speed and memory per method (benchmarks/BENCHMARKS.md)", _bench),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = [
+        "usage: ropebench COMMAND [ARGS ...]    (`ropebench COMMAND --help`: that command's options)",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name:<{width}}  {about}" for name, (about, _) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+        hint = f"did you mean `ropebench {close[0]}`? " if close else ""
+        print(
+            f"error: unknown command {name!r} — {hint}the commands are {', '.join(SUBCOMMANDS)} "
+            f"(`ropebench --help`)",
+            file=sys.stderr,
+        )
+        return 2
+    code = SUBCOMMANDS[name][1](rest)
+    return 0 if code is None else code
