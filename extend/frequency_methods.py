@@ -1,6 +1,9 @@
-"""The built-in RoPE methods. Each is one short function; where transformers implements the method
-(`ROPE_INIT_FUNCTIONS`: linear, dynamic, yarn, longrope, llama3) we delegate to it, and write by hand only
-what it lacks (static NTK-aware scaling, dynamic YaRN, xPos)."""
+"""The built-in frequency methods (the position-remapping ones are in extend/remap.py). Each is one short
+function; where transformers implements the method (a rope type of `ROPE_INIT_FUNCTIONS`) we delegate to it,
+and write by hand only what it lacks (static NTK-aware scaling, dynamic YaRN, xPos).
+
+A method's docstring opens with a one-line summary, then `Formula:` and `Reference:` lines: the README's and
+docs/methods.md's method tables are generated from them (`python -m extend.docs --write`)."""
 
 from __future__ import annotations
 
@@ -45,8 +48,8 @@ def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: in
 
 
 def _check_ramp(beta_fast: float, beta_slow: float) -> None:
-    """YaRN's ramp runs from beta_slow rotations (interpolated) up to beta_fast (kept): an empty or inverted ramp
-    is not the method."""
+    """YaRN's ramp runs from beta_slow rotations (interpolated) up to beta_fast (kept): an empty or inverted
+    ramp is not the method."""
     if not beta_fast > beta_slow:
         raise ExtendError(
             f"yarn's ramp needs beta_fast > beta_slow, got beta_fast={beta_fast} and "
@@ -74,23 +77,38 @@ def dynamic_scale(factor: float, seq_len: int, original: int, rule: str) -> floa
 
 @register("plain", uses_factor=False)
 def plain(rope: RopeBase, *, factor: float):
-    """No extension (the baseline). `factor` is ignored. With start_from="shipped" (default) this is the model
-    as loaded, bit-identical (its shipped RoPE scaling kept); with start_from="pretrained" the pretrained RoPE (a
-    model's shipped scaling removed)."""
+    """No extension: the model as loaded, bit-identical (the baseline; its shipped RoPE scaling kept).
+
+    Formula: the model as loaded, bit-identical (default `start_from="shipped"`), or the pretrained RoPE with
+    `start_from="pretrained"`
+    Reference: Su et al. 2021, RoFormer, arXiv:2104.09864
+
+    `factor` is ignored. With start_from="shipped" (default) this is the model as loaded, bit-identical (its
+    shipped RoPE scaling kept); with start_from="pretrained" the pretrained RoPE (a model's shipped scaling
+    removed)."""
     return rope.inv_freq, 1.0
 
 
 @register("pi", identity_at_one=True)
 def pi(rope: RopeBase, *, factor: float):
-    """Position interpolation (Chen et al. 2023, arXiv:2306.15595): positions m -> m / s, i.e.
-    theta_i' = theta_i / s for every frequency. Delegates to transformers' `linear` rope type."""
+    """Position interpolation, m -> m/s.
+
+    Formula: theta_i / s (positions m -> m/s)
+    Reference: Chen et al. 2023, arXiv:2306.15595
+
+    Positions m -> m / s, i.e. theta_i' = theta_i / s for every frequency. Delegates to transformers' `linear`
+    rope type."""
     return transformers_rope("linear", rope, factor)
 
 
 @register("ntk", min_factor=1.0, identity_at_one=True)
 def ntk(rope: RopeBase, *, factor: float):
-    """NTK-aware base scaling (bloc97 2023; YaRN paper eq. 15, arXiv:2309.00071): b' = b * s^(d/(d-2)),
-    theta_i = b'^(-2i/d). High frequencies are kept, the lowest is interpolated by s."""
+    """NTK-aware base scaling.
+
+    Formula: b' = b * s^(d/(d-2))
+    Reference: bloc97 2023; YaRN paper eq. 15, arXiv:2309.00071
+
+    theta_i = b'^(-2i/d): high frequencies are kept, the lowest is interpolated by s."""
     base = rope.theta * factor ** (rope.dim / (rope.dim - 2))
     exponents = (
         torch.arange(0, rope.dim, 2, dtype=torch.int64).to(rope.inv_freq.device, torch.float) / rope.dim
@@ -99,13 +117,14 @@ def ntk(rope: RopeBase, *, factor: float):
 
 
 def _factor_enters(options: dict) -> bool:
-    """The dynamic methods' factor enters only the "transformers" rule: with "paper" x2 and x4 are one setting."""
+    """The dynamic methods' factor enters only the "transformers" rule: with "paper" x2 and x4 are one
+    setting."""
     return options["scale_rule"] != "paper"
 
 
 def _any_length(factor: float, context: int, options: dict) -> float:
-    """Dynamic scaling picks s from the current length L' so that s L >= L' (both rules, factor >= 1): no length
-    is past what it interpolates to."""
+    """Dynamic scaling picks s from the current length L' so that s L >= L' (both rules, factor >= 1): no
+    length is past what it interpolates to."""
     return math.inf
 
 
@@ -120,13 +139,19 @@ def _any_length(factor: float, context: int, options: dict) -> float:
 def dynamic_ntk(
     rope: RopeBase, *, factor: float, seq_len: int | None = None, scale_rule: str = "transformers"
 ):
-    """Dynamic NTK scaling (emozilla 2023, reddit r/LocalLLaMA "Dynamically Scaled RoPE", the rule transformers'
-    `dynamic` rope type implements): NTK-aware scaling b' = b * s^(d/(d-2)) with s from the current length L',
-    unchanged up to the trained context L. scale_rule="transformers" (default; emozilla's rule):
+    """NTK-aware scaling from the current length, stateless.
+
+    Formula: ntk with s(L') = max(1, s L'/L - (s-1)) from the current length L', stateless (3 at L' = 2L for
+    s = 2); `scale_rule="paper"`: max(1, L'/L), `factor` does not enter
+    Reference: emozilla 2023 (transformers' `dynamic`); `scale_rule="paper"`: YaRN sec. 3.3
+
+    Dynamic NTK scaling (emozilla 2023, reddit r/LocalLLaMA "Dynamically Scaled RoPE", the rule transformers'
+    `dynamic` rope type implements): NTK-aware scaling b' = b * s^(d/(d-2)) with s from the current length
+    L', unchanged up to the trained context L. scale_rule="transformers" (default; emozilla's rule):
     s = max(1, factor L'/L - (factor - 1)), e.g. 3 at L' = 2L for factor 2. scale_rule="paper" (YaRN paper
     sec. 3.3, arXiv:2309.00071): s = max(1, L'/L) — `factor` does not enter, so a sweep runs it once, at 1.
-    The rule is recorded in the patch's options. Stateless: computed from the current forward's length only (or
-    the length fixed by extend.fixed_length). Delegates to transformers' `dynamic`."""
+    The rule is recorded in the patch's options. Stateless: computed from the current forward's length only
+    (or the length fixed by extend.fixed_length). Delegates to transformers' `dynamic`."""
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0
@@ -138,9 +163,15 @@ def dynamic_ntk(
 
 @register("ntk-parts", min_factor=1.0, identity_at_one=True)
 def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, beta_slow: Rotations = 1.0):
-    """NTK-by-parts (bloc97 2023; YaRN paper eq. 17-18): per dimension, interpolate by s where the
-    wavelength is long (fewer than beta_slow rotations in L), keep where short (more than beta_fast
-    rotations), linear ramp between. No attention temperature (YaRN without its 0.1 ln s + 1)."""
+    """NTK-by-parts, no temperature.
+
+    Formula: per pair: theta_i/s where wavelength > L/beta_slow, theta_i where < L/beta_fast, ramp between;
+    no temperature
+    Reference: YaRN paper eq. 17-18 (bloc97 2023)
+
+    Per dimension, interpolate by s where the wavelength is long (fewer than beta_slow rotations in L), keep
+    where short (more than beta_fast rotations), linear ramp between. No attention temperature (YaRN without
+    its 0.1 ln s + 1)."""
     _check_ramp(beta_fast, beta_slow)
     inv_freq, _ = transformers_rope(
         "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=1.0
@@ -157,9 +188,14 @@ def yarn(
     beta_slow: Rotations = 1.0,
     attention_factor: Positive | None = None,
 ):
-    """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts frequencies (ramp between beta_fast=32 and
-    beta_slow=1 rotations) and attention temperature sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin.
-    Delegates to transformers' `yarn`."""
+    """NTK-by-parts + attention temperature.
+
+    Formula: ntk-parts (beta_fast 32, beta_slow 1) and cos/sin scaled by 0.1 ln s + 1 (`attention_factor`
+    None; a number replaces it)
+    Reference: Peng et al. 2023, arXiv:2309.00071
+
+    NTK-by-parts frequencies (ramp between beta_fast=32 and beta_slow=1 rotations) and attention temperature
+    sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin. Delegates to transformers' `yarn`."""
     _check_ramp(beta_fast, beta_slow)
     return transformers_rope(
         "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor
@@ -183,12 +219,18 @@ def dynamic_yarn(
     beta_slow: Rotations = 1.0,
     scale_rule: str = "paper",
 ):
-    """Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 sec. 3.3, reference code
-    `LlamaDynamicYaRNScaledRotaryEmbedding`): YaRN (frequencies and temperature) with the scale taken from the
-    current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not enter, so a sweep runs
-    it once, at factor 1; scale_rule="transformers" s = max(1, factor L'/L - (factor - 1)) (emozilla's
-    dynamic-ntk rule, as in transformers' `dynamic`). Unchanged up to the trained context L. The rule is recorded
-    in the patch's options."""
+    """YaRN from the current length (`factor` does not enter: runs once).
+
+    Formula: yarn with s(L') = max(1, L'/L) (`factor` does not enter: a sweep runs it once, at 1);
+    `scale_rule="transformers"`: max(1, s L'/L - (s-1))
+    Reference: YaRN paper sec. 3.3
+
+    Dynamic YaRN (Peng et al. 2023, arXiv:2309.00071 sec. 3.3, reference code
+    `LlamaDynamicYaRNScaledRotaryEmbedding`): YaRN (frequencies and temperature) with the
+    scale taken from the current length L': scale_rule="paper" (default) s = max(1, L'/L) — `factor` does not
+    enter, so a sweep runs it once, at factor 1; scale_rule="transformers" s = max(1, factor L'/L -
+    (factor - 1)) (emozilla's dynamic-ntk rule, as in transformers' `dynamic`). Unchanged up to the trained
+    context L. The rule is recorded in the patch's options."""
     _check_ramp(beta_fast, beta_slow)
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
@@ -200,8 +242,13 @@ def dynamic_yarn(
 def llama3(
     rope: RopeBase, *, factor: float, low_freq_factor: Positive = 1.0, high_freq_factor: Positive = 4.0
 ):
-    """Llama 3.1 scaling (Meta 2024): wavelengths longer than L/low_freq_factor are divided by s, shorter
-    than L/high_freq_factor kept, smooth interpolation between. Delegates to transformers' `llama3`."""
+    """Llama 3.1 wavelength-band scaling.
+
+    Formula: wavelength > L/low_freq_factor: theta_i/s; < L/high_freq_factor: theta_i; smooth between
+    Reference: Meta 2024, Llama 3.1
+
+    Wavelengths longer than L/low_freq_factor are divided by s, shorter than L/high_freq_factor kept, smooth
+    interpolation between. Delegates to transformers' `llama3`."""
     if not high_freq_factor > low_freq_factor > 0:
         raise ExtendError(
             f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high_freq_factor} and "
@@ -222,9 +269,15 @@ def longrope(
     attention_factor: Positive | None = None,
     seq_len: int | None = None,
 ):
-    """LongRoPE (Ding et al. 2024, arXiv:2402.13753): per-dimension rescale factors lambda_i,
-    theta_i' = theta_i / lambda_i, `short_factor` up to the trained context and `long_factor` beyond;
-    attention factor sqrt(1 + ln s / ln L). Delegates to transformers' `longrope`."""
+    """Per-pair rescale factors (user lists).
+
+    Formula: theta_i / lambda_i with user `short_factor` (L' <= L) / `long_factor` lists (one value per rotary
+    pair); attention sqrt(1 + ln s / ln L)
+    Reference: Ding et al. 2024, arXiv:2402.13753
+
+    LongRoPE: per-dimension rescale factors lambda_i, theta_i' = theta_i / lambda_i, `short_factor` up to the
+    trained context and `long_factor` beyond; attention factor sqrt(1 + ln s / ln L). Delegates to
+    transformers' `longrope`."""
     for name, values in (("short_factor", short_factor), ("long_factor", long_factor)):
         if not isinstance(values, (list, tuple)) or len(values) != rope.dim // 2:
             raise ExtendError(
@@ -253,13 +306,19 @@ def xpos(
     scale_base: Positive = 512.0,
     centre: float | None = None,
 ):
-    """xPos (Sun et al. 2022, arXiv:2212.10554): RoPE times an exponential decay per rotary pair,
-    zeta_i = (2i/d + gamma) / (1 + gamma); q at position m is scaled by zeta^(+m/scale_base) and k at n by
-    zeta^(-n/scale_base), so q.k decays as zeta^((m-n)/scale_base). `factor` interpolates positions as in
-    `pi` (for both the rotation and the decay). Exponents use (position - centre), which cancels in q.k but
-    keeps values finite: by default the centre is the middle of the positions being run (of the whole call
-    under extend.fixed_length; kept for cached continuations), and a span too wide for float32/bf16 raises
-    ExtendError naming the widest one (see extend/xpos.py); `centre` fixes it instead."""
+    """RoPE with an exponential decay on q and k.
+
+    Formula: RoPE on m/s, q scaled by zeta_i^(m/(s sb)), k by zeta_i^(-n/(s sb)),
+    zeta_i = (2i/d + gamma)/(1 + gamma), sb = `scale_base`; `centre` None: automatic
+    Reference: Sun et al. 2022, arXiv:2212.10554
+
+    xPos: RoPE times an exponential decay per rotary pair, zeta_i = (2i/d + gamma) / (1 + gamma); q at
+    position m is scaled by zeta^(+m/scale_base) and k at n by zeta^(-n/scale_base), so q.k decays as
+    zeta^((m-n)/scale_base). `factor` interpolates positions as in `pi` (for both the rotation and the
+    decay). Exponents use (position - centre), which cancels in q.k but keeps values finite: by default the
+    centre is the middle of the positions being run (of the whole call under extend.fixed_length; kept for
+    cached continuations), and a span too wide for float32/bf16 raises ExtendError naming the widest one (see
+    extend/xpos.py); `centre` fixes it instead."""
     if not gamma > 0 or not scale_base > 0:
         raise ExtendError(
             f"xpos needs gamma > 0 and scale_base > 0, got gamma={gamma}, scale_base={scale_base}"

@@ -1,13 +1,14 @@
 """Position-remapping methods: Self-Extend, ReRoPE (and leaky ReRoPE), Dual Chunk Attention.
 
 The frequency methods (extend/frequency_methods.py) change RoPE's frequencies; these keep them and change
-which position indices a (query, key) pair is rotated with. Each method is a pure function of the model's base RoPE parameters
-(`RopeBase`: only the trained context c is used), `factor` and its options, returning a `Remap`: a few
-`Piece`s that partition every query's keys. Within a piece, query i is rotated to `query_position(i)` and key j
-to `key_position(j)`, so their logit sees the relative position query_position(i) - key_position(j) (RoPE is
-relative). Positions are absolute token positions (0 = first token); `keys(i)` gives the piece's keys of query
-i as the half-open interval [lo, hi) of positions. extend/remap_attention.py evaluates this blockwise and merges
-the pieces through their log-sum-exp, so no L x L matrix is ever built.
+which position indices a (query, key) pair is rotated with. Each method is a pure function of the model's base
+RoPE parameters (`RopeBase`: only the trained context c is used), `factor` and its options, returning a
+`Remap`: a few `Piece`s that partition every query's keys. Within a piece, query i is rotated to
+`query_position(i)` and key j to `key_position(j)`, so their logit sees the relative position
+query_position(i) - key_position(j) (RoPE is relative). Positions are absolute token positions (0 = first
+token); `keys(i)` gives the piece's keys of query i as the half-open interval [lo, hi) of positions.
+extend/remap_attention.py evaluates this blockwise and merges the pieces through their log-sum-exp, so no
+L x L matrix is ever built.
 
 `factor` means the same as for the frequency methods where the method has such a knob, and none of these
 methods depends on the sequence length (a position's logits depend on (i, j) only, so one forward serves
@@ -123,7 +124,13 @@ def _self_extend_reach(factor: float, context: int, options: dict) -> float:
     reach=_self_extend_reach,
 )
 def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, group: Tokens | None = None):
-    """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv:2401.01325): neighbour attention with plain
+    """Position remapping: grouped positions beyond a window.
+
+    Formula: plain positions within `window` tokens (default L/8), grouped
+    floor(i/G) + window - floor(window/G) vs floor(j/G) beyond; G from `factor` (reach s L) or `group`
+    Reference: Jin et al. 2024, arXiv:2401.01325
+
+    Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv:2401.01325): neighbour attention with plain
     positions for keys within `window` tokens (i - j < window); beyond, grouped attention with positions
     floor(i / G) + window - floor(window / G) for the query and floor(j / G) for the key (the shift makes the
     two meet at the window's edge), as in the authors' `self_extend_patch`. `factor`: the context to reach,
@@ -134,7 +141,9 @@ def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, 
     window = _check_window("self-extend", context // 8 if window is None else window, context)
     if group is not None:
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-            raise ExtendError(f"self-extend: group must be a positive integer, got {group!r} — e.g. group=4")
+            raise ExtendError(
+                f"self-extend: group must be a positive integer, got {group!r} — e.g. group=4"
+            )
         if factor != 1.0:
             raise ExtendError(
                 f"self-extend: give either factor (the group size is derived from it) or group, "
@@ -162,7 +171,13 @@ def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, 
     reach=lambda factor, context, o: factor * context if o["leaky"] else math.inf,
 )
 def rerope(rope: RopeBase, *, factor: float, window: Tokens | None = None, leaky: bool = True):
-    """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative positions
+    """Position remapping: relative positions clipped (or leaky) beyond a window.
+
+    Formula: relative positions clipped at `window` (default L/8; `leaky=False`, factor 1), or leaky:
+    window + (i - j - window)/k beyond it, k chosen so s L stays within L
+    Reference: Su 2023, kexue.fm/archives/9708
+
+    ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative positions
     clipped at `window` — plain for i - j < window, `window` beyond (query at position window, key at 0).
     Leaky ReRoPE (leaky=True, default): beyond the window the relative position grows with slope 1/k,
     window + (i - j - window) / k (query at i / k + window (1 - 1 / k), key at j / k), with
@@ -206,7 +221,13 @@ def dca(
     chunk_size: Tokens | None = None,
     local_window: TokensOrZero | None = None,
 ):
-    """Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; the authors' ChunkLlama code and option names):
+    """Position remapping: Dual Chunk Attention.
+
+    Formula: intra-, successive- and inter-chunk position indices (default `chunk_size` 3L/4, `local_window`
+    L/16); `factor` interpolates positions inside DCA
+    Reference: An et al. 2024, arXiv:2402.17463
+
+    Dual Chunk Attention (An et al. 2024, arXiv:2402.17463; the authors' ChunkLlama code and option names):
     chunks of s = chunk_size - local_window tokens; every key at position j % s. A query i attends its own
     chunk at i % s (intra-chunk), the previous chunk at min(i % s + s, chunk_size) (successive-chunk: the
     first local_window positions keep their true distance), earlier chunks at min(2s - 1, chunk_size)

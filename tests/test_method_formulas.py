@@ -17,11 +17,11 @@ THETA, HEAD_DIM, L = 1e5, 64, 8192  # SmolLM2-135M's RoPE
 FACTORS = [1.0, 2.0, 4.0, 8.0]
 POSITIONS = torch.arange(0, 32768, 7, dtype=torch.long)
 D = HEAD_DIM
-I = torch.arange(0, D // 2, dtype=torch.float64)
+PAIR = torch.arange(0, D // 2, dtype=torch.float64)  # rotary pair index i
 
 
 def base_inv_freq():
-    return THETA ** (-2 * I / D)  # theta_i = b^(-2i/d)  (Su et al. 2021)
+    return THETA ** (-2 * PAIR / D)  # theta_i = b^(-2i/d)  (Su et al. 2021)
 
 
 # ---- references from the papers (float64) ----
@@ -30,7 +30,7 @@ def ref_pi(s):  # Chen et al. 2023: f(x, m) = f(x, m / s)
 
 
 def ref_ntk(s):  # b' = b * s^(d/(d-2))
-    return (THETA * s ** (D / (D - 2))) ** (-2 * I / D), 1.0
+    return (THETA * s ** (D / (D - 2))) ** (-2 * PAIR / D), 1.0
 
 
 def dynamic_scale(s, seq_len, rule):
@@ -53,7 +53,7 @@ def yarn_ramp(beta_fast=32.0, beta_slow=1.0):
 
     low = max(math.floor(dim_for_rotations(beta_fast)), 0)
     high = min(math.ceil(dim_for_rotations(beta_slow)), D - 1)
-    ramp = ((I - low) / (high - low)).clamp(0, 1)  # 0 at high frequency, 1 at low frequency
+    ramp = ((PAIR - low) / (high - low)).clamp(0, 1)  # 0 at high frequency, 1 at low frequency
     return 1 - ramp
 
 
@@ -174,8 +174,8 @@ def test_dynamic_yarn_default_is_the_papers_rule():
 
 @pytest.mark.parametrize("method,rule", [("dynamic-ntk", "paper"), ("dynamic-yarn", "paper")])
 def test_a_dynamic_rule_without_factor_gives_one_setting(method, rule):
-    """Under the paper's rule s = L'/L the factor does not enter: x2 and x4 are bit-identical (float32 RoPE), so the
-    registry says the factor does not apply (a sweep runs it once), and the reach is not factor x L."""
+    """Under the paper's rule s = L'/L the factor does not enter: x2 and x4 are bit-identical (float32 RoPE),
+    so the registry says the factor does not apply (a sweep runs it once), and the reach is not factor x L."""
     positions = torch.arange(0, 4 * L, 5)
     x2, x4 = (patched_cos_sin(method, f, positions, scale_rule=rule)[:2] for f in (2.0, 4.0))
     assert all(torch.equal(a, b) for a, b in zip(x2, x4))
@@ -195,8 +195,8 @@ def test_dynamic_rules_in_use_give_different_settings():
 
 
 def test_dynamic_defaults_agree_with_docs_and_are_recorded():
-    """dynamic-ntk defaults to emozilla's rule (s = 3 at L' = 2L for factor 2; README and docs/methods.md cite it),
-    dynamic-yarn to the paper's (s = 2): describe(), the docs' rows and every patch's options agree."""
+    """dynamic-ntk defaults to emozilla's rule (s = 3 at L' = 2L for factor 2; README and docs/methods.md cite
+    it), dynamic-yarn to the paper's (s = 2): describe(), the docs' rows and every patch's options agree."""
     root = Path(__file__).resolve().parents[1]
     readme, methods_doc = (root / "README.md").read_text(), (root / "docs" / "methods.md").read_text()
     expected = {"dynamic-ntk": ("transformers", "emozilla"), "dynamic-yarn": ("paper", "YaRN paper sec. 3.3")}
@@ -210,9 +210,8 @@ def test_dynamic_defaults_agree_with_docs_and_are_recorded():
             row
         )  # the other rule's source: by name
         doc_row = next(line for line in methods_doc.splitlines() if line.startswith(f"| `{method}` |"))
-        assert f'`scale_rule` ("{rule}")' in doc_row and doc_row.split("|")[4].strip().startswith(source), (
-            doc_row
-        )
+        assert f'`scale_rule` (string; default "{rule}")' in doc_row, doc_row  # generated: extend/docs.py
+        assert doc_row.split("|")[5].strip().startswith(source), doc_row
         with extend.patched(MODEL, method, factor=2.0) as handle:
             assert handle.options["scale_rule"] == rule  # recorded although not given
     base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
@@ -243,9 +242,14 @@ def test_sweep_collapses_a_factor_that_changes_nothing_with_one_line(capsys):
     assert "dynamic-ntk[scale_rule=paper]" in lines[0] and "plain" not in lines[0]  # plain's is documented
 
 
-@pytest.mark.parametrize(
-    "method", ["pi", "ntk", "ntk-parts", "yarn", "llama3", "dynamic-ntk", "dynamic-yarn"]
-)
+def _unpatched_at_one(name: str) -> bool:
+    """Registry facts: identity_at_one, or a dynamic frequency method without required options (unchanged up
+    to the trained context). longrope needs its per-pair lists, which are not the identity."""
+    spec = extend.registry.get(name)
+    return spec.identity_at_one or (spec.dynamic and not spec.remap and not extend.describe(name)["required"])
+
+
+@pytest.mark.parametrize("method", sorted(m for m in extend.methods() if _unpatched_at_one(m)))
 def test_formula_at_factor_one_is_the_unpatched_rope(method):
     """The method's own formula (not a short-cut) at factor 1 — within the trained context for the dynamic
     ones — gives the model's frequencies and no temperature; patching then uses the model's tensor."""
@@ -286,8 +290,9 @@ def test_patch_at_factor_one_runs_the_formula(method, monkeypatch):
 
 
 def test_dynamic_formulas_at_scale_one_are_the_unpatched_rope():
-    """dynamic-ntk and dynamic-yarn return the model's frequencies while the current scale is 1 (up to the trained
-    context); the formulas they delegate to give the same at scale 1, so that shortcut changes no value."""
+    """dynamic-ntk and dynamic-yarn return the model's frequencies while the current scale is 1 (up to the
+    trained context); the formulas they delegate to give the same at scale 1, so that shortcut changes no
+    value."""
     base = extend.patching.rope_bases(MODEL, MODEL.base_model.rotary_emb)[None]
     for rope_type in ("dynamic", "yarn"):
         inv_freq, attention = transformers_rope(rope_type, base, 1.0, seq_len=L)
@@ -402,7 +407,7 @@ def ref_xpos_qk(q, k, positions, factor, gamma=0.4, scale_base=512.0):
     """Sun et al. 2022: q_m -> R(m) q_m zeta^(m/sb), k_n -> R(n) k_n zeta^(-n/sb); with `factor`,
     positions are interpolated (m / s) for both rotation and decay."""
     theta = base_inv_freq()
-    zeta = (2 * I / D + gamma) / (1 + gamma)
+    zeta = (2 * PAIR / D + gamma) / (1 + gamma)
     m = positions.double()[:, None] / factor
     angle = m * theta
     cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
@@ -440,13 +445,14 @@ def test_xpos_decay_per_pair_up_to_32k(factor):
     """Rotation keeps each pair's norm, so |pair_i| after xPos = |pair_i| * zeta_i^(+-(m - c)/(s * sb))."""
     import transformers.models.llama.modeling_llama as llama
 
-    # one forward spans at most 32695 positions at factor 1 (every q.k finite, masked pairs included; extend/xpos.py)
+    # one forward spans at most 32695 positions at factor 1 (every q.k finite, masked pairs included;
+    # extend/xpos.py)
     positions = torch.tensor([0, 4095, 8192, 16384, 32000])
     q = torch.ones(len(positions), D)
     with extend.patched(MODEL, "xpos", factor=factor):
         cos, sin = MODEL.base_model.rotary_emb(torch.zeros(1), positions[None])
         q_out, k_out = llama.apply_rotary_pos_emb(q[None, None], q[None, None], cos, sin)
-    zeta = (2 * I / D + 0.4) / 1.4
+    zeta = (2 * PAIR / D + 0.4) / 1.4
     centre = (0 + 32000) / 2  # default centre: the middle of the positions being run
     exponent = (positions.double()[:, None] - centre) / (512.0 * factor)
     half = D // 2
