@@ -2,8 +2,8 @@
 
 Scoring code (the suites' perplexity, the lm-eval model's loglikelihood, the prefix cache) calls the body and
 the head separately so a long window never holds (length x vocab) logits; these helpers give each family's
-pieces, including the logit post-processing its ForCausalLM.forward would apply. `with_cache` passes a KV cache
-under the keyword the installed transformers expects.
+pieces, including the logit post-processing its ForCausalLM.forward would apply. `with_cache` passes a KV
+cache under the keyword the installed transformers expects.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def logit_postprocess(model):
     return apply
 
 
-# The keywords a forward takes its KV cache under: transformers 5.24 renamed `past_key_values` (<= 5.23) to `cache`;
-# 5.24 still accepts the old name, with a FutureWarning on every call.
+# The keywords a forward takes its KV cache under: transformers 5.24 renamed `past_key_values` (<= 5.23) to
+# `cache`; 5.24 still accepts the old name, with a FutureWarning on every call.
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
@@ -58,8 +58,8 @@ def cache_keyword(module) -> str:
 
 
 def with_cache(module, cache) -> dict:
-    """Keyword arguments that pass KV cache `cache` to `module(...)` or `module.generate(...)` under the name the
-    installed transformers expects, so no version prints a deprecation warning."""
+    """Keyword arguments that pass KV cache `cache` to `module(...)` or `module.generate(...)` under the name
+    the installed transformers expects, so no version prints a deprecation warning."""
     return {cache_keyword(module): cache}
 
 

@@ -1,7 +1,7 @@
 """What RoPE a model has and what a method would change, per layer type — so a user can trust a patch.
 
-print(extend.inspect(model))                          # or: python -m extend inspect MODEL
-print(extend.inspect(model, "yarn", factor=2))        #     python -m extend inspect MODEL --method yarn --factor 2
+print(extend.inspect(model))                    # or: python -m extend inspect MODEL
+print(extend.inspect(model, "yarn", factor=2))  #     python -m extend inspect MODEL --method yarn --factor 2
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from . import theory
 from .errors import ExtendError
 from .families import family, rotary_module
 from .patching import current, length_dependent, patched, rope_bases
+from .prefix_cache import FORCE_GQA, NATIVE_GQA
 from .shipped import context_for, global_type, shipped_ropes
 
 
@@ -23,25 +24,14 @@ def _wavelengths(inv_freq: torch.Tensor) -> str:
     return f"{float(wave.min()):.4g}..{float(wave.max()):.4g}"
 
 
-def _installed(model) -> dict:
-    rotary = model.base_model.rotary_emb.rotary
-    out = {}
-    for lt in model.base_model.rotary_emb.bases:
-        prefix = f"{lt}_" if lt else ""
-        out[lt] = (
-            getattr(rotary, f"{prefix}inv_freq").detach().double().cpu(),
-            float(getattr(rotary, f"{prefix}attention_scaling", 1.0)),
-        )
-    return out
-
-
 def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **options) -> str:
     """A report (plain text) of the model's RoPE per layer type: rotary dims, theta, shipped rope type and
     factor, trained context (pretrained / as shipped), attention window; with `method`, what patching with it
     at `factor` (and `options`) changes: layer types extended, trained context used, wavelength range,
-    attention temperature and where it goes, and whether frequencies then depend on the length. Each layer type
-    also gets what RoPE theory predicts from its frequencies (extend/theory.py: Men et al.'s base bound, Liu et
-    al.'s critical dimension, YaRN's ramp)."""
+    attention temperature and where it goes, and whether frequencies then depend on the length. Each layer
+    type also gets what RoPE theory predicts from its frequencies (extend/theory.py: Men et al.'s base bound,
+    Liu et al.'s critical dimension, YaRN's ramp), and the process-wide changes the patch makes ("global
+    changes": e.g. the family function xpos wraps), or none."""
     if current(model) is not None:
         raise ExtendError("inspect an unpatched model — undo the active patch first")
     rotary = rotary_module(model)
@@ -74,35 +64,35 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
     if method is None:
         return "\n".join(lines)
     with patched(model, method, factor, **options) as handle:
-        wrapper = model.base_model.rotary_emb
-        for lt in wrapper.bases:  # dynamic methods: show them at factor x the trained context
-            if wrapper.layer_dynamic(lt):
-                wrapper.install(
-                    lt, wrapper.rope_for(lt, math.ceil(handle.options["trained_context"] * factor))
-                )
-        after = _installed(model)
-        extended = wrapper.extended
+        target = math.ceil(handle.options["trained_context"] * factor)
         dynamic = handle.length_dependent
-        scalings = {lt: [m.scaling for m, _ in pairs] for lt, pairs in wrapper.attention.items()}
-        loaded = {lt: own[0].detach().double().cpu() for lt, own in wrapper.own.items()}
+        extended = handle.extended_layer_types
+        after, loaded = {}, {}
+        for lt in handle.layer_types:  # dynamic methods: shown at factor x the trained context
+            after[lt] = (
+                handle.frequencies(lt, target).inv_freq.detach().double().cpu(),
+                handle.scalings(lt, target),
+            )
+            loaded[lt] = (
+                handle.loaded_frequencies(lt).double().cpu()
+            )  # as loaded (its shipped frequencies, if any)
+        changes = [f"    {c.name}: {c.description}" for c in handle.global_changes]
     opts = ", ".join(f"{k}={v}" for k, v in sorted(handle.options.items()))
     lines.append(f"{method} x{factor:g}: {opts}")
-    for lt, (inv_freq, scaling) in after.items():
-        before = loaded[lt]  # as the model was loaded (its shipped frequencies, if any)
+    for lt, (inv_freq, (scaling, logits)) in after.items():
+        before = loaded[lt]
         ratio = inv_freq / before
         changed = int((~torch.isclose(inv_freq, before, rtol=1e-6, atol=0)).sum())
         what = "extended" if lt in extended else "kept"
         temp = f"cos/sin x{scaling:.4g}"
-        if scalings.get(lt):
-            own = [s for _, s in wrapper.attention[lt]]
-            temp += f", attention logits x{scalings[lt][0] / own[0]:.4g}"
+        if logits is not None:
+            temp += f", attention logits x{logits:.4g}"
         lines.append(
             f"  {lt or 'all layers'}: {what}; {changed} of {len(before)} frequency pairs differ from the "
             f"loaded model "
             f"(ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
             f"{_wavelengths(inv_freq)}; {temp}"
         )
-        target = math.ceil(handle.options["trained_context"] * factor)
         lines.append(
             "    "
             + theory.describe(
@@ -118,6 +108,9 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
             f"  frequencies depend on the sequence length (shown at {factor:g} x the trained context); "
             f"one generate/score call keeps one set under extend.fixed_length(model, n)"
         )
+    lines.append("  global changes (process-wide, restored by undo):" + ("" if changes else " none"))
+    lines += changes
+    lines.append(f"  per call on CPU, not by the patch: {FORCE_GQA}=1 — {NATIVE_GQA}")
     return "\n".join(lines)
 
 

@@ -3,8 +3,9 @@
 `patch(model, method, factor, **options)` swaps `model.base_model.rotary_emb` for a thin wrapper and sets
 the wrapped module's inverse frequencies / attention scaling to the method's, per layer type. Options common
 to every method (besides the method's own):
-- start_from: "shipped" (default; stack on the RoPE the model ships, with the context it reaches: `plain` is the
-  model as loaded) or "pretrained" (the unscaled theta and the pretraining context) — see extend/shipped.py;
+- start_from: "shipped" (default; stack on the RoPE the model ships, with the context it reaches: `plain` is
+  the model as loaded) or "pretrained" (the unscaled theta and the pretraining context) — see
+  extend/shipped.py;
 - layer_types: the layer types to extend (default: those whose attention span can exceed the trained
   context: the global layers of Gemma3/OLMo3; sliding layers with a shorter window keep their frequencies);
 - temperature: where an attention temperature (YaRN, LongRoPE) goes — "logits" multiplies every logit by it
@@ -19,8 +20,8 @@ statelessly, or from the length fixed by `fixed_length(model, n)` for a cached g
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from . import registry, xpos
 from .errors import ExtendError
 from .families import family, rotary_module
 from .registry import Rope, RopeBase
+from .scoped import Change
 from .shipped import (
     DEFAULT_START_FROM,
     Shipped,
@@ -48,7 +50,8 @@ def trained_context(model: nn.Module, start_from: str = DEFAULT_START_FROM) -> i
     """The context the model was trained with, read from the global layer type's RoPE parameters: "shipped"
     (default: the context its shipped scaling reaches; max_position_embeddings for unscaled RoPE) or
     "pretrained" (original_max_position_embeddings; else the family's published pretraining context; linear
-    without either: max_position_embeddings / factor; else max_position_embeddings). Needs only `model.config`."""
+    without either: max_position_embeddings / factor; else max_position_embeddings). Needs only
+    `model.config`."""
     return context_for(shipped_ropes(model.config), check_start_from(start_from))
 
 
@@ -85,50 +88,149 @@ def rope_bases(
     return bases
 
 
-@dataclass
 class Patch:
-    """An active patch. `undo()` restores the model exactly; also usable as a context manager.
-    `options` are the options given plus what was resolved (start_from, trained_context, base_theta,
-    shipped_rope, temperature, layer_types) — the sweep records them with every result row."""
+    """An active patch: the handle `extend.patch` returns. `undo()` restores the model exactly, and every
+    process-wide change the patch made; also a context manager. Read-only properties: `model`, `method`,
+    `factor`, `options` (a copy: the options given plus what was resolved — start_from, trained_context,
+    base_theta, shipped_rope, temperature, layer_types; the sweep records them with every result row),
+    `length_dependent`, `active`, `global_changes`; for what the patch computes: `layer_types`,
+    `extended_layer_types`, `frequencies(...)`, `scalings(...)`, `loaded_frequencies(...)`. Code that extends
+    a patch records what it changes with `record(change)`, so that undo() puts it back."""
 
-    model: nn.Module = field(repr=False)
-    method: str
-    factor: float
-    options: dict
-    length_dependent: bool
-    _rotary: nn.Module = field(repr=False, default=None)
-    _saved: dict = field(repr=False, default_factory=dict)
-    _saved_scaling: list = field(repr=False, default_factory=list)  # (attention module, its scaling)
-    _hooks: list = field(repr=False, default_factory=list)
-    _apply_module: str | None = field(repr=False, default=None)
-    _active: bool = field(repr=False, default=True)
-    _given: tuple | None = field(
-        repr=False, default=None
-    )  # (method, factor, options) as given: for `unpatched`
+    def __init__(self, model: nn.Module, method: str, factor: float, options: dict, length_dependent: bool):
+        self._model = model
+        self._method, self._factor, self._options = method, factor, dict(options)
+        self._length_dependent = bool(length_dependent)
+        self._changes: list[Change] = []  # restored by undo(), last first
+        self._wrapper: PatchedRotary | None = None
+        self._active = True
+        self._given: tuple | None = None  # (method, factor, options) as given: for `unpatched`
+
+    model = property(lambda self: self._model, doc="The patched model.")
+    method = property(lambda self: self._method, doc="The method's registered name.")
+    factor = property(lambda self: self._factor, doc="The scale factor s.")
+    length_dependent = property(
+        lambda self: self._length_dependent,
+        doc="Do the frequencies depend on each forward's length (see extend.fixed_length)?",
+    )
+
+    @property
+    def options(self) -> dict:
+        """The options given plus what the patch resolved (a copy: changing it changes nothing)."""
+        return copy.deepcopy(self._options)
 
     @property
     def active(self) -> bool:
+        """Not undone yet."""
         return self._active
 
+    @property
+    def global_changes(self) -> tuple[Change, ...]:
+        """The process-wide changes this patch holds now (e.g. a family function xpos wraps, an attention
+        function registered with transformers), each with a `name` and a `description`; undo() restores them.
+        Empty for most methods."""
+        return tuple(c for c in self._changes if c.shared and c.active)
+
+    def record(self, change: Change) -> None:
+        """Record a change made for this patch (an `extend.scoped.Change`); undo() restores it (last recorded
+        first). For code that extends a patch, such as a position-remapping method's attention switch."""
+        if not self._active:
+            change.restore()
+            raise ExtendError(
+                f"the {self._method!r} patch was undone — record changes only on an active patch"
+            )
+        self._changes = [c for c in self._changes if c.active] + [change]
+
+    @property
+    def layer_types(self) -> tuple:
+        """The rotary module's layer types (Gemma3, OLMo3), or (None,) for models with one RoPE."""
+        return tuple(self._rotary_wrapper().bases)
+
+    @property
+    def extended_layer_types(self) -> tuple:
+        """The layer types the method extends (the others keep their frequencies)."""
+        wrapper = self._rotary_wrapper()
+        return tuple(lt for lt in wrapper.bases if lt in wrapper.extended)
+
+    def frequencies(self, layer_type=None, seq_len: int | None = None) -> Rope:
+        """The RoPE the patch gives `layer_type` (None on models with one RoPE) for a forward of `seq_len`
+        tokens (default: the trained context; length-independent layer types ignore it): inverse frequencies
+        as installed and the attention factor. Computes only: the model is not changed."""
+        return self._rope(layer_type, seq_len)[0]
+
+    def scalings(self, layer_type=None, seq_len: int | None = None) -> tuple[float, float | None]:
+        """(cos/sin scaling, attention-logit multiplier) a forward of `seq_len` tokens runs `layer_type` with:
+        the attention temperature goes to cos/sin (temperature="rotary") or to every logit through the
+        attention modules' `scaling` ("logits"); the multiplier is None where the patch leaves the logits'
+        scaling alone."""
+        wrapper = self._rotary_wrapper(layer_type)
+        rope, method_factor = self._rope(layer_type, seq_len)
+        if wrapper.temperature != "logits" or not wrapper.attention.get(layer_type):
+            return rope.attention_factor, None
+        if layer_type not in wrapper.extended:
+            return rope.attention_factor, 1.0
+        return rope.attention_factor / method_factor, method_factor**2  # as PatchedRotary.install sets them
+
+    def _rope(self, layer_type, seq_len: int | None) -> tuple[Rope, float]:
+        """(the layer type's Rope at seq_len, the method's own attention factor in it); the wrapper is left
+        as it was."""
+        wrapper = self._rotary_wrapper(layer_type)
+        seq_len = int(self._options["trained_context"] if seq_len is None else seq_len)
+        kept = dict(wrapper.method_factor)
+        try:
+            rope = wrapper.rope_for(layer_type, seq_len)
+            return rope, wrapper.method_factor.get(layer_type, 1.0)
+        finally:
+            wrapper.method_factor.clear()
+            wrapper.method_factor.update(kept)
+
+    def loaded_frequencies(self, layer_type=None) -> torch.Tensor:
+        """The inverse frequencies of `layer_type` as the model was loaded (a copy)."""
+        return self._rotary_wrapper(layer_type).own[layer_type][0].detach().clone()
+
+    def _rotary_wrapper(self, layer_type=...) -> PatchedRotary:
+        if not self._active or self._wrapper is None:
+            raise ExtendError(f"the {self._method!r} patch was undone — ask an active patch")
+        if layer_type is not ... and layer_type not in self._wrapper.bases:
+            raise ExtendError(
+                f"layer type {layer_type!r} is not one of this model's {list(self._wrapper.bases)}"
+            )
+        return self._wrapper
+
     def undo(self) -> None:
+        """Restore the model and every change the patch recorded, last first; idempotent. A restore step that
+        fails does not stop the others: the first failure is raised after all of them ran."""
         if not self._active:
             return
-        self.model.base_model.rotary_emb = self._rotary
-        for name, value in self._saved.items():
-            setattr(self._rotary, name, value)
-        for module, scaling in self._saved_scaling:
-            module.scaling = scaling
-        for hook in self._hooks:
-            hook.remove()
-        if self._apply_module:
-            xpos.unwrap_apply(self._apply_module)
         self._active = False
+        failure = None
+        for change in reversed(self._changes):
+            try:
+                change.restore()
+            except BaseException as exc:  # noqa: BLE001 - restore the rest, then raise the first
+                failure = failure or exc
+        self._changes = []
+        if failure is not None:
+            raise failure
+
+    def _take_over(self, other: Patch) -> None:
+        """Become `other` (a fresh patch of the same model), so whoever holds this handle undoes that one."""
+        vars(self).update(vars(other))
+        other._active, other._changes = False, []
+        if self._wrapper is not None:
+            self._wrapper.patch = self
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.undo()
+
+    def __repr__(self) -> str:
+        return (
+            f"Patch(method={self._method!r}, factor={self._factor!r}, options={self._options!r}, "
+            f"length_dependent={self._length_dependent!r})"
+        )
 
 
 class PatchedRotary(nn.Module):
@@ -161,7 +263,7 @@ class PatchedRotary(nn.Module):
         self.attention = {}  # layer type -> [(attention module, its own scaling)] for temperature="logits"
         self.xpos_layout: str | None = None
         self.ropes: dict = {}  # layer type -> Rope, for length-independent layer types
-        self.method_factor: dict = {}  # layer type -> the method's own attention factor (temperature="logits")
+        self.method_factor: dict = {}  # layer type -> the method's attention factor (temperature="logits")
         self.hits = [0]  # xpos: apply_rotary_pos_emb calls that used this forward's k scaling
         self.fixed_seq_len: int | None = None  # set by fixed_length()
         self.xpos_centre: float | None = None  # the centre of the sequence being generated (auto centre)
@@ -245,7 +347,8 @@ class PatchedRotary(nn.Module):
         setattr(self.rotary, f"{prefix}inv_freq", inv_freq)
         rotary_scaling = rope.attention_factor
         if self.temperature == "logits" and layer_type in self.extended:
-            # The method's temperature moves to every logit; a shipped one (start_from="shipped") stays on cos/sin.
+            # The method's temperature moves to every logit; a shipped one (start_from="shipped") stays on
+            # cos/sin.
             method_factor = self.method_factor.get(layer_type, 1.0)
             for module, own in self.attention.get(layer_type, ()):
                 module.scaling = own * method_factor**2  # cos and sin both carried it: q.k got it twice
@@ -279,8 +382,9 @@ class PatchedRotary(nn.Module):
         )
 
     def centre(self, rope: Rope, low: int, high: int) -> float:
-        """xPos exponent centre: as given; else the middle of the fixed length; else the middle of this forward's
-        positions, kept for the forwards that continue it from a KV cache (so cached keys stay valid)."""
+        """xPos exponent centre: as given; else the middle of the fixed length; else the middle of this
+        forward's positions, kept for the forwards that continue it from a KV cache (so cached keys stay
+        valid)."""
         if rope.xpos_centre is not None:
             return rope.xpos_centre
         if self.fixed_seq_len is not None:
@@ -399,16 +503,16 @@ def patch(model: nn.Module, method: str, factor: float = 1.0, **options) -> Patc
     """Patch `model` in place with RoPE method `method` at scale `factor`; returns a handle with `.undo()`.
     Options: the method's own (see `describe(method)`) plus start_from, layer_types, temperature and
     original_max_position_embeddings (see this module's docstring)."""
-    handle = _patch(model, method, factor, **options)
+    handle = _patch(model, method, factor, dict(options))
     handle._given = (method, factor, dict(options))
     return handle
 
 
 @contextlib.contextmanager
 def unpatched(model: nn.Module):
-    """The model as loaded inside the block, whatever patch is active; on exit that patch is applied again into
-    the same handle, so whoever holds it still undoes it. For a baseline measured inside a patched run (the
-    default LongPPL evaluator, tasks/key_tokens.py)."""
+    """The model as loaded inside the block, whatever patch is active; on exit that patch is applied again
+    into the same handle, so whoever holds it still undoes it. For a baseline measured inside a patched run
+    (the default LongPPL evaluator, tasks/key_tokens.py)."""
     active = current(model)
     if active is None:
         yield model
@@ -418,12 +522,12 @@ def unpatched(model: nn.Module):
     try:
         yield model
     finally:
-        again = patch(model, method, factor, **options)
-        vars(active).update(vars(again))
-        model.base_model.rotary_emb.patch = active
+        active._take_over(patch(model, method, factor, **options))
 
 
-def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
+def _patch(model: nn.Module, method: str, factor: float, options: dict, label=None) -> Patch:
+    """`label`: (name, factor, options from the recorded ones) the handle shows instead of this method's — for
+    a position-remapping method, which patches the frequencies as `plain` (extend/remap_attention.py)."""
     spec = registry.get(method)
     factor = registry.check_factor(spec, factor)
     options = registry.check_options(spec, dict(options))
@@ -444,7 +548,7 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
             factor,
             options,
             rope_bases=rope_bases,
-            patch_plain=lambda **common: patch(model, "plain", 1.0, **common),
+            patch_plain=lambda common, label: _patch(model, "plain", 1.0, common, label),
         )
     rotary = rotary_module(model)
     given = dict(options)
@@ -467,14 +571,14 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     ropes = {lt: wrapper.rope_for(lt, context) for lt in bases}
     uses_xpos = any(r.xpos_zeta is not None and not math.isinf(r.xpos_scale_base) for r in ropes.values())
     dtype = next(model.parameters()).dtype
-    handle_module = None
+    apply_module = None
     if uses_xpos:
         if dtype == torch.float16:
             raise ExtendError(
                 "xpos decays grow past fp16's range at long contexts — load the model in float32 or bfloat16"
             )
         wrapper.xpos_layout = xpos.rotation_layout(rotary, bases, model)
-        handle_module = xpos.apply_module(model)
+        apply_module = xpos.apply_module(model)
     if temperature == "logits":
         wrapper.attention = _attention_modules(model, list(bases))
         if extended and not any(lt in wrapper.attention for lt in extended):
@@ -492,34 +596,63 @@ def _patch(model: nn.Module, method: str, factor: float, **options) -> Patch:
     }
     if any(lt for lt in shipped):  # per-layer-type models: which types were extended
         resolved["layer_types"] = sorted(extended)
-    handle = Patch(
-        model,
-        method,
-        factor,
-        dict(given, **resolved),
-        any(wrapper.layer_dynamic(lt) for lt in bases),
-        rotary,
-        _apply_module=handle_module,
-    )
+    name, shown_factor, recorded = spec.name, factor, dict(given, **resolved)
+    if label is not None:
+        name, shown_factor, relabel = label
+        recorded = relabel(recorded)
+    handle = Patch(model, name, shown_factor, recorded, any(wrapper.layer_dynamic(lt) for lt in bases))
+    handle._wrapper = wrapper
     wrapper.patch = handle
-    prefixes = [f"{lt}_" if lt else "" for lt in bases]
+    try:
+        _install(model, handle, wrapper, rotary, ropes, apply_module)
+    except BaseException:
+        handle.undo()  # nothing half-applied
+        raise
+    return handle
+
+
+def _install(model, handle: Patch, wrapper: PatchedRotary, rotary, ropes: dict, apply_module: str | None):
+    """Change the model (and, for xpos, the family's apply_rotary_pos_emb), recording each change on `handle`
+    before making it, so its undo() restores exactly what was done."""
+    prefixes = [f"{lt}_" if lt else "" for lt in ropes]
     names = [p + n for p in prefixes for n in ("inv_freq", "attention_scaling")]
-    handle._saved = {n: getattr(rotary, n) for n in names if hasattr(rotary, n)}
     if "rope_type" in vars(rotary):
-        handle._saved["rope_type"] = rotary.rope_type
+        names.append("rope_type")
+    saved = {n: getattr(rotary, n) for n in names if hasattr(rotary, n)}
+
+    def restore_buffers():
+        for n, value in saved.items():
+            setattr(rotary, n, value)
+
+    handle.record(
+        Change("rotary module", "the method's frequencies and scaling", restore_buffers, shared=False)
+    )
+    if "rope_type" in saved:
         # The model's own dynamic/longrope update would overwrite our frequencies (and depends on history).
-        rotary.rope_type = (
-            {lt: "default" for lt in rotary.rope_type} if isinstance(rotary.rope_type, dict) else "default"
-        )
-    handle._saved_scaling = [pair for pairs in wrapper.attention.values() for pair in pairs]
+        rope_type = saved["rope_type"]
+        rotary.rope_type = {lt: "default" for lt in rope_type} if isinstance(rope_type, dict) else "default"
+    scalings = [pair for pairs in wrapper.attention.values() for pair in pairs]  # (attention module, scaling)
+
+    def restore_scalings():
+        for module, scaling in scalings:
+            module.scaling = scaling
+
+    handle.record(Change("attention scaling", "the attention temperature", restore_scalings, shared=False))
     for lt, rope in ropes.items():
         if not wrapper.layer_dynamic(lt):
             wrapper.install(lt, rope)
-    if handle._apply_module:
-        xpos.wrap_apply(handle._apply_module)
-        handle._hooks = xpos.guard(model, wrapper.hits) + [_watch_cache(model, wrapper)]
-    model.base_model.rotary_emb = wrapper
-    return handle
+    if apply_module:
+        handle.record(xpos.wrap_apply(apply_module))
+        for hook in xpos.guard(model, wrapper.hits) + [_watch_cache(model, wrapper)]:
+            handle.record(Change("forward hook", "xpos bookkeeping", hook.remove, shared=False))
+    base = model.base_model
+    original = base.rotary_emb
+
+    def restore_rotary():
+        base.rotary_emb = original
+
+    handle.record(Change("rotary_emb", "the patched rotary module", restore_rotary, shared=False))
+    base.rotary_emb = wrapper
 
 
 @contextlib.contextmanager

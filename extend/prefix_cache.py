@@ -20,46 +20,52 @@ the whole cell, or a cached prefix would hold keys rotated for another length: t
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 from transformers import DynamicCache
 
 from .forward import body, device_of, with_cache
-from .patching import fixed_length
+from . import scoped
+from .patching import current, fixed_length
 
 # Below this many shared tokens a prompt starts from an empty cache: a continued forward attends with an
 # explicit mask instead of SDPA's causal kernel, which costs more than recomputing a short prefix
 # (benchmarks/BENCHMARKS.md, "nothing to share").
 MIN_SHARED = 256
 
-# transformers' SDPA path copies the key/value heads out to every query head (`repeat_kv`: the whole cache, per
-# layer and call) whenever it passes a mask, because CUDA's fused kernels cannot take a mask and grouped-query
-# attention together; a forward continued on a cache always passes one. torch's CPU kernel takes both
-# (`enable_gqa`) and gives bit-identical results (tests/test_prefix_cache.py) in ~22% less time per continued
-# 8k prompt. This variable is transformers' switch for it, read at every attention call.
+# transformers' SDPA path copies the key/value heads out to every query head (`repeat_kv`: the whole cache,
+# per layer and call) whenever it passes a mask, because CUDA's fused kernels cannot take a mask and
+# grouped-query attention together; a forward continued on a cache always passes one. torch's CPU kernel takes
+# both (`enable_gqa`) and gives bit-identical results (tests/test_prefix_cache.py) in ~22% less time per
+# continued 8k prompt. This variable is transformers' switch for it, read at every attention call;
+# transformers takes no per-call or per-model flag for it, so `native_gqa` sets it only around the calls that
+# want it (extend/scoped.py).
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
-# A forward continued on a cache passes SDPA an explicit mask, and the kernel then computes every key block for
-# every query, the masked triangle of the new tokens included; a fresh forward uses the causal kernel, which skips
-# it. So a continuation runs in blocks of this many tokens (waste <= block^2 / 2 per block). SmolLM2, fp32, AVX2
-# AMD EPYC: a 6144-token tail on a 2048-token prefix took 41.1 s in one forward, 27.4 s in 512-token blocks
-# (fresh 8192-token forward: 32.9 s), bit-identical (benchmarks/NOTES.md item 6).
+# A forward continued on a cache passes SDPA an explicit mask, and the kernel then computes every key block
+# for every query, the masked triangle of the new tokens included; a fresh forward uses the causal kernel,
+# which skips it. So a continuation runs in blocks of this many tokens (waste <= block^2 / 2 per block).
+# SmolLM2, fp32, AVX2 AMD EPYC: a 6144-token tail on a 2048-token prefix took 41.1 s in one forward, 27.4 s in
+# 512-token blocks (fresh 8192-token forward: 32.9 s), bit-identical (benchmarks/NOTES.md item 6).
 CONTINUE_BLOCK = 512
+
+NATIVE_GQA = (
+    "SDPA attends grouped key/value heads without copying them (bit-identical on CPU); set around each "
+    "continued forward of the prefix cache, restored after it"
+)
 
 
 @contextlib.contextmanager
 def native_gqa(model):
     """Context: on CPU, SDPA attends grouped key/value heads without copying them (see FORCE_GQA); elsewhere,
-    or when the user set the variable, nothing changes."""
-    if device_of(model).type != "cpu" or FORCE_GQA in os.environ:
+    or when the user set the variable, nothing changes. The variable is set for the block only (shared by
+    nested or concurrent blocks, removed by the last to leave) and recorded on the model's active patch
+    meanwhile (`Patch.global_changes`), whose undo also restores it."""
+    if device_of(model).type != "cpu":
         yield
         return
-    os.environ[FORCE_GQA] = "1"
-    try:
+    with scoped.environment(FORCE_GQA, "1", NATIVE_GQA, owner=current(model)):
         yield
-    finally:
-        os.environ.pop(FORCE_GQA, None)
 
 
 def common_prefix(a, b) -> int:
@@ -96,8 +102,8 @@ class PrefixCache:
 
     def reuse(self, ids, *, keep_at_most: int | None = None) -> tuple[DynamicCache, int]:
         """Prepare the cache for prompt `ids`: cropped to the prefix it shares with the cached prompt (at most
-        `keep_at_most` and len(ids) - 1 tokens, so at least one token runs), or empty. Returns (cache, number of
-        cached tokens); the caller runs ids[cached:] on it (then the cache holds `ids`)."""
+        `keep_at_most` and len(ids) - 1 tokens, so at least one token runs), or empty. Returns (cache, number
+        of cached tokens); the caller runs ids[cached:] on it (then the cache holds `ids`)."""
         ids = list(ids)
         limit = len(ids) - 1 if keep_at_most is None else min(keep_at_most, len(ids) - 1)
         shared = min(common_prefix(self.ids, ids), limit) if self.share and self.cache is not None else 0
@@ -118,16 +124,16 @@ class PrefixCache:
 
     @torch.inference_mode()
     def prime(self, ids) -> DynamicCache:
-        """For `generate`: the cache holds ids[:-1] afterwards (the shared prefix reused, the rest run in blocks),
-        so generate runs only the last token and its new ones; call `settle()` after it."""
+        """For `generate`: the cache holds ids[:-1] afterwards (the shared prefix reused, the rest run in
+        blocks), so generate runs only the last token and its new ones; call `settle()` after it."""
         _, start = self.reuse(ids)
         if start < len(self.ids) - 1:
             self._run(self.ids[start:-1])
         return self.cache
 
     def _run(self, new_ids) -> torch.Tensor:
-        """Final hidden states of `new_ids` run on the cache: one forward when the cache is empty (SDPA's causal
-        kernel), else blocks of CONTINUE_BLOCK tokens."""
+        """Final hidden states of `new_ids` run on the cache: one forward when the cache is empty (SDPA's
+        causal kernel), else blocks of CONTINUE_BLOCK tokens."""
         x = torch.tensor([list(new_ids)], dtype=torch.long, device=device_of(self.model))
         step = CONTINUE_BLOCK if self.cache.get_seq_length() else x.shape[1]
         with native_gqa(self.model):
@@ -142,7 +148,7 @@ class PrefixCache:
             )
 
     def settle(self) -> None:
-        """Drop what ran after the prompt (continuations, generated tokens): the cache holds the prompt again."""
+        """Drop what ran after the prompt (continuations, generated tokens): the cache holds the prompt."""
         extra = self.cache.get_seq_length() - len(self.ids)
         if extra > 0:
             self.cache.crop(-extra)

@@ -36,7 +36,7 @@ COMMON_OPTIONS = tuple(COMMON_DEFAULTS)
 
 
 # Factors above this stretch a trained context past any runnable length and push float32 frequencies towards
-# underflow (theta^-1 / s below float32's smallest normal for s ~ 1e30): a factor of 1e300 is a typo, not a run.
+# underflow (theta^-1 / s below float32's smallest normal for s ~ 1e30): a factor of 1e300 is a typo.
 MAX_FACTOR = 1e6
 
 
@@ -44,7 +44,8 @@ MAX_FACTOR = 1e6
 class Range:
     """The allowed values of a method option, declared on its annotation: `Annotated[float, Range(gt=0)]`.
     `check_options` checks it (so `extend.patch`, the sweep, the lm-eval model and `inspect` all refuse
-    `beta_fast=-5` with the same line). Bounds are exclusive (gt/lt) or inclusive (ge/le); None = unbounded."""
+    `beta_fast=-5` with the same line). Bounds are exclusive (gt/lt) or inclusive (ge/le); None =
+    unbounded."""
 
     gt: float | None = None
     ge: float | None = None
@@ -112,7 +113,9 @@ class Method:
         if self.dynamic:
             kwargs["seq_len"] = seq_len
         out = self.fn(rope, factor=factor, **kwargs)
-        return out if isinstance(out, Rope) else Rope(*out)
+        out = out if isinstance(out, Rope) else Rope(*out)
+        check_output(self.name, rope, out.inv_freq)
+        return out
 
     def options_with_defaults(self) -> dict:
         return {k: v for k, v in self.options.items() if v is not inspect.Parameter.empty}
@@ -134,6 +137,26 @@ class Method:
         return float(context * (factor if self.factor_applies(options) else 1.0))
 
 
+def check_output(name: str, rope: RopeBase, inv_freq) -> None:
+    """A method's inverse frequencies must be a floating-point tensor of rope.dim // 2 (the layer type's
+    rotary dims / 2) finite, positive values; else one ExtendError naming the method (a bug in the method)."""
+    want = rope.dim // 2
+    if not isinstance(inv_freq, torch.Tensor):
+        problem = f"a {type(inv_freq).__name__}, not a torch tensor"
+    elif not inv_freq.is_floating_point():
+        problem = f"dtype {inv_freq.dtype}, not a floating-point dtype"
+    elif tuple(inv_freq.shape) != (want,):
+        problem = f"shape {tuple(inv_freq.shape)}, not ({want},)"
+    elif inv_freq.device.type != "meta" and not bool((torch.isfinite(inv_freq) & (inv_freq > 0)).all()):
+        problem = "values that are not finite and positive"
+    else:
+        return
+    raise ExtendError(
+        f"method {name!r} returned inverse frequencies of {problem} — a bug in the method: it must return "
+        f"{want} finite positive floats ({rope.dim} rotary dims / 2)"
+    )
+
+
 _REGISTRY: dict[str, Method] = {}
 _entry_points_loaded = False
 
@@ -153,9 +176,10 @@ def register(
     """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
     returns `(inv_freq, attention_factor)` or a `Rope` — or, with `remap=True`, a `extend.remap.Remap` (the
     position indices each (query, key) pair sees; see extend/remap.py). Registering an existing name needs
-    `replace=True`. `uses_factor=False` (or a function of the options) marks a method whose factor does nothing
-    or must stay 1; `reach(factor, context, options)` overrides the default reach factor x context; `record` names
-    options a patch records even at their default (e.g. a rule whose default differs between sources)."""
+    `replace=True`. `uses_factor=False` (or a function of the options) marks a method whose factor does
+    nothing or must stay 1; `reach(factor, context, options)` overrides the default reach factor x context;
+    `record` names options a patch records even at their default (e.g. a rule whose default differs between
+    sources)."""
 
     def decorate(fn):
         if not isinstance(name, str) or not name:
@@ -328,7 +352,8 @@ def _option_kinds(method: Method, key: str) -> tuple[set, bool] | None:
 
 def check_option_value(method: Method, key: str, value) -> None:
     """The value of one option against the method's signature (annotation, else default type); one ExtendError
-    naming the option, the value and an example. `original_max_position_embeddings` must be a positive integer."""
+    naming the option, the value and an example. `original_max_position_embeddings` must be a positive
+    integer."""
     if key in COMMON_OPTIONS and key != "original_max_position_embeddings":
         return  # start_from, layer_types, temperature: checked by extend.patching against the model
     if key in COMMON_OPTIONS:

@@ -4,16 +4,17 @@ Patching: the model's RoPE stays as `plain` would leave it (so start_from, layer
 original_max_position_embeddings, extend.current and extend.fixed_length work as for every method), and
 `config._attn_implementation` switches to an attention function registered through transformers'
 `AttentionInterface` (with the original implementation's mask function registered under the same name
-through `AttentionMaskInterface`). undo() restores the implementation name.
+through `AttentionMaskInterface`). undo() restores the implementation name; the registration is process-wide,
+recorded on the patch (`Patch.global_changes`) and removed when the last remap patch using it is undone.
 
 The family's attention module rotates q and k at their plain positions and caches k as usual; this function
 rotates them further by (remapped position - plain position) with the family's own `apply_rotary_pos_emb` and
-cos/sin from the model's own rotary module (so half/interleaved layouts, partial rotary dims and per-layer-type
-frequencies are respected; RoPE rotations compose; where the attention module slices partial rotary dims
-itself, as Phi and StableLM do, only those dims turn). Queries go in blocks of QUERY_BLOCK; for each block and
-piece the keys are cut into tiles that are wholly inside the piece (one unmasked call for the whole run),
-causal, or mixed (a tile-sized mask), each through the CPU flash-attention kernel, which returns the
-log-sum-exp used to merge the pieces. No L x L matrix is built: memory is O(L x block) at most.
+cos/sin from the model's own rotary module (so half/interleaved layouts, partial rotary dims and
+per-layer-type frequencies are respected; RoPE rotations compose; where the attention module slices partial
+rotary dims itself, as Phi and StableLM do, only those dims turn). Queries go in blocks of QUERY_BLOCK; for
+each block and piece the keys are cut into tiles that are wholly inside the piece (one unmasked call for the
+whole run), causal, or mixed (a tile-sized mask), each through the CPU flash-attention kernel, which returns
+the log-sum-exp used to merge the pieces. No L x L matrix is built: memory is O(L x block) at most.
 
 Falls through to the original attention function, unchanged (bit-identical), when every pair of the forward
 sees plain positions (sequences within the method's window), for layers that are not extended (Gemma3's
@@ -36,6 +37,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 from .errors import ExtendError
 from .families import family, layer_types, rotary_module
 from .remap import Remap
+from .scoped import Change, Shared
 
 QUERY_BLOCK = 512  # queries per block, and the width of mixed key tiles
 SUPPORTED = ("sdpa", "eager")
@@ -155,7 +157,8 @@ def _rotated(state: _State, x, positions, fn, lt, key: tuple):
 
 def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int, window: int | None = None) -> list:
     """Per query block (a, b): [(piece index, t0, t1, kind, lo, hi)] with kind full/causal/mixed; lo/hi are
-    the piece's key interval per query (cache indices), cut to the layer's sliding `window` when it has one."""
+    the piece's key interval per query (cache indices), cut to the layer's sliding `window` when it has
+    one."""
     key = ("plan", q_len, kv_len, off, block, window)
     if key in state.cache:
         return state.cache[key]
@@ -268,31 +271,40 @@ def _attend(
     return out
 
 
-class _Restore:
-    """Undo of the attention switch; `remove()` is called by Patch.undo like a hook's."""
-
-    def __init__(self, configs: list, modules: list):
-        self.saved = [(config, config._attn_implementation) for config in configs]
-        self.modules = modules
-
-    def remove(self):
-        for config, implementation in self.saved:
-            config._attn_implementation = implementation
-        for module in self.modules:
-            _STATE.pop(module, None)
+# name registered with transformers' attention and mask registries -> the remap patches using it
+REGISTERED = Shared()
 
 
-def _register(original: str) -> str:
+def _register(original: str) -> tuple[str, Change]:
+    """Register `remap_attention` (and the original implementation's mask function) under a name of its own in
+    transformers' process-wide registries; the returned Change releases it (removed with the last user)."""
     name = f"ropebench_remap_{original}"
-    if name not in ALL_ATTENTION_FUNCTIONS:
+
+    def install():
         AttentionInterface.register(name, remap_attention)
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
-    return name
+
+        def restore():
+            for interface in (AttentionInterface, AttentionMaskInterface):
+                # transformers has no unregister: `register` writes the class's mapping, so remove it there
+                getattr(interface, "_global_mapping", {}).pop(name, None)
+
+        return restore
+
+    change = Change(
+        f"transformers AttentionInterface / AttentionMaskInterface {name!r}",
+        f"registered (the remap attention, with the mask function of {original!r}); shared by the remap "
+        f"patches, used only by the models whose config selects it",
+        REGISTERED.acquire(name, install),
+    )
+    return name, change
 
 
 def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, patch_plain):
     """extend.patch for a method registered with remap=True. extend.patching.patch calls it and passes its own
-    `rope_bases` and `patch_plain(**common_options) -> Patch`, so this module does not import patching back."""
+    `rope_bases` and `patch_plain(common_options, label) -> Patch` (the frequencies as `plain` leaves them,
+    the handle labelled (name, factor, options from plain's)), so this module does not import patching
+    back."""
     from .registry import COMMON_OPTIONS
     from .shipped import DEFAULT_START_FROM, check_start_from, global_type, shipped_ropes
 
@@ -330,19 +342,20 @@ def patch(model: nn.Module, spec, factor: float, options: dict, *, rope_bases, p
         )
     if not identity and getattr(model.config, "attn_logit_softcapping", None):
         raise ExtendError(_softcap_message(spec.name, family(model)))
-    handle = patch_plain(**common)  # frequencies as plain leaves them
+
+    def relabel(recorded: dict) -> dict:  # plain's recorded options, without its temperature, + the remap's
+        return dict(own, **{k: v for k, v in recorded.items() if k != "temperature"}, **remap.resolved)
+
+    handle = patch_plain(common, (spec.name, factor, relabel))  # frequencies as plain leaves them
     if not identity:
         layered = bool(layer_types(rotary))
         extended = set(handle.options.get("layer_types", [None])) if layered else {None}
         state = _State(remap, spec.name, rotary, apply, original, extended, layered)
         try:
             _switch(model, state, handle)
-        except Exception:
+        except BaseException:
             handle.undo()
             raise
-    handle.method, handle.factor = spec.name, factor
-    resolved = {k: v for k, v in handle.options.items() if k != "temperature"}  # plain's; no temperature here
-    handle.options = dict(own, **resolved, **remap.resolved)
     return handle
 
 
@@ -355,17 +368,28 @@ def _softcap_message(method: str, name: str) -> str:
 
 
 def _switch(model: nn.Module, state: _State, handle) -> None:
-    """Point every attention module of `model` at the remap attention; undone through handle.undo()."""
+    """Point every attention module of `model` at the remap attention; each change is recorded on `handle`
+    first, so handle.undo() restores it."""
     modules = [
         m
         for m in model.modules()
         if isinstance(getattr(m, "layer_idx", None), int) and hasattr(m, "config") and m is not model
     ]
     configs = list({id(c): c for c in [model.config] + [m.config for m in modules]}.values())
-    name = _register(state.original)
+    name, registered = _register(state.original)
+    handle.record(registered)
+    saved = [(config, config._attn_implementation) for config in configs]
+
+    def restore():
+        for config, implementation in saved:
+            config._attn_implementation = implementation
+        for module in modules:
+            _STATE.pop(module, None)
+
+    handle.record(Change("attention implementation", f"{state.original} -> {name}", restore, shared=False))
+    hook = model.base_model.register_forward_pre_hook(lambda *_: state.cache.clear())
+    handle.record(Change("forward hook", "clears the remap's per-forward cache", hook.remove, shared=False))
     for module in modules:
         _STATE[module] = state
-    restore = _Restore(configs, modules)
-    handle._hooks += [restore, model.base_model.register_forward_pre_hook(lambda *_: state.cache.clear())]
     for config in configs:
         config._attn_implementation = name

@@ -1,14 +1,16 @@
-"""xPos plumbing: q and k need different scalings (zeta^(+(m-c)/scale_base) and zeta^(-(n-c)/scale_base)) but a
-family's `apply_rotary_pos_emb` takes one (cos, sin). The patched rotary module returns q's (cos, sin) and registers
-k's under the id of that cos tensor; the family's `apply_rotary_pos_emb` is wrapped to look them up (and falls
-through for every other call, so unpatched models in the same process are unaffected).
+"""xPos plumbing: q and k need different scalings (zeta^(+(m-c)/scale_base) and zeta^(-(n-c)/scale_base)) but
+a family's `apply_rotary_pos_emb` takes one (cos, sin). The patched rotary module returns q's (cos, sin) and
+registers k's under the id of that cos tensor; the family's `apply_rotary_pos_emb` is wrapped to look them up
+(and falls through for every other call, so unpatched models in the same process are unaffected). The wrapper
+is a process-wide change (extend/scoped.py): recorded on each xpos patch, removed when the last one of the
+family is undone.
 
 Range: zeta^x must stay a normal float32/bfloat16 number (|x ln zeta| <= EXPONENT_LIMIT, with headroom for the
-size of q and k themselves). That bounds two things: the distance of every position from the centre (q and k), and
-the span of the positions one forward runs — its attention scores every (query m, key n) pair, q.k ~ zeta^((m-n)/sb),
-and eager attention (or SDPA given a mask) also computes the masked future pairs n > m, which grow instead of decay
-and would overflow to inf and NaN. `check_span` raises ExtendError naming the bound instead of letting inf/NaN
-through, so xPos is finite under every attention implementation.
+size of q and k themselves). That bounds two things: the distance of every position from the centre (q and k),
+and the span of the positions one forward runs — its attention scores every (query m, key n) pair, q.k ~
+zeta^((m-n)/sb), and eager attention (or SDPA given a mask) also computes the masked future pairs n > m, which
+grow instead of decay and would overflow to inf and NaN. `check_span` raises ExtendError naming the bound
+instead of letting inf/NaN through, so xPos is finite under every attention implementation.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from torch import nn
 
 from .errors import ExtendError
 from .families import family
+from .scoped import Change, Shared
 
 EXPONENT_LIMIT = 80.0  # e^80 ~ 5.5e34: float32/bf16 overflow at e^88.7 leaves ~6000x for |q|, |k|
 
 # id(q's cos) -> (weakref to that cos, k's cos, k's sin, hit counter); entries vanish with the cos.
 _XPOS_K: dict[int, tuple] = {}
-# family module name -> [original apply_rotary_pos_emb, number of active xpos patches]
-_APPLY_WRAPPED: dict[str, list] = {}
+# family module name -> its wrapped apply_rotary_pos_emb, held by the active xpos patches of that family
+APPLY_WRAPPED = Shared()
 
 
 def max_offset(zeta: torch.Tensor, scale_base: float) -> float:
@@ -41,8 +44,8 @@ def check_span(
     low: int, high: int, centre: float, zeta: torch.Tensor, scale_base: float, fixed: bool
 ) -> None:
     """ExtendError unless one forward over positions low..high with this centre stays finite: q and k within
-    max_offset of the centre, and every (query, key) pair of the forward, masked ones included, within max_offset
-    of each other."""
+    max_offset of the centre, and every (query, key) pair of the forward, masked ones included, within
+    max_offset of each other."""
     limit = max_offset(zeta, scale_base)
     if high - low > limit:
         raise ExtendError(
@@ -73,36 +76,40 @@ def scale_cos_sin(cos, sin, position_ids, zeta, scale_base: float, centre: float
     return cos_q, sin_q
 
 
-def wrap_apply(module_name: str):
-    module = sys.modules[module_name]
-    if module_name in _APPLY_WRAPPED:
-        _APPLY_WRAPPED[module_name][1] += 1
-        return
-    original = module.apply_rotary_pos_emb
+def wrap_apply(module_name: str) -> Change:
+    """Wrap the family module's `apply_rotary_pos_emb` to apply xPos's k scaling (see the module docstring);
+    the returned Change, recorded on the patch, releases it. One wrapper per family module, shared by every
+    xpos patch of that family and removed with the last one; calls it does not recognise go to the
+    original."""
 
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        entry = _XPOS_K.get(id(cos))
-        if entry is None or entry[0]() is not cos:
-            return original(q, k, cos, sin, *args, **kwargs)
-        _, cos_k, sin_k, hits = entry
-        hits[0] += 1
-        q_embed, _ = original(q, k, cos, sin, *args, **kwargs)
-        _, k_embed = original(q, k, cos_k, sin_k, *args, **kwargs)
-        return q_embed, k_embed
+    def install():
+        module = sys.modules[module_name]
+        original = module.apply_rotary_pos_emb
 
-    apply_rotary_pos_emb.__wrapped__ = original
-    module.apply_rotary_pos_emb = apply_rotary_pos_emb
-    _APPLY_WRAPPED[module_name] = [original, 1]
+        def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+            entry = _XPOS_K.get(id(cos))
+            if entry is None or entry[0]() is not cos:
+                return original(q, k, cos, sin, *args, **kwargs)
+            _, cos_k, sin_k, hits = entry
+            hits[0] += 1
+            q_embed, _ = original(q, k, cos, sin, *args, **kwargs)
+            _, k_embed = original(q, k, cos_k, sin_k, *args, **kwargs)
+            return q_embed, k_embed
 
+        apply_rotary_pos_emb.__wrapped__ = original
+        module.apply_rotary_pos_emb = apply_rotary_pos_emb
 
-def unwrap_apply(module_name: str):
-    entry = _APPLY_WRAPPED.get(module_name)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] == 0:
-        sys.modules[module_name].apply_rotary_pos_emb = entry[0]
-        del _APPLY_WRAPPED[module_name]
+        def restore():
+            module.apply_rotary_pos_emb = original
+
+        return restore
+
+    return Change(
+        f"{module_name}.apply_rotary_pos_emb",
+        "wrapped to give k its own xPos scaling; shared by the xpos patches of this family, other calls "
+        "go to the original unchanged",
+        APPLY_WRAPPED.acquire(module_name, install),
+    )
 
 
 def rotation_layout(rotary: nn.Module, bases: dict, model) -> str:
