@@ -3,7 +3,7 @@ functions, no model.
 
 A forward of L tokens is modelled as t(L) = a L + b L^2: the linear layers grow with L, causal attention with
 L^2. The fit runs on the per-length forward times of the run itself, so the shares it gives are this run's,
-not a profile of another run (benchmarks/profile_forward.py measures the attention kernel directly).
+not a profile of another run (benchmarks/probes/profile_forward.py measures the attention kernel directly).
 """
 
 from __future__ import annotations

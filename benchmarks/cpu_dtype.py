@@ -1,34 +1,41 @@
-"""bf16 vs fp32 speed on this CPU at SmolLM2-135M's shapes (hidden 576, MLP 1536, 9 heads x 64): a GEMM, causal
-SDPA and a decoder layer's worth of both (4 GEMMs + attention), as fp32-time / bf16-time (> 1: bf16 faster), on
-one core in thread CPU time, over several lengths — the measurement behind `extend.loading.dtype_choice` (which
-runs it once, at 1024 tokens). Prints a markdown table for benchmarks/BENCHMARKS.md. Takes a few seconds.
+"""bf16 vs fp32 speed on this CPU at SmolLM2-135M's shapes (hidden 576, MLP 1536, 9 heads x 64): a GEMM,
+causal SDPA and a decoder layer's worth of both (4 GEMMs + attention), as fp32-time / bf16-time (> 1: bf16
+faster), on one core in thread CPU time, over several lengths — the measurement behind
+`extend.loading.dtype_choice` (which runs it once, at 1024 tokens). Prints a markdown table for
+benchmarks/BENCHMARKS.md. Takes a few seconds.
 
-    .venv/bin/python benchmarks/cpu_dtype.py [--tokens 256 512 1024 2048 4096] [--rounds 3]
+    .venv/bin/python -m benchmarks cpu-dtype [--tokens 256 512 1024 2048 4096] [--rounds 3]
 """
 
-import argparse
+from __future__ import annotations
+
 import datetime
 import os
+import sys
 
-import torch
-
-from extend import loading
+from benchmarks.errors import ArgumentParser, exit_code
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m benchmarks cpu-dtype", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per side (best of), after one warm-up")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+
+    import torch
+
+    from extend import loading
+
     caps = torch.cpu.get_capabilities()
     native = [k for k in ("avx512_bf16", "amx_bf16") if caps.get(k)]
     print(
         f"- Date: {datetime.date.today()}; CPU: {loading.cpu_key()}; torch capability "
-        f"{torch.backends.cpu.get_cpu_capability()}; native bf16: {', '.join(native) or 'none'}; load average "
-        f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        f"{torch.backends.cpu.get_cpu_capability()}; native bf16: {', '.join(native) or 'none'}; load "
+        f"average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     print(
-        "\n| tokens | GEMM | attention (SDPA) | decoder layer | choice at these ratios |\n|---:|---:|---:|---:|---|"
+        "\n| tokens | GEMM | attention (SDPA) | decoder layer | choice at these ratios |\n"
+        "|---:|---:|---:|---:|---|"
     )
     for tokens in args.tokens:
         s = loading.measure_bf16_speedup(tokens=tokens, rounds=args.rounds)
@@ -38,10 +45,10 @@ def main() -> None:
             flush=True,
         )
     choice = loading.dtype_choice("cpu")
-    print(
-        f"\n`extend.loading.dtype_choice('cpu')`: {str(choice.dtype).removeprefix('torch.')} — {choice.reason}"
-    )
+    dtype = str(choice.dtype).removeprefix("torch.")
+    print(f"\n`extend.loading.dtype_choice('cpu')`: {dtype} — {choice.reason}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main, None))

@@ -1,21 +1,24 @@
-"""The measurements: each `child_<name>` runs in a fresh process (spawned by benchmarks/run.py) and returns
-one dict. Timed sections start after a short warm-up forward; the memory of a section is the peak resident
-set size (VmHWM, reset through /proc/self/clear_refs) minus the resident size when the section starts.
+"""The measurements: each `child_<name>` runs in a fresh process (spawned by benchmarks/orchestrate.py) and
+returns one dict. Timed sections start after a short warm-up forward; the memory of a section is the peak
+resident set size (VmHWM, reset through /proc/self/clear_refs) minus the resident size when the section
+starts.
 
 What is compared (all on the embedded SmolLM2-135M at the run's --dtype, i.e. extend.load's CPU default
 unless overridden):
 - onepass / perlength: `tasks.perplexity.run` on the same document and lengths under a length-independent
   method (yarn); perlength forces the per-length path that dynamic methods take.
-- labels: the naive score, `model(ids, labels=ids).loss` (full logits), same tokens as onepass' longest length.
+- labels: the naive score, `model(ids, labels=ids).loss` (full logits), same tokens as onepass' longest
+  length.
 - bare: in one process (paired), ropebench's one-pass call as in onepass, `model.model(ids)` only (unpatched
-  decoder body) on the same tokens followed by the LM head alone (chunked) so the head's necessary compute can be
-  told apart from harness overhead, and `model(ids).logits`, the plain forward a user would call (body +
+  decoder body) on the same tokens followed by the LM head alone (chunked) so the head's necessary compute can
+  be told apart from harness overhead, and `model(ids).logits`, the plain forward a user would call (body +
   full-vocabulary logits, no loss).
 - otherdtype: onepass at the other of bfloat16 / float32 (the bf16-vs-fp32 figure).
 - rolling_ropebench / rolling_lmeval: one sotu document, window W; ropebench `protocol="sliding"`,
   stride W-1 with BOS (disjoint windows), vs lm-eval's `HFLM.loglikelihood_rolling` (disjoint windows of W).
 - passkey: `tasks.passkey.run` for one trial vs a plain `model.generate` on the very same prompt ids.
-- prefix_sharing: issue 15's shared-vs-unshared figures and the suite throughput (benchmarks/prefix_sharing.py).
+- prefix_sharing: issue 15's shared-vs-unshared figures and the suite throughput
+  (benchmarks/prefix_sharing.py, whose child orchestrate.CHILDREN adds to these).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from unittest import mock
+
+from benchmarks.measured import snapshot_stem
 
 METHOD, FACTOR = "yarn", 2.0  # length-independent; factor 2 covers 16k for an 8k model
 SEED = 0
@@ -89,8 +94,6 @@ def load(model_dir: str, dtype: str):
 
 def model_facts(model) -> dict:
     """What the report states about the model, read off the loaded model rather than assumed."""
-    from measured import snapshot_stem
-
     import extend
 
     c = model.config
@@ -325,7 +328,8 @@ def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
     from tasks.scoring import device_of
 
     model, tok = load(model_dir, dtype)
-    # The prompt of trial 0, depth 0.5 exactly as tasks.passkey builds it (checked against what it generates on).
+    # The prompt of trial 0, depth 0.5, exactly as tasks.passkey builds it (checked against the ids it
+    # generates from).
     key = random.Random(((SEED * passkey.MIX + passkey_length) * passkey.MIX + 0) * passkey.MIX + 0).randint(
         10000, 99999
     )
@@ -382,9 +386,6 @@ def child_snapshot(model_dir, **_):
         "model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())),
         "gguf": str(extend.embedded_gguf()),
     }
-
-
-from prefix_sharing import child_prefix_sharing  # noqa: F401  (a child: issue 15's measurements)
 
 
 @contextmanager

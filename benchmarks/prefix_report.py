@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import cost_model
-from measured import LEGACY_METHOD, median
+from benchmarks import cost_model
+from benchmarks.measured import LEGACY_METHOD, median
 
 START, END = "<!-- prefix-sharing:start -->", "<!-- prefix-sharing:end -->"
 
@@ -28,7 +28,8 @@ def rows(runs) -> tuple[list[dict], dict]:
     n_pk = first["passkey"]["n"]
     out = [
         (
-            f"Many-shot classification, {first['many_shot']['n']} queries at {L} tokens: shared prefix vs unshared, wall",
+            f"Many-shot classification, {first['many_shot']['n']} queries at {L} tokens: shared prefix vs "
+            "unshared, wall",
             secs("many_shot", "shared"),
             secs("many_shot", "unshared"),
             ms,
@@ -44,7 +45,8 @@ def rows(runs) -> tuple[list[dict], dict]:
             same_pred and dmax <= 1e-4,
         ),
         (
-            f"Passkey grid, {len(first['depths'])} depths x {trials} trials ({n_pk} prompts) at {L}: shared vs unshared, wall",
+            f"Passkey grid, {len(first['depths'])} depths x {trials} trials ({n_pk} prompts) at {L}: shared "
+            "vs unshared, wall",
             secs("passkey", "shared"),
             secs("passkey", "unshared"),
             pk,
@@ -54,8 +56,8 @@ def rows(runs) -> tuple[list[dict], dict]:
         ("Passkey: same prompts and same answers", "yes" if same_ans else "NO", "", None, "same", same_ans),
         (
             (
-                f"Nothing to share: zero-shot classification, {first['nothing_to_share']['n']} documents at {L}: shared vs "
-                "unshared, wall"
+                f"Nothing to share: zero-shot classification, {first['nothing_to_share']['n']} documents at "
+                f"{L}: shared vs unshared, wall"
             ),
             secs("nothing_to_share", "shared"),
             secs("nothing_to_share", "unshared"),
@@ -114,8 +116,8 @@ def rolling_windows_text(full_json: dict) -> str:
     theirs_per = median([r["rolling_lmeval"]["seconds"] for r in runs]) / theirs
     text = (
         f"The rolling wall ratio compares {ours} ropebench windows (BOS + {window - 1} new tokens each) with "
-        f"lm-eval's {theirs} windows of {window} on a {n_text}-token text (see the analysis above): per window "
-        f"ropebench takes {ours_per:.1f} s, lm-eval {theirs_per:.1f} s"
+        f"lm-eval's {theirs} windows of {window} on a {n_text}-token text (see the analysis above): per "
+        f"window ropebench takes {ours_per:.1f} s, lm-eval {theirs_per:.1f} s"
     )
     if ours > theirs and ours_per <= theirs_per:
         return (
@@ -129,7 +131,7 @@ def rolling_windows_text(full_json: dict) -> str:
 def perplexity_restated(full_json: dict | None) -> list[str]:
     """The perplexity targets restated against their floors, from the full run's saved measurements."""
     if not full_json:
-        return ["(no full run saved in benchmarks/BENCHMARKS.json: run `python benchmarks/run.py`)"]
+        return ["(no full run saved in benchmarks/BENCHMARKS.json: run `python -m benchmarks run`)"]
     runs = full_json["runs"]
     lmax = max(int(k) for k in runs[0]["perlength"]["length_seconds"])
     curve = median([r["onepass"]["seconds"] / r["perlength"]["seconds"] for r in runs])
@@ -146,15 +148,16 @@ def perplexity_restated(full_json: dict | None) -> list[str]:
     lengths = sorted(int(k) for k in runs[0]["perlength"]["length_seconds"])
     return [
         (
-            f"From the full run of {full_json.get('date')} (`{full_json.get('command')}`, {full_json['machine']['cpu']}, "
-            f"{full_json['args']['dtype']}; the tables above):"
+            f"From the full run of {full_json.get('date')} (`{full_json.get('command')}`, "
+            f"{full_json['machine']['cpu']}, {full_json['args']['dtype']}; the tables above):"
         ),
         "",
         "| figure | measured | floor / restated target | met? |",
         "|---|---|---|---|",
         (
-            f"| One-pass curve {lengths}: wall vs per-length passes | {curve:.3f} | floor t({lmax}) / sum t(L) = {floor:.3f}; "
-            f"target within 5% of it (<= {1.05 * floor:.3f}) | {'yes' if curve <= 1.05 * floor else '**no**'} |"
+            f"| One-pass curve {lengths}: wall vs per-length passes | {curve:.3f} | floor t({lmax}) / sum "
+            f"t(L) = {floor:.3f}; target within 5% of it (<= {1.05 * floor:.3f}) | "
+            f"{'yes' if curve <= 1.05 * floor else '**no**'} |"
         ),
         (
             f"| Rolling perplexity vs lm-eval `loglikelihood_rolling`: wall | {wall:.3f} | <= 1.05 | "
@@ -183,9 +186,10 @@ def section(data: dict, full_json: dict | None) -> str:
         "",
         f"- Date: {data['date']}; command: `{data['command']}`",
         (
-            f"- Machine: {m['cpu']}, {m['cores']} cores, avx512_bf16: {'yes' if m['avx512_bf16'] else 'no'}; load "
-            f"average at start {m['load'][0]:.1f} / {m['load'][1]:.1f} / {m['load'][2]:.1f}. The ratios compare the "
-            "two sides in one process, order alternated between repeats, and are what the targets are about."
+            f"- Machine: {m['cpu']}, {m['cores']} cores, avx512_bf16: {'yes' if m['avx512_bf16'] else 'no'}; "
+            f"load average at start {m['load'][0]:.1f} / {m['load'][1]:.1f} / {m['load'][2]:.1f}. The ratios "
+            "compare the two sides in one process, order alternated between repeats, and are what the "
+            "targets are about."
         ),
         (
             f"- Model: embedded {model}, CPU, {data['dtype']}, {first.get('threads')} torch thread(s); "
@@ -215,27 +219,28 @@ def section(data: dict, full_json: dict | None) -> str:
             f"{zs['shared']['computed']} vs {zs['unshared']['computed']}."
             + (
                 f" The passkey prompts' token trie has {pk['trie_tokens']} nodes, "
-                f"{pk['trie_tokens'] / pk['unshared']['computed']:.3f} of the unshared tokens: exact reuse of a "
-                "prefix's keys and values cannot compute fewer (a token's keys depend on every token before "
-                "it, and each prompt's haystack past its needle follows a different needle), and the tokens "
-                "past a needle sit late in the prompt, where attention costs the most, so the wall floor lies "
-                "above that fraction (priced with this model's forward times: `benchmarks/passkey_floor.py`, "
-                "Notes item 6)."
+                f"{pk['trie_tokens'] / pk['unshared']['computed']:.3f} of the unshared tokens: exact reuse "
+                "of a prefix's keys and values cannot compute fewer (a token's keys depend on every token "
+                "before it, and each prompt's haystack past its needle follows a different needle), and the "
+                "tokens past a needle sit late in the prompt, where attention costs the most, so the wall "
+                "floor lies above that fraction (priced with this model's forward times: `python -m "
+                "benchmarks.probes.passkey_floor`, Notes item 6)."
                 if "trie_tokens" in pk
                 else ""
             )
         ),
         (
-            f"Wall per cell at {first['length']}: passkey ({pk['n']} prompts) {pk['shared']['seconds']:.0f} s "
-            f"shared, {pk['unshared']['seconds']:.0f} s unshared; many-shot ({ms['n']} queries) "
-            f"{ms['shared']['seconds']:.0f} s shared, {ms['unshared']['seconds']:.0f} s unshared (first repeat)."
+            f"Wall per cell at {first['length']}: passkey ({pk['n']} prompts) {pk['shared']['seconds']:.0f} "
+            f"s shared, {pk['unshared']['seconds']:.0f} s unshared; many-shot ({ms['n']} queries) "
+            f"{ms['shared']['seconds']:.0f} s shared, {ms['unshared']['seconds']:.0f} s unshared (first "
+            "repeat)."
         ),
         "",
         "### Suite throughput",
         "",
         (
-            "Prompt tokens per second of wall (each prompt's tokens counted once, whether computed or taken from "
-            f"the cache) relative to a bare decoder-body forward of {first['length']} tokens "
+            "Prompt tokens per second of wall (each prompt's tokens counted once, whether computed or taken "
+            f"from the cache) relative to a bare decoder-body forward of {first['length']} tokens "
             f"({table['bare_tokens_per_s']:.0f} tokens/s here): how close each suite runs to the model's own "
             "speed; above 1 means work was shared."
         ),
@@ -255,13 +260,13 @@ def section(data: dict, full_json: dict | None) -> str:
     lines += [
         "",
         (
-            "Protocols: see benchmarks/prefix_sharing.py (docstring). Scorer: extend/prefix_cache.py — prompts "
-            "of a cell in lexicographic token order (a depth-first walk of their token trie), one transformers "
-            "`DynamicCache` cropped to the prefix the next prompt shares; a prompt sharing fewer than "
-            "`MIN_SHARED` tokens starts from an empty cache (SDPA's causal kernel is cheaper than a masked "
-            "continuation of a short prefix); a continuation runs in blocks of `CONTINUE_BLOCK` tokens (a "
-            "masked forward also computes the triangle the mask hides) and, on CPU, attends grouped key/value "
-            "heads without copying them (`native_gqa`)."
+            "Protocols: see benchmarks/prefix_sharing.py (docstring). Scorer: extend/prefix_cache.py — "
+            "prompts of a cell in lexicographic token order (a depth-first walk of their token trie), one "
+            "transformers `DynamicCache` cropped to the prefix the next prompt shares; a prompt sharing "
+            "fewer than `MIN_SHARED` tokens starts from an empty cache (SDPA's causal kernel is cheaper "
+            "than a masked continuation of a short prefix); a continuation runs in blocks of "
+            "`CONTINUE_BLOCK` tokens (a masked forward also computes the triangle the mask hides) and, on "
+            "CPU, attends grouped key/value heads without copying them (`native_gqa`)."
         ),
         END,
         "",
@@ -270,7 +275,8 @@ def section(data: dict, full_json: dict | None) -> str:
 
 
 def splice(report: str, block: str) -> str:
-    """Put the section into BENCHMARKS.md: replace the previous one, else insert before '## Notes' (or append)."""
+    """Put the section into BENCHMARKS.md: replace the previous one, else insert it before '## Notes' (else
+    append it)."""
     if START in report and END in report:
         head, rest = report.split(START, 1)
         return head + block.rstrip("\n") + rest.split(END, 1)[1]

@@ -1,6 +1,6 @@
 """Suites sharing work (issue 15): the prefix-cache scorer against the unshared path, side by side in one
-process, plus the "suite throughput" table. Run by `python benchmarks/run.py --only prefix-sharing`; its
-section of BENCHMARKS.md is benchmarks/prefix_report.py's.
+process, plus the "suite throughput" table. Run by `python -m benchmarks prefix` (or as part of
+`python -m benchmarks run`); its section of BENCHMARKS.md is benchmarks/prefix_report.py's.
 
 What the child measures (one process, the same model; the two sides of every ratio alternate their order
 between repeats):
@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from unittest import mock
 
+from benchmarks import figures
+
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 # What one child measures; the orchestrator runs each part in its own child and saves after each, so a long
 # run (~50 min at 8192 on a 2-core CPU) keeps what finished.
@@ -26,8 +28,8 @@ PARTS = ("many_shot", "passkey", "nothing_to_share", "speed")
 
 
 def _spy_caches():
-    """Patch the suite kit's PrefixCache (every suite makes its caches in tasks.suite.run_cells) so every cache is
-    kept (for its token counters)."""
+    """Patch the suite kit's PrefixCache (every suite makes its caches in tasks.suite.run_cells) so every
+    cache is kept (for its token counters)."""
     from extend import prefix_cache
     from tasks import suite
 
@@ -41,8 +43,8 @@ def _spy_caches():
 
 
 def trie_tokens(prompts) -> int:
-    """Nodes of the prompts' token trie: the tokens any exact prefix reuse must still compute (each node's keys
-    and values depend on every token before it, so it runs at least once)."""
+    """Nodes of the prompts' token trie: the tokens any exact prefix reuse must still compute (each node's
+    keys and values depend on every token before it, so it runs at least once)."""
     from extend.prefix_cache import common_prefix
 
     ordered = sorted(map(list, prompts))
@@ -56,7 +58,6 @@ def _timed(fn):
 
 
 def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
-    import figures
     import torch
     import transformers
 

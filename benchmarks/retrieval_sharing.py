@@ -1,9 +1,10 @@
-"""The retrieval suite's haystack sharing: `tasks.retrieval.run` with share_prefix True vs False in one process,
-the same model and grid; prints the shared/unshared wall-time ratio, the tokens each side computed and the
-largest difference between the two sides' values (float32: ~1e-5; the 0/1 metrics must agree).
+"""The retrieval suite's haystack sharing: `tasks.retrieval.run` with share_prefix True vs False in one
+process, the same model and grid; prints the shared/unshared wall-time ratio, the tokens each side computed
+and the largest difference between the two sides' values (float32: ~1e-5; the 0/1 metrics must agree).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_sharing.py                       # SmolLM2, 4096,
-    3 repeats HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_sharing.py --tiny --lengths 512 --repeats 1   # seconds
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks retrieval-sharing        # SmolLM2, 4096, 3 repeats
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks retrieval-sharing --tiny --lengths 512 --repeats 1
+        # a tiny random model with SmolLM2's vocabulary: seconds
 
 The two sides alternate their order between repeats; the ratio is the median over repeats. Run it on an idle
 machine (the lead's measurement goes to benchmarks/BENCHMARKS.md).
@@ -11,14 +12,12 @@ machine (the lead's measurement goes to benchmarks/BENCHMARKS.md).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.errors import ArgumentParser, exit_code
 
 
 def _model(tiny: bool):
@@ -47,6 +46,7 @@ def _model(tiny: bool):
 def _side(model, tok, share: bool, kw: dict):
     """(seconds, tokens computed, rows) of one run."""
     import tasks.suite as kit
+    from tasks import retrieval
 
     made = []
     real = kit.PrefixCache
@@ -57,15 +57,13 @@ def _side(model, tok, share: bool, kw: dict):
 
     with mock.patch.object(kit, "PrefixCache", counting):
         t0 = time.perf_counter()
-        rows = __import__("tasks.retrieval", fromlist=["run"]).run(
-            model, tok, share_prefix=share, progress=False, **kw
-        )
+        rows = retrieval.run(model, tok, share_prefix=share, progress=False, **kw)
         secs = time.perf_counter() - t0
     return secs, sum(c.computed for c in made), rows
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m benchmarks retrieval-sharing", description=__doc__.splitlines()[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[4096])
     p.add_argument("--variants", nargs="+", default=["niah_multikey", "niah_multiquery"])
     p.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
@@ -97,11 +95,11 @@ def main(argv=None) -> int:
     print(
         f"retrieval {args.variants} {args.scoring}, lengths {args.lengths}, depths {args.depths}, trials "
         f"{args.trials}, {'tiny model' if args.tiny else 'SmolLM2-135M'}: shared/unshared time "
-        f"{statistics.median(ratios):.3f} (median of {len(ratios)}); tokens computed {tokens[0]} vs {tokens[1]} "
-        f"({tokens[0] / tokens[1]:.3f}); largest |difference| of a value {diff:.2e}"
+        f"{statistics.median(ratios):.3f} (median of {len(ratios)}); tokens computed {tokens[0]} vs "
+        f"{tokens[1]} ({tokens[0] / tokens[1]:.3f}); largest |difference| of a value {diff:.2e}"
     )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main, None))

@@ -1,35 +1,37 @@
 """ropebench benchmarks: ropebench against the naive way and against lm-eval, measured in the same run.
 
-    python benchmarks/run.py                      # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
-    python benchmarks/run.py --max-length 8192    # shorter full run (the cap is stated in the report)
-    python benchmarks/run.py --quick              # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
-    python benchmarks/run.py --from-json benchmarks/BENCHMARKS.json --demo-seconds 501   # add the demo sweep's
-        # time, measured on its own (`bash scripts/demo.sh` prints "sweep time N s"), to a finished run's report
-    python benchmarks/run.py --only prefix-sharing   # only the prefix-cache section (issue 15, float32, 8192):
-        # -> BENCHMARKS.prefix.json and its section of BENCHMARKS.md (the rest of the report is kept)
-    python benchmarks/run.py --only prefix-sharing --prefix-length 2048 --prefix-queries 24   # a reduced one
+    python -m benchmarks run                    # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
+    python -m benchmarks run --max-length 8192  # shorter full run (the cap is stated in the report)
+    python -m benchmarks run --quick            # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
+    python -m benchmarks report benchmarks/BENCHMARKS.json --demo-seconds 501   # add the demo sweep's time,
+        # measured on its own (`bash scripts/demo.sh` prints "sweep time N s"), to a finished run's report
+        # (= run --from-json JSON ...)
+    python -m benchmarks prefix                 # only the prefix-cache section (issue 15, float32, 8192):
+        # -> BENCHMARKS.prefix.json and its section of BENCHMARKS.md, the rest of the report kept
+        # (= run --only prefix-sharing)
+    python -m benchmarks prefix --prefix-length 2048 --prefix-queries 24   # a reduced one
+
+`python benchmarks/run.py ARGS` (the command of older docs) is `python -m benchmarks run ARGS`.
 
 This file is the command line only. orchestrate.py runs the children (each in a fresh subprocess,
-`run.py --child NAME ...`) and saves their JSON; report.py turns that JSON into the markdown (a pure function);
-figures.py and prefix_sharing.py are what the children measure.
+`python -m benchmarks run --child NAME ...`) and saves their JSON; report.py turns that JSON into the markdown
+(a pure function); figures.py and prefix_sharing.py are what the children measure.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import re
 import sys
+from argparse import SUPPRESS
 from pathlib import Path
 
+from benchmarks import orchestrate, report
+from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # benchmarks/ is not a package: its modules import by name
-
-import orchestrate
-import report
-from orchestrate import BenchmarkError
-
+PROG = "python -m benchmarks run"
 FULL_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 # Powers of two >= 512: in bf16 the CPU attention kernel blocks these lengths alike, so a prefix of a longer
 # forward is bit-identical to the shorter forward (at 256 vs 512, or 768, it is not: ~3e-3 in log ppl).
@@ -58,7 +60,8 @@ def demo_seconds(spec):
 
 
 def rewrite(args) -> None:
-    """Regenerate the markdown of a finished run from its JSON (numbers unchanged; --demo-seconds may be added)."""
+    """Regenerate the markdown of a finished run from its JSON (numbers unchanged; --demo-seconds may be
+    added)."""
     source = Path(args.from_json)
     try:
         saved = json.loads(source.read_text())
@@ -66,16 +69,14 @@ def rewrite(args) -> None:
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise BenchmarkError(
             f"--from-json {source}: not a saved benchmark run ({e}) — pass a BENCHMARKS*.json "
-            "written by benchmarks/run.py"
+            "written by `python -m benchmarks run`"
         ) from None
     if not fresh:
-        raise BenchmarkError(f"{source} was written by an older benchmarks/run.py — re-run the benchmark")
+        raise BenchmarkError(f"{source} was written by an older version of the benchmark — re-run it")
     settings = saved["args"]
     if args.demo_seconds is not None:  # kept in the JSON, with how the demo row got its number
         settings["demo_seconds"] = demo_seconds(args.demo_seconds)
-        saved["demo_command"] = (
-            f"python benchmarks/run.py --from-json {source} --demo-seconds {args.demo_seconds}"
-        )
+        saved["demo_command"] = f"python -m benchmarks report {source} --demo-seconds {args.demo_seconds}"
         orchestrate.save_json(source, saved)
     settings["demo_seconds"] = demo_seconds(
         settings.get("demo_seconds")
@@ -124,8 +125,8 @@ def resolve(args) -> Path:
     return out
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument(
         "--quick", action="store_true", help="CI smoke run: tiny lengths, 1 repeat, BENCHMARKS.quick.md"
     )
@@ -183,38 +184,39 @@ def parser() -> argparse.ArgumentParser:
         help="repeats of the prefix-sharing child in a full "
         "run (default 1; it takes ~35 min at 8192 on a quiet 2-core CPU)",
     )
-    p.add_argument("--prefix-json", help=argparse.SUPPRESS)
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--model-dir", help=argparse.SUPPRESS)
-    p.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--prefix-json", help=SUPPRESS)
+    p.add_argument("--child", help=SUPPRESS)
+    p.add_argument("--model-dir", help=SUPPRESS)
+    p.add_argument("--repeat-index", type=int, default=0, help=SUPPRESS)
     return p
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Bad input raises BenchmarkError (one line); `exit_code` (benchmarks/errors.py) makes it exit code 2."""
     args = parser().parse_args(argv)
     if args.child:
-        return orchestrate.child_main(args)
-    try:
-        if args.from_json:
-            return rewrite(args)
-        out = resolve(args)
-        command = ("python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
-        if args.only == "prefix-sharing" and not args.estimate:
-            args.repeats = args.only_repeats
-            return orchestrate.run_prefix_only(args, out, command)
-        if args.estimate:
-            for name, est in orchestrate.plan(args):
-                print(f"  {name:18s} {est:7.0f} s per repeat")
-            print(
-                f"total ~{orchestrate.total_estimate(args) / 60:.0f} min for {args.repeats} repeat(s) "
-                "(+ about a minute once to snapshot the model)"
-            )
-            return None
-        return orchestrate.run_all(args, out, command)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        orchestrate.child_main(args)
+        return 0
+    if args.from_json:
+        rewrite(args)
+        return 0
+    out = resolve(args)
+    command = f"{PROG} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+    if args.only == "prefix-sharing" and not args.estimate:
+        args.repeats = args.only_repeats
+        orchestrate.run_prefix_only(args, out, command)
+        return 0
+    if args.estimate:
+        for name, est in orchestrate.plan(args):
+            print(f"  {name:18s} {est:7.0f} s per repeat")
+        print(
+            f"total ~{orchestrate.total_estimate(args) / 60:.0f} min for {args.repeats} repeat(s) "
+            "(+ about a minute once to snapshot the model)"
+        )
+        return 0
+    orchestrate.run_all(args, out, command)
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python benchmarks/run.py ARGS`, the older command (needs ropebench installed)
+    sys.exit(exit_code(main, None))

@@ -4,38 +4,59 @@ break past 8k; pi pays a penalty everywhere; ntk, dynamic-ntk and yarn stay flat
 speeches concatenated (so absolute values depend on the text), encoded as the tokenizer encodes text (special
 tokens it adds included: none for SmolLM2). ~80 s per 16k forward on an idle 2-core CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shape_check.py [--dtype float32|bfloat16] [--methods ntk yarn dca:1]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks shape-check [--dtype float32|bfloat16]
+        [--methods ntk yarn dca:1]
 """
 
-import argparse
+from __future__ import annotations
+
+import sys
 import time
 
-import extend
-from tasks.common import special_prefix
-from tasks.data import iter_corpus
-from tasks.scoring import token_nll
+from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
-parser.add_argument(
-    "--methods",
-    nargs="+",
-    default=["plain", "pi", "ntk", "dynamic-ntk", "yarn"],
-    help="methods to run, each NAME or NAME:FACTOR (default factor 2; default: the five "
-    "frequency methods), e.g. self-extend rerope dca:1",
-)
-args = parser.parse_args()
-model, tok = extend.load("smollm2-135m", dtype=args.dtype)
-print(f"dtype {model.dtype}; special prefix {special_prefix(tok)}", flush=True)
-docs = sorted(iter_corpus("sotu"), key=lambda d: -len(d.text))[:6]
-ids = tok("\n\n".join(d.text for d in docs)).input_ids[:16384]
-for spec in args.methods:
-    method, _, factor = spec.partition(":")
-    start = time.perf_counter()
-    with extend.patched(model, method, factor=float(factor or 2.0)):
-        nll = token_nll(model, ids, start=1, chunk_size=2048)
-    print(
-        f"{spec:12s} first 4k {nll[:4096].mean():.3f}  last 4k {nll[-4096:].mean():.3f}  "
-        f"ppl {nll.mean().exp():.4f}  ({time.perf_counter() - start:.0f} s)",
-        flush=True,
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks shape-check", description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["plain", "pi", "ntk", "dynamic-ntk", "yarn"],
+        help="methods to run, each NAME or NAME:FACTOR (default factor 2; default: the five "
+        "frequency methods), e.g. self-extend rerope dca:1",
     )
+    args = parser.parse_args(argv)
+    cells = []  # (spec, method, factor), checked before the model loads
+    for spec in args.methods:
+        method, _, factor = spec.partition(":")
+        try:
+            cells.append((spec, method, float(factor or 2.0)))
+        except ValueError:
+            raise BenchmarkError(
+                f"--methods {spec!r}: the factor after ':' must be a number, e.g. yarn:2"
+            ) from None
+
+    import extend
+    from tasks.common import special_prefix
+    from tasks.data import iter_corpus
+    from tasks.scoring import token_nll
+
+    model, tok = extend.load("smollm2-135m", dtype=args.dtype)
+    print(f"dtype {model.dtype}; special prefix {special_prefix(tok)}", flush=True)
+    docs = sorted(iter_corpus("sotu"), key=lambda d: -len(d.text))[:6]
+    ids = tok("\n\n".join(d.text for d in docs)).input_ids[:16384]
+    for spec, method, factor in cells:
+        start = time.perf_counter()
+        with extend.patched(model, method, factor=factor):
+            nll = token_nll(model, ids, start=1, chunk_size=2048)
+        print(
+            f"{spec:12s} first 4k {nll[:4096].mean():.3f}  last 4k {nll[-4096:].mean():.3f}  "
+            f"ppl {nll.mean().exp():.4f}  ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, None))

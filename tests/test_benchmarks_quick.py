@@ -1,5 +1,6 @@
-"""Smoke test of the benchmark harness: `benchmarks/run.py --quick` runs every figure on tiny lengths and
-writes a report with every row; the "identical numbers" checks must hold. Nothing about time is asserted."""
+"""Smoke test of the benchmark harness: `python -m benchmarks run --quick` runs every figure on tiny lengths
+and writes a report with every row; the "identical numbers" checks must hold. Nothing about time is
+asserted."""
 
 import json
 import os
@@ -32,15 +33,17 @@ ROWS = [
 @pytest.mark.slow
 @pytest.mark.real
 def test_quick_benchmark_writes_every_row(tmp_path):
-    """In float32 whatever the CPU's default: identity (one forward == per-length passes, chunked loss == labels=,
-    the prefix cache's passkey answer == a plain generate's) is a float32 property; bf16 (the run's other dtype)
-    is compared with fp32 within its precision."""
+    """In float32 whatever the CPU's default: identity (one forward == per-length passes, chunked loss ==
+    labels=, the prefix cache's passkey answer == a plain generate's) is a float32 property; bf16 (the run's
+    other dtype) is compared with fp32 within its precision."""
     out = tmp_path / "BENCHMARKS.quick.md"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "run.py"),
+            "-m",
+            "benchmarks",
+            "run",
             "--quick",
             "--out",
             str(out),
@@ -58,7 +61,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     table = [line for line in text.splitlines() if line.startswith("| ")]
     for name in ROWS:
         assert any(name in line for line in table), f"missing row {name!r}"
-    assert "python benchmarks/run.py --quick" in text and "Machine:" in text and "Versions:" in text
+    assert "python -m benchmarks run --quick" in text and "Machine:" in text and "Versions:" in text
     assert "2.5 min" in text  # the demo sweep seconds were read
 
     data = json.loads(out.with_suffix(".json").read_text())
@@ -71,7 +74,8 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     assert (
         checks["passkey_same_prompt"] and checks["passkey_same_answer"]
     )  # the plain generate: same prompt, answer
-    # bf16 vs fp32, one forward per repeat: each length's mean loss within bf16's unit roundoff (relative 2^-8).
+    # bf16 vs fp32, one forward per repeat: each length's mean loss within bf16's unit roundoff (relative
+    # 2^-8).
     import torch
 
     u = torch.finfo(torch.bfloat16).eps / 2
@@ -87,11 +91,11 @@ def test_quick_benchmark_writes_every_row(tmp_path):
 
 
 def test_passkey_answer_is_compared_in_float32_only():
-    """A bf16 run may give another greedy answer through the prefix cache than a plain generate (rounding at other
-    row counts flips a near-tie): reported, not failed; the prompt must match in every dtype."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import report
+    """A bf16 run may give another greedy answer through the prefix cache than a plain generate (rounding at
+    other row counts flips a near-tie): reported, not failed; the prompt must match in every dtype."""
     from test_benchmarks_report import FACTS, synthetic
+
+    from benchmarks import report
 
     for dtype, same_answer, same_prompt, passes in [
         ("float32", False, True, False),

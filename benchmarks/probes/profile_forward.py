@@ -2,17 +2,15 @@
 the linear layers vs the attention kernel) per dtype and length. Explains the curve and rolling figures in
 BENCHMARKS.md (see NOTES.md).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/profile_forward.py [--lengths 4096 16384] [--dtypes float32 bfloat16]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.profile_forward [--lengths 4096 16384]
+        [--dtypes float32 bfloat16]
 """
 
-import argparse
+from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
+import sys
 
-import extend
-from tasks.scoring import body
+from benchmarks.errors import ArgumentParser, exit_code
 
 GROUPS = {
     "aten::mm": "linear layers (mm)",
@@ -22,6 +20,11 @@ GROUPS = {
 
 def sdpa_call(model, ids) -> str:
     """How transformers calls SDPA for this model: mask tensor or is_causal, GQA handling."""
+    import torch
+    import torch.nn.functional as F
+
+    from tasks.scoring import body
+
     seen, inner = [], F.scaled_dot_product_attention
 
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
@@ -40,11 +43,20 @@ def sdpa_call(model, ids) -> str:
     return seen[0] if seen else "SDPA not called"
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(
+        prog="python -m benchmarks.probes.profile_forward", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    args = p.parse_args()
+    args = p.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import extend
+    from tasks.scoring import body
+
     for dtype in args.dtypes:
         model, _ = extend.load("smollm2-135m", device="cpu", dtype=dtype)
         print(
@@ -75,7 +87,8 @@ def main():
                 + " |",
                 flush=True,
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main, None))

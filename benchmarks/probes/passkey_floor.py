@@ -1,36 +1,34 @@
 """The least wall time exact prefix reuse can reach on the prefix-sharing benchmark's passkey grid (issue 15).
 
-The prompts are the benchmark's own (`tasks.passkey.run` with the generation stubbed out, so nothing runs), in the
-scorer's sharing order; each prompt must compute the segment [shared, len) of its tokens, where `shared` is what it
-has in common with the previous prompt (zero below `MIN_SHARED`): together, the prompts' token trie. A forward is
-modelled as t(L) = a L + b L^2 (benchmarks/cost_model.py), fitted to fresh forwards of this model timed here, so a
-segment costs a (e - s) + b (e^2 - s^2): its linear layers, and attention over everything before each token. The
-floor is sum(segments) / sum(t(len)) of the unshared path. A measured continuation (a tail on a cached prefix, in
-the scorer's blocks) checks the model on the kind of forward the shared path runs.
+The prompts are the benchmark's own (`tasks.passkey.run` with the generation stubbed out, so nothing runs), in
+the scorer's sharing order; each prompt must compute the segment [shared, len) of its tokens, where `shared`
+is what it has in common with the previous prompt (zero below `MIN_SHARED`): together, the prompts' token
+trie. A forward is modelled as t(L) = a L + b L^2 (benchmarks/cost_model.py), fitted to fresh forwards of this
+model timed here, so a segment costs a (e - s) + b (e^2 - s^2): its linear layers, and attention over
+everything before each token. The floor is sum(segments) / sum(t(len)) of the unshared path. A measured
+continuation (a tail on a cached prefix, in the scorer's blocks) checks the model on the kind of forward the
+shared path runs.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/passkey_floor.py [--length 8192] [--trials 4] [--dtype float32]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.passkey_floor [--length 8192] [--trials 4]
+        [--dtype float32]
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from unittest import mock
 
-import torch
-from cost_model import quadratic_fit
-from orchestrate import machine
-from prefix_sharing import DEPTHS
-from transformers import DynamicCache
-
-import extend
-from extend.forward import with_cache
-from extend.prefix_cache import CONTINUE_BLOCK, MIN_SHARED, common_prefix, sharing_order
-from tasks import passkey
+from benchmarks.cost_model import quadratic_fit
+from benchmarks.errors import ArgumentParser, exit_code
+from benchmarks.orchestrate import machine
+from benchmarks.prefix_sharing import DEPTHS
 
 
 def prompts(model, tok, length: int, trials: int) -> list[list[int]]:
     """The benchmark's passkey prompts, built by the suite itself (generation stubbed: no forward runs)."""
+    from tasks import passkey
+
     seen = []
     with mock.patch.object(passkey, "_generate", lambda m, t, ids, n, cache: seen.append(list(ids)) or ""):
         passkey.run(model, tok, lengths=[length], depths=DEPTHS, trials=trials, progress=False)
@@ -39,6 +37,8 @@ def prompts(model, tok, length: int, trials: int) -> list[list[int]]:
 
 def segments(cell: list[list[int]]) -> list[tuple[int, int]]:
     """(first computed position, prompt length) per prompt, in the scorer's order and by its sharing rule."""
+    from extend.prefix_cache import MIN_SHARED, common_prefix, sharing_order
+
     out, last = [], []
     for i in sharing_order(cell):
         ids = cell[i]
@@ -48,26 +48,39 @@ def segments(cell: list[list[int]]) -> list[tuple[int, int]]:
     return out
 
 
-@torch.inference_mode()
 def timed_forward(model, ids, cache=None, block=None) -> float:
-    start = time.perf_counter()
-    step = block or ids.shape[1]
-    for i in range(0, ids.shape[1], step):
-        model.model(
-            input_ids=ids[:, i : i + step], use_cache=cache is not None, **with_cache(model.model, cache)
-        )
-    return time.perf_counter() - start
+    import torch
+
+    from extend.forward import with_cache
+
+    with torch.inference_mode():
+        start = time.perf_counter()
+        step = block or ids.shape[1]
+        for i in range(0, ids.shape[1], step):
+            model.model(
+                input_ids=ids[:, i : i + step], use_cache=cache is not None, **with_cache(model.model, cache)
+            )
+        return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m benchmarks.probes.passkey_floor", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
         "--tail-from", type=int, default=2048, help="cached prefix of the measured continuation"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import DynamicCache
+
+    import extend
+    from extend.prefix_cache import CONTINUE_BLOCK
+
     model, tok = extend.load("smollm2-135m", dtype=args.dtype)
     cell = prompts(model, tok, args.length, args.trials)
     segs = segments(cell)
@@ -78,7 +91,10 @@ def main() -> None:
         n: min(timed_forward(model, ids[:, :n]) for _ in range(2)) for n in (L // 4, L // 2, 3 * L // 4, L)
     }
     a, b = quadratic_fit(times)
-    model_t = lambda s, e: a * (e - s) + b * (e * e - s * s)
+
+    def model_t(s, e):  # modelled seconds of computing positions [s, e) on a cache holding [0, s)
+        return a * (e - s) + b * (e * e - s * s)
+
     cache = DynamicCache()
     timed_forward(model, ids[:, : args.tail_from], cache)
     tail = timed_forward(model, ids[:, args.tail_from :], cache, block=CONTINUE_BLOCK)
@@ -99,11 +115,12 @@ def main() -> None:
     )
     print(
         f"{len(cell)} prompts: tokens computed {sum(e - s for s, e in segs)} of {sum(e for _, e in segs)} "
-        f"({sum(e - s for s, e in segs) / sum(e for _, e in segs):.3f}); modelled prefill cost, shared / unshared: "
-        f"{sum(model_t(s, e) for s, e in segs) / unshared:.3f} (the floor of exact prefix reuse, before the "
-        "answer tokens, which cost the same on both sides)"
+        f"({sum(e - s for s, e in segs) / sum(e for _, e in segs):.3f}); modelled prefill cost, shared / "
+        f"unshared: {sum(model_t(s, e) for s, e in segs) / unshared:.3f} (the floor of exact prefix reuse, "
+        "before the answer tokens, which cost the same on both sides)"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main, None))

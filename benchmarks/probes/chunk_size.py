@@ -1,19 +1,18 @@
 """Profile of the LM head + loss step that `tasks.scoring.token_nll` runs after the decoder body
-(`tasks.scoring.nll_from_hidden`): seconds per chunk size (positions per LM-head call) at one long window, with
-the float32 loss in cache-sized blocks (now) and over whole chunks (before), against the head alone.
+(`tasks.scoring.nll_from_hidden`): seconds per chunk size (positions per LM-head call) at one long window,
+with the float32 loss in cache-sized blocks (now) and over whole chunks (before), against the head alone.
 See benchmarks/NOTES.md.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/chunk_size.py [--length 8192] [--chunks 256 1024 4096]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.chunk_size [--length 8192] [--chunks 256 1024 4096]
 """
 
-import argparse
+from __future__ import annotations
+
+import sys
 import time
 from unittest import mock
 
-import torch
-
-import extend
-from tasks import scoring
+from benchmarks.errors import ArgumentParser, exit_code
 
 
 def best_of(fn, repeats, *args, **kw):
@@ -30,16 +29,22 @@ def head_only(model, hidden, chunk):
         model.get_output_embeddings()(hidden[i : i + chunk])
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m benchmarks.probes.chunk_size", description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=8192)
     p.add_argument("--chunks", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+
+    import torch
+
+    import extend
+    from tasks import scoring
+
     print(
-        "| dtype | chunk | head + loss, blocked (s) | head + loss, whole chunk (s) | head alone (s) | body (s) |\n"
-        "|---|---:|---:|---:|---:|---:|"
+        "| dtype | chunk | head + loss, blocked (s) | head + loss, whole chunk (s) | head alone (s) "
+        "| body (s) |\n|---|---:|---:|---:|---:|---:|"
     )
     for dtype in args.dtypes:
         model, _ = extend.load("smollm2-135m", device="cpu", dtype=dtype)
@@ -64,7 +69,8 @@ def main():
                     f"| {dtype} | {chunk} | {blocked:.2f} | {whole:.2f} | {head_s:.2f} | {body_s:.1f} |",
                     flush=True,
                 )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main, None))

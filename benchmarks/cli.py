@@ -1,0 +1,129 @@
+"""The benchmarks' one entry point: `python -m benchmarks NAME [ARGS]`, or `ropebench bench NAME [ARGS]`
+(which calls `main`). NAME picks the module that owns the benchmark and ARGS go to it unchanged
+(`python -m benchmarks NAME --help`: its options). Bad input prints one line `error: ...`, exit code 2.
+
+    python -m benchmarks run                    # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
+    python -m benchmarks run --quick            # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
+    python -m benchmarks prefix                 # only the prefix-cache section (= run --only prefix-sharing)
+    python -m benchmarks report benchmarks/BENCHMARKS.json --demo-seconds 501   # re-render (run --from-json)
+    python -m benchmarks cpu-dtype --tokens 256 --rounds 1                      # a few seconds
+
+One-off probes (investigations NOTES.md quotes) are not subcommands: `python -m benchmarks.probes.NAME`.
+Importing this module loads nothing heavy: a benchmark's module is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+from pathlib import Path
+
+from benchmarks.errors import BenchmarkError, exit_code
+
+PROG = "python -m benchmarks"
+EXAMPLE_JSON = "benchmarks/BENCHMARKS.json"
+
+
+def _report_args(rest: list[str]) -> list[str]:
+    if rest[:1] in (["-h"], ["--help"]):
+        return ["--help"]
+    if not rest or rest[0].startswith("-"):
+        raise BenchmarkError(
+            f"report needs the saved run first — e.g. `{PROG} report {EXAMPLE_JSON} --demo-seconds 501`"
+        )
+    return ["--from-json", *rest]
+
+
+# name -> (module, what it does in one line, how its arguments reach the module's main)
+COMMANDS = {
+    "run": (
+        "benchmarks.run",
+        "ropebench vs the naive way and lm-eval -> benchmarks/BENCHMARKS.md (--quick: a smoke run; "
+        "--estimate: the plan only)",
+        list,
+    ),
+    "prefix": (
+        "benchmarks.run",
+        "only the prefix-cache section (issue 15) of BENCHMARKS.md (= run --only prefix-sharing)",
+        lambda rest: ["--only", "prefix-sharing", *rest],
+    ),
+    "report": (
+        "benchmarks.run",
+        "re-render a finished run's report from its JSON, e.g. to add --demo-seconds (= run --from-json)",
+        _report_args,
+    ),
+    "cpu-dtype": (
+        "benchmarks.cpu_dtype",
+        "bf16 vs fp32 speed on this CPU at SmolLM2-135M's shapes (what picks the CPU default dtype)",
+        list,
+    ),
+    "remap-cost": (
+        "benchmarks.remap_cost",
+        "cost and effect of the position-remapping methods (Self-Extend, ReRoPE, DCA) at 16k",
+        list,
+    ),
+    "longppl-cost": (
+        "benchmarks.longppl_cost",
+        "what LongPPL (key_tokens) and loss by position cost next to the bare perplexity pass",
+        list,
+    ),
+    "retrieval-sharing": (
+        "benchmarks.retrieval_sharing",
+        "the retrieval suite with vs without haystack sharing (--tiny: a smoke run in seconds)",
+        list,
+    ),
+    "shape-check": (
+        "benchmarks.shape_check",
+        "sanity check of the core at 16k: each method's loss on the first vs the last 4k tokens",
+        list,
+    ),
+}
+
+
+def probes() -> list[str]:
+    return sorted(p.stem for p in (Path(__file__).parent / "probes").glob("*.py") if p.stem != "__init__")
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        f"usage: {PROG} NAME [ARGS ...]    (`{PROG} NAME --help`: that benchmark's options)",
+        "",
+        "benchmarks:",
+    ]
+    lines += [f"  {name:<{width}}  {about}" for name, (_, about, _) in COMMANDS.items()]
+    lines += [
+        "",
+        f"probes (one-off investigations quoted in benchmarks/NOTES.md): {PROG}.probes.NAME [ARGS ...]",
+        "  " + ", ".join(probes()),
+    ]
+    return "\n".join(lines)
+
+
+def _unknown(name: str) -> str:
+    probe = name.replace("-", "_")
+    if probe in probes():
+        return f"{name!r} is a probe, not a benchmark — run it as `{PROG}.probes.{probe}`"
+    close = difflib.get_close_matches(name, COMMANDS, n=1) or difflib.get_close_matches(
+        name.replace("_", "-"), COMMANDS, n=1
+    )
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown benchmark {name!r} — {hint}choose one of: {', '.join(COMMANDS)} (`{PROG} --help`)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: {_unknown(name)}", file=sys.stderr)
+        return 2
+    module, _, arguments = COMMANDS[name]
+
+    def run(args):
+        return importlib.import_module(module).main(arguments(args))
+
+    return exit_code(run, rest)
