@@ -147,7 +147,8 @@ def check_output(name: str, rope: RopeBase, inv_freq) -> None:
         problem = f"dtype {inv_freq.dtype}, not a floating-point dtype"
     elif tuple(inv_freq.shape) != (want,):
         problem = f"shape {tuple(inv_freq.shape)}, not ({want},)"
-    elif inv_freq.device.type != "meta" and not bool((torch.isfinite(inv_freq) & (inv_freq > 0)).all()):
+    # 0 is a pair that does not rotate (p-RoPE, transformers' `proportional`): allowed
+    elif inv_freq.device.type != "meta" and not bool((torch.isfinite(inv_freq) & (inv_freq >= 0)).all()):
         problem = "values that are not finite and positive"
     else:
         return
