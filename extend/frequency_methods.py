@@ -7,6 +7,7 @@ docs/methods.md's method tables are generated from them (`python -m extend.docs 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Annotated
 
@@ -20,22 +21,28 @@ from .registry import Range, Rope, RopeBase, register
 # Declared option ranges (checked by registry.check_options before any model is touched).
 Rotations = Annotated[float, Range(gt=0, why="a number of rotations over the trained context")]
 Positive = Annotated[float, Range(gt=0)]
+Fraction = Annotated[float, Range(ge=0, le=1, why="the fraction of rotary pairs that keep rotating")]
 
 
-def transformers_rope(rope_type: str, rope: RopeBase, factor: float, seq_len: int | None = None, **params):
-    """Call transformers' own rope function on a minimal config carrying the model's base parameters."""
+def transformers_rope(
+    rope_type: str, rope: RopeBase, factor: float | None, seq_len: int | None = None, **params
+):
+    """Call transformers' own rope function on a minimal config carrying the model's base parameters.
+    `factor` None: a rope type that declares no factor (`proportional`; transformers warns about one)."""
     original = rope.original_max_position_embeddings
     parameters = {
         "rope_type": rope_type,
         "rope_theta": rope.theta,
-        "factor": factor,
         "partial_rotary_factor": rope.partial_rotary_factor,
         **{k: v for k, v in params.items() if v is not None},
     }
+    if factor is not None:
+        parameters["factor"] = factor
     if rope_type in ("yarn", "longrope", "llama3"):  # the types that read it (others warn about it)
         parameters["original_max_position_embeddings"] = original
     # `dynamic` reads the trained context from max_position_embeddings; the others want it > original.
-    max_positions = original if rope_type == "dynamic" else max(original + 1, math.ceil(original * factor))
+    stretch = 1.0 if factor is None else factor
+    max_positions = original if rope_type == "dynamic" else max(original + 1, math.ceil(original * stretch))
     config = PreTrainedConfig(
         hidden_size=rope.head_dim,
         num_attention_heads=1,
@@ -339,3 +346,36 @@ def _describe_list(values) -> str:
     if isinstance(values, (list, tuple)):
         return f"{len(values)} values"
     return f"{type(values).__name__} {values!r}"[:60]
+
+
+@register("proportional", uses_factor=False)
+def proportional(rope: RopeBase, *, factor: float, partial_rotary_factor: Fraction = 1.0):
+    """p-RoPE: only the fastest-turning fraction p of the rotary pairs rotates; the others carry no position.
+
+    Formula: theta_i for the first floor(p d/2) pairs (the highest frequencies), 0 (no rotation) for the
+    others; p = `partial_rotary_factor`
+    Reference: Barbero et al. 2024, arXiv:2410.06205 (transformers' `proportional`)
+
+    p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional Encodings useful?", ICLR
+    2025, sec. 6): trained models use the highest frequencies for positional attention patterns and the lowest
+    as semantic channels, which rotation makes unreliable over long contexts; p-RoPE stops rotating the lowest
+    (those dims become NoPE) and keeps the model's own frequencies on the rest. p counts the model's rotary
+    pairs (on a partial-rotary model, those of its rotary dims) as transformers' `proportional` rope type
+    counts head_dim's: floor(p d/2) pairs rotate. Gemma 4 ships p = 0.25 on its global layers; p = 1 (the
+    default, transformers' too) keeps every pair, i.e. the model's RoPE, bit-identical. p-RoPE has no scale:
+    `factor` is ignored (a sweep runs it once, at 1; transformers' own `factor` for this type, a linear
+    interpolation it does not declare, is not used). Delegates to transformers' `proportional` where
+    transformers has it."""
+    kept = int(partial_rotary_factor * rope.dim // 2)  # transformers' count: int(p * head_dim // 2)
+    if kept == rope.dim // 2:
+        return rope.inv_freq, 1.0  # every pair rotates: the model's own tensor
+    if "proportional" in ROPE_INIT_FUNCTIONS:
+        # transformers' head_dim is the model's rotary dim here, so the kept pairs are the model's frequencies
+        on_rotary_dims = dataclasses.replace(rope, head_dim=rope.dim)
+        inv_freq, _ = transformers_rope(
+            "proportional", on_rotary_dims, None, partial_rotary_factor=partial_rotary_factor
+        )
+        return inv_freq, 1.0
+    inv_freq = rope.inv_freq.clone()  # a transformers without `proportional` (added for Gemma 4)
+    inv_freq[kept:] = 0.0
+    return inv_freq, 1.0
