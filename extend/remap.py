@@ -141,9 +141,7 @@ def self_extend(rope: RopeBase, *, factor: float, window: Tokens | None = None, 
     window = _check_window("self-extend", context // 8 if window is None else window, context)
     if group is not None:
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-            raise ExtendError(
-                f"self-extend: group must be a positive integer, got {group!r} — e.g. group=4"
-            )
+            raise ExtendError(f"self-extend: group must be a positive integer, got {group!r} — e.g. group=4")
         if factor != 1.0:
             raise ExtendError(
                 f"self-extend: give either factor (the group size is derived from it) or group, "
