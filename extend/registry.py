@@ -149,12 +149,12 @@ def check_output(name: str, rope: RopeBase, inv_freq) -> None:
         problem = f"shape {tuple(inv_freq.shape)}, not ({want},)"
     # 0 is a pair that does not rotate (p-RoPE, transformers' `proportional`): allowed
     elif inv_freq.device.type != "meta" and not bool((torch.isfinite(inv_freq) & (inv_freq >= 0)).all()):
-        problem = "values that are not finite and positive"
+        problem = "values that are not finite and non-negative"
     else:
         return
     raise ExtendError(
         f"method {name!r} returned inverse frequencies of {problem} — a bug in the method: it must return "
-        f"{want} finite positive floats ({rope.dim} rotary dims / 2)"
+        f"{want} finite non-negative floats ({rope.dim} rotary dims / 2)"
     )
 
 

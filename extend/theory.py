@@ -100,7 +100,8 @@ def critical_dimension(inv_freq, trained_context: int) -> int:
     training context, i.e. that saw a full rotation in training. For theta_i = b^(-2i/d) this is
     2 ceil((d/2) log_b(T / 2 pi)) (Llama-2, d=128, b=1e4, T=4096: 92)."""
     theta = np.asarray(inv_freq, dtype=np.float64)
-    return 2 * int(np.count_nonzero(2 * math.pi / theta <= trained_context))
+    with np.errstate(divide="ignore"):  # a stopped pair (p-RoPE: theta 0) has an infinite period: not counted
+        return 2 * int(np.count_nonzero(2 * math.pi / theta <= trained_context))
 
 
 def yarn_ramp(

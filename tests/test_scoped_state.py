@@ -223,7 +223,7 @@ def test_a_method_with_malformed_frequencies_is_refused_naming_it(name, broken, 
             extend.patch(model, name, factor=2.0)
         message = str(caught.value)
         assert repr(name) in message and "\n" not in message
-        assert "8 finite positive floats (16 rotary dims / 2)" in message  # head_dim 16: 8 pairs
+        assert "8 finite non-negative floats (16 rotary dims / 2)" in message  # head_dim 16: 8 pairs
     finally:
         registry._REGISTRY.pop(name, None)
     assert extend.current(model) is None and torch.equal(logits(model), ref)
