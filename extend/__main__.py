@@ -1,5 +1,5 @@
-"""`python -m extend inspect MODEL [--method M --factor S -o KEY=VALUE ...]`: a model's RoPE per layer type and
-what a method would change. Reads the config only (no weights). Bad input: one line, exit code 2."""
+"""`python -m extend inspect MODEL [--method M --factor S -o KEY=VALUE ...]`: a model's RoPE per layer type
+and what a method would change. Reads the config only (no weights). Bad input: one line, exit code 2."""
 
 from __future__ import annotations
 

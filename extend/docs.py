@@ -148,10 +148,14 @@ def methods_md() -> str:
             f"{_cell(fields['Reference'])} |"
         )
     notes = [
-        "Frequencies from each forward's length (`dynamic=True`): "
-        f"{_names(m for m in methods if m.dynamic and not m.remap)}.",
-        "The formula at factor 1 must give the unpatched RoPE, checked at every patch "
-        f"(`identity_at_one=True`): {_names(m for m in methods if m.identity_at_one)}.",
+        (
+            "Frequencies from each forward's length (`dynamic=True`): "
+            f"{_names(m for m in methods if m.dynamic and not m.remap)}."
+        ),
+        (
+            "The formula at factor 1 must give the unpatched RoPE, checked at every patch "
+            f"(`identity_at_one=True`): {_names(m for m in methods if m.identity_at_one)}."
+        ),
         f"Position remapping (`remap=True`): {_names(m for m in methods if m.remap)}.",
     ]
     bullets = (textwrap.fill(n, WIDTH, initial_indent="- ", subsequent_indent="  ") for n in notes)

@@ -1,4 +1,5 @@
-"""ropebench's user-error classes. Every layer's error derives from RopebenchError, so a CLI catches one thing."""
+"""ropebench's user-error classes. Every layer's error derives from RopebenchError,
+so a CLI catches one thing."""
 
 
 class RopebenchError(ValueError):
@@ -10,7 +11,8 @@ class ExtendError(RopebenchError):
 
 
 def closest(name, choices, what: str) -> str:
-    """The hint for an unknown name: 'did you mean a, b?' when some choices are close, else every valid one."""
+    """The hint for an unknown name: 'did you mean a, b?' when some choices are close,
+    else every valid one."""
     import difflib
 
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=3, cutoff=0.5)

@@ -32,7 +32,9 @@ TESTED_FAMILIES = (
 )
 # Families known to use another rotary layout that swapping frequencies does not cover.
 UNSUPPORTED_FAMILIES = {
-    "llama4_text": "its rotary embedding returns complex freqs_cis and its attention mixes chunked/NoPE layers",
+    "llama4_text": (
+        "its rotary embedding returns complex freqs_cis and its attention mixes chunked/NoPE layers"
+    ),
 }
 
 

@@ -65,8 +65,8 @@ SCORE_BLOCK = 256
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "lm_eval_tasks"
 # lm-eval releases whose HFLM internals the overrides below follow (Collator/get_cache/_batch_scheduler in
 # _loglikelihood_tokens, softmax_dtype, mixed_precision_dtype, _model_generate) and whose CLI main() drives
-# (lm_eval._cli, new in 0.4.10); verified on 0.4.13. pyproject.toml pins the same range (a test compares them):
-# widen both once tests/test_lm_eval.py passes on a newer release.
+# (lm_eval._cli, new in 0.4.10); verified on 0.4.13. pyproject.toml pins the same range (a test compares
+# them): widen both once tests/test_lm_eval.py passes on a newer release.
 LM_EVAL_RANGE = SpecifierSet(">=0.4.10,<0.4.14")
 LM_EVAL_VERSION = Version(importlib.metadata.version("lm_eval"))
 # model_args this class consumes itself (everything else: HFLM's own arguments or method options).
@@ -187,7 +187,8 @@ def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
 
 
 def _check_device_arg(device) -> None:
-    """model_args device: unset/auto, cpu, cuda, cuda:N or mps (a GPU that is absent falls back to cpu, as HFLM)."""
+    """model_args device: unset/auto, cpu, cuda, cuda:N or mps
+    (a GPU that is absent falls back to cpu, as HFLM)."""
     text = "" if device is None else str(device).strip()
     if text in ("", "auto", "cpu", "cuda", "mps") or (text.startswith("cuda:") and text[5:].isdigit()):
         return
@@ -200,8 +201,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def check_tokenizer_arg(tokenizer) -> None:
-    """model_args tokenizer= beside a pretrained name: a tokenizer folder or hub id (what lm-eval's hf takes, and
-    what lm-eval's RULER tasks size their prompts with), or a tokenizer object. Checked without loading it."""
+    """model_args tokenizer= beside a pretrained name: a tokenizer folder or hub id (what lm-eval's hf takes,
+    and what lm-eval's RULER tasks size their prompts with), or a tokenizer object. Checked without
+    loading it."""
     if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
         return  # None: the tokenizer of pretrained; an object: HFLM checks its type
     text = str(tokenizer).strip()
@@ -223,7 +225,8 @@ def check_tokenizer_arg(tokenizer) -> None:
 
 
 def _check_tokenizer_cached_offline(repo_id: str) -> None:
-    """With HF_HUB_OFFLINE set a hub tokenizer must be in the local cache (online, the hub answers at load)."""
+    """With HF_HUB_OFFLINE set a hub tokenizer must be in the local cache
+    (online, the hub answers at load)."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
         return
     from huggingface_hub import try_to_load_from_cache
@@ -241,9 +244,9 @@ def _check_tokenizer_cached_offline(repo_id: str) -> None:
 
 
 def tokenizer_source(pretrained=DEFAULT_PRETRAINED) -> str:
-    """The tokenizer of `pretrained` as lm-eval names one (model_args/metadata `tokenizer=`, which lm-eval's RULER
-    tasks size their prompts with): a hub id or folder as given; for an alias or a .gguf file, the folder of the
-    snapshot `extend.load` caches (written on first use)."""
+    """The tokenizer of `pretrained` as lm-eval names one (model_args/metadata `tokenizer=`, which lm-eval's
+    RULER tasks size their prompts with): a hub id or folder as given; for an alias or a .gguf file, the
+    folder of the snapshot `extend.load` caches (written on first use)."""
     from extend.loading import check_model_spec, gguf_snapshot
 
     spec = check_model_spec(pretrained)
@@ -274,8 +277,8 @@ class RopebenchLM(HFLM):
     """lm-eval model ``ropebench``: HFLM on a model loaded by `extend.load` and patched by `extend.patch`.
 
     model_args: ``pretrained`` (hub id | directory | .gguf | alias, default smollm2-135m; or an already
-    loaded model together with ``tokenizer=``), ``tokenizer`` (default: the one `extend.load` picks; a folder or
-    hub id replaces it, as for lm-eval's ``hf``), ``method`` (default plain), ``factor`` (default 1), any
+    loaded model together with ``tokenizer=``), ``tokenizer`` (default: the one `extend.load` picks; a folder
+    or hub id replaces it, as for lm-eval's ``hf``), ``method`` (default plain), ``factor`` (default 1), any
     method option (e.g. ``beta_fast=32``, ``short_factor=[...]``), ``max_length`` (default factor x trained
     context), ``device``/``dtype``/``attn_implementation``/``trust_remote_code`` (as `extend.load`),
     ``scored_logits_only`` (default True), ``share_prefix`` (default True: with batch_size 1 and a
@@ -512,8 +515,8 @@ class RopebenchLM(HFLM):
                 spans.append((len(inp) - len(continuation_enc), len(inp)))
             scored = self._scored(rows, spans, cache)
             for (request_str, ctx_tokens, cont_toks), (prefix, greedy, last) in zip(chunk, scored):
-                # A cache group shares context + continuation[:-1]: only the last token differs between members,
-                # so the last position's whole row ([1, 1, vocab]) is what get_cache hands around.
+                # A cache group shares context + continuation[:-1]: only the last token differs between
+                # members, so the last position's whole row ([1, 1, vocab]) is what get_cache hands around.
                 for request_str, cont_toks, logits in re_ord.get_cache(  # noqa: B020  (as stock HFLM)
                     req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=last.view(1, 1, -1)
                 ):
@@ -542,9 +545,9 @@ class RopebenchLM(HFLM):
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Stock generation; a length-dependent (dynamic) method runs the whole call under
-        `extend.fixed_length(model, max_length)` (prompt + new tokens, as the suites do), so the cached steps keep
-        the frequencies the prompt's keys were rotated with. With prefix sharing (never for those methods), the
-        prompt prefills only what it does not share with the previous one."""
+        `extend.fixed_length(model, max_length)` (prompt + new tokens, as the suites do), so the cached steps
+        keep the frequencies the prompt's keys were rotated with. With prefix sharing (never for those
+        methods), the prompt prefills only what it does not share with the previous one."""
         if extend.length_dependent(self.model):
             with extend.fixed_length(self.model, int(max_length)):
                 return super()._model_generate(context, max_length, stop, **generation_kwargs)
@@ -571,7 +574,8 @@ def tasks_path() -> Path:
 
 
 def needs_snapshot(model_args: dict, metadata: dict | None) -> bool:
-    """Would `with_task_tokenizer` convert a GGUF file first (its snapshot not cached yet: seconds to a minute)?"""
+    """Would `with_task_tokenizer` convert a GGUF file first
+    (its snapshot not cached yet: seconds to a minute)?"""
     from extend.loading import _snapshot_dir, check_model_spec
 
     if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
@@ -584,8 +588,8 @@ def needs_snapshot(model_args: dict, metadata: dict | None) -> bool:
 
 
 def check_task_names(tasks, include_path) -> None:
-    """lm-eval's own task-name check (its ValueError "Tasks not found: ..."), run early: a mistyped name is refused
-    before the model's weights are converted or loaded."""
+    """lm-eval's own task-name check (its ValueError "Tasks not found: ..."), run early: a mistyped name is
+    refused before the model's weights are converted or loaded."""
     names = [t for t in (tasks or []) if isinstance(t, str) and not t.endswith(".yaml")]
     if not names:
         return
@@ -598,10 +602,10 @@ def check_task_names(tasks, include_path) -> None:
 
 
 def with_task_tokenizer(model_args: dict, metadata: dict | None) -> dict | None:
-    """The task metadata of a `ropebench` run, with `tokenizer` set when the model is an alias or a .gguf file.
-    lm-eval hands model_args to tasks as metadata, and tasks that size their own prompts (RULER's) load
-    `tokenizer`, else `pretrained`, with AutoTokenizer, which cannot read an alias or a GGUF: they get the folder of
-    the snapshot extend.load reads. The model itself keeps the tokenizer extend.load gives it."""
+    """The task metadata of a `ropebench` run, with `tokenizer` set when the model is an alias or a .gguf
+    file. lm-eval hands model_args to tasks as metadata, and tasks that size their own prompts (RULER's) load
+    `tokenizer`, else `pretrained`, with AutoTokenizer, which cannot read an alias or a GGUF: they get the
+    folder of the snapshot extend.load reads. The model itself keeps the tokenizer extend.load gives it."""
     if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
         return metadata
     pretrained = str(model_args.get("pretrained", DEFAULT_PRETRAINED))
@@ -640,8 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         from lm_eval._cli import HarnessCLI
     except ImportError:
         print(
-            f"error: lm-eval {LM_EVAL_VERSION} has no lm_eval._cli (new in 0.4.10), which this command drives — "
-            f"install 'lm-eval{LM_EVAL_RANGE}'",
+            f"error: lm-eval {LM_EVAL_VERSION} has no lm_eval._cli (new in 0.4.10), which this command "
+            f"drives — install 'lm-eval{LM_EVAL_RANGE}'",
             file=sys.stderr,
         )
         return 2

@@ -44,9 +44,9 @@ def embedded_gguf(alias: str = "smollm2-135m") -> Path:
 
 def check_model_spec(spec) -> str:
     """Everything about a model spec that is known without loading it (and without network): an alias that is
-    installed, a `.gguf` file that starts with the GGUF magic bytes, a local directory with a config.json, or a
-    hub id owner/name (with HF_HUB_OFFLINE set: one in the local cache). Returns the spec as a string; raises
-    ExtendError naming what is wrong and what to pass instead."""
+    installed, a `.gguf` file that starts with the GGUF magic bytes, a local directory with a config.json, or
+    a hub id owner/name (with HF_HUB_OFFLINE set: one in the local cache). Returns the spec as a string;
+    raises ExtendError naming what is wrong and what to pass instead."""
     if not isinstance(spec, (str, os.PathLike)) or not str(spec):
         raise ExtendError(
             f"model spec must be a hub id, a directory, a .gguf file or {_alias_hint()}, got {spec!r}"
@@ -130,7 +130,8 @@ def default_device() -> str:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when the CPU multiplies bf16 in hardware (avx512_bf16 or AMX); elsewhere bf16 is emulated and slow."""
+    """True when the CPU multiplies bf16 in hardware
+    (avx512_bf16 or AMX); elsewhere bf16 is emulated and slow."""
     try:
         caps = torch.cpu.get_capabilities()
     except (AttributeError, RuntimeError):
@@ -139,9 +140,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 CPU_DTYPE_ENV = "ROPEBENCH_CPU_DTYPE"  # float32 | bfloat16: the CPU default, without measuring
-# bf16 becomes the CPU default only when measurably faster: on a decoder layer's work (4 GEMMs + attention, the
-# FLOP mix of SmolLM2-135M) by BF16_MIN_SPEEDUP, and on attention alone not slower than BF16_MIN_ATTENTION (long
-# contexts are mostly attention). An Intel Xeon with avx512_bf16 but no AMX runs bf16 GEMMs at 0.58x fp32 speed.
+# bf16 becomes the CPU default only when measurably faster: on a decoder layer's work (4 GEMMs + attention,
+# the FLOP mix of SmolLM2-135M) by BF16_MIN_SPEEDUP, and on attention alone not slower than BF16_MIN_ATTENTION
+# (long contexts are mostly attention). An Intel Xeon with avx512_bf16 but no AMX runs bf16 GEMMs at 0.58x
+# fp32 speed.
 BF16_MIN_SPEEDUP, BF16_MIN_ATTENTION = 1.15, 0.75
 BENCH_TOKENS, BENCH_HIDDEN, BENCH_MLP, BENCH_HEADS, BENCH_HEAD_DIM = 1024, 576, 1536, 9, 64  # SmolLM2-135M
 CPU_DTYPE_CACHE = "cpu-dtype.json"
@@ -169,10 +171,10 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def cpu_dtype_choice() -> DtypeChoice:
-    """fp32 unless bf16 is measurably faster on this CPU: ROPEBENCH_CPU_DTYPE decides if set; a CPU without native
-    bf16 (torch's capabilities: no avx512_bf16, no AMX) gets fp32 without measuring; otherwise a micro-benchmark
-    (`measure_bf16_speedup`, ~0.3 s on 2 idle cores) decides, once per CPU model, flags and torch version (cached in
-    ~/.cache/ropebench/cpu-dtype.json; ROPEBENCH_CACHE moves it)."""
+    """fp32 unless bf16 is measurably faster on this CPU: ROPEBENCH_CPU_DTYPE decides if set; a CPU without
+    native bf16 (torch's capabilities: no avx512_bf16, no AMX) gets fp32 without measuring; otherwise a
+    micro-benchmark (`measure_bf16_speedup`, ~0.3 s on 2 idle cores) decides, once per CPU model, flags and
+    torch version (cached in ~/.cache/ropebench/cpu-dtype.json; ROPEBENCH_CACHE moves it)."""
     forced = os.environ.get(CPU_DTYPE_ENV)
     if forced:
         dtype = _dtype(forced)
@@ -203,10 +205,10 @@ def choose_cpu_dtype(speedup: dict[str, float]) -> DtypeChoice:
 
 
 def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[str, float]:
-    """fp32 time / bf16 time of a GEMM (tokens x hidden @ hidden x mlp), causal SDPA (heads x tokens x head_dim)
-    and a decoder layer's worth of both (4 such GEMMs + the attention), at SmolLM2-135M's shapes, on one core. Each
-    side's best of `rounds` after a warm-up, in thread CPU time (other processes on a shared CPU inflate wall time
-    at random), the dtypes interleaved."""
+    """fp32 time / bf16 time of a GEMM (tokens x hidden @ hidden x mlp), causal SDPA
+    (heads x tokens x head_dim) and a decoder layer's worth of both (4 such GEMMs + the attention), at
+    SmolLM2-135M's shapes, on one core. Each side's best of `rounds` after a warm-up, in thread CPU time
+    (other processes on a shared CPU inflate wall time at random), the dtypes interleaved."""
     g = torch.Generator().manual_seed(0)
     data = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -274,9 +276,9 @@ def _cache_dir() -> Path:
 
 
 def _cached_cpu_choice() -> DtypeChoice:
-    """The decision from this CPU's cached measurement, else measured now and cached (the measurement is cached,
-    the rule applied to it is today's). An exclusive lock makes processes started together (accelerate ranks)
-    measure once and agree: the dtype is part of every cell's key."""
+    """The decision from this CPU's cached measurement, else measured now and cached (the measurement is
+    cached, the rule applied to it is today's). An exclusive lock makes processes started together (accelerate
+    ranks) measure once and agree: the dtype is part of every cell's key."""
     path, key = _cache_dir() / CPU_DTYPE_CACHE, f"{cpu_key()} | {BENCH_TOKENS} tokens"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,9 +380,9 @@ def _snapshot_dir(path: Path) -> Path:
 
 
 def load_config(spec: str, trust_remote_code: bool = False):
-    """The model config alone (no weights) for any spec `load` takes. A GGUF file's config comes from its cached
-    snapshot when there is one (parsing the GGUF takes seconds). A config transformers cannot read (`{}`, a
-    truncated or damaged GGUF) is one ExtendError."""
+    """The model config alone (no weights) for any spec `load` takes. A GGUF file's config comes from its
+    cached snapshot when there is one (parsing the GGUF takes seconds). A config transformers cannot read
+    (`{}`, a truncated or damaged GGUF) is one ExtendError."""
     from transformers import AutoConfig
 
     spec = check_model_spec(spec)
@@ -414,7 +416,8 @@ def load_config(spec: str, trust_remote_code: bool = False):
 
 def trained_context_of(spec: str, trust_remote_code: bool = False, start_from: str | None = None) -> int:
     """The trained context of the model `spec` names, from its config alone (no weights; as
-    `extend.trained_context(model, start_from)`, default start_from="shipped": the context methods extend from)."""
+    `extend.trained_context(model, start_from)`, default start_from="shipped": the context methods
+    extend from)."""
     from .shipped import DEFAULT_START_FROM, check_start_from, context_for, shipped_ropes
 
     policy = check_start_from(start_from or DEFAULT_START_FROM)

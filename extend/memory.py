@@ -85,7 +85,8 @@ def estimate(
     elif attn_implementation == "eager":
         attention = square * (2 * heads * size + size)  # scores + softmax per head, and a float mask
     else:
-        # a boolean mask, and sdpa's float copy of it on CPU (measured: ~5 bytes per pair with a 2-layer model)
+        # a boolean mask, and sdpa's float copy of it on CPU
+        # (measured: ~5 bytes per pair with a 2-layer model)
         attention = 5 * square if _needs_mask(c, length) else 0
     logits = 2 * min(length, LOGIT_CHUNK) * vocab * 4
     return Estimate(

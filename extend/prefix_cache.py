@@ -24,8 +24,8 @@ import contextlib
 import torch
 from transformers import DynamicCache
 
-from .forward import body, device_of, with_cache
 from . import scoped
+from .forward import body, device_of, with_cache
 from .patching import current, fixed_length
 
 # Below this many shared tokens a prompt starts from an empty cache: a continued forward attends with an

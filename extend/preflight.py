@@ -1,10 +1,10 @@
 """Checks that need a model's config or tokenizer but not its weights: run by the sweep and the lm-eval model
 before anything loads (`python -m extend inspect` runs the same patch on the same skeleton).
 
-- `check_on_config(config, method, factor, options)`: the patch itself, applied to a weightless skeleton of the
-  model (extend.inspector.skeleton) and undone — start_from, temperature and layer_types against the model's
-  layer types, longrope list lengths against its rotary pairs, windows against its trained context, llama3's
-  frequency factors: every rule extend.patch enforces, with the same message.
+- `check_on_config(config, method, factor, options)`: the patch itself, applied to a weightless skeleton of
+  the model (extend.inspector.skeleton) and undone — start_from, temperature and layer_types against the
+  model's layer types, longrope list lengths against its rotary pairs, windows against its trained context,
+  llama3's frequency factors: every rule extend.patch enforces, with the same message.
 - `config_of(spec)` / `tokenizer_of(spec)`: read once per process (a GGUF's from its cached snapshot when
   there is one).
 """

@@ -25,8 +25,9 @@ from .errors import ExtendError
 START_FROM = ("pretrained", "shipped")
 DEFAULT_START_FROM = "shipped"  # the baseline is the model as loaded (registry.COMMON_DEFAULTS says the same)
 
-# Published pretraining contexts of families whose configs ship scaling without original_max_position_embeddings
-# (config.model_type -> tokens). Used only for scaled RoPE; unscaled RoPE's context is max_position_embeddings.
+# Published pretraining contexts of families whose configs ship scaling without
+# original_max_position_embeddings (config.model_type -> tokens). Used only for scaled RoPE; unscaled RoPE's
+# context is max_position_embeddings.
 PRETRAINING_CONTEXT = {
     # Gemma 3 technical report (Gemma Team 2025, arXiv:2503.19786, "Long context"): pretrained on 32K
     # sequences, then the 4B/12B/27B models scaled to 128K (RoPE linear factor 8 on the global layers); their
@@ -67,8 +68,8 @@ def rope_params(config, layer_type: str | None) -> dict | None:
 
 
 def window_of(config, layer_type: str | None) -> int | None:
-    """The attention span of a layer type: config.sliding_window for sliding layers, the chunk size for chunked
-    ones, None (unbounded) for global layers and single-type rotary modules."""
+    """The attention span of a layer type: config.sliding_window for sliding layers, the chunk size for
+    chunked ones, None (unbounded) for global layers and single-type rotary modules."""
     if not layer_type:
         return None
     if "sliding" in layer_type:

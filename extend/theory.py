@@ -3,8 +3,8 @@
 - Men et al. 2024, "Base of RoPE Bounds Context Length" (arXiv:2405.14591): attention can tell similar tokens
   from random ones at relative distance m only while B(m) = sum_i cos(m theta_i) >= 0. For theta_i = b^(-2i/d)
   the smallest base b with B(m) >= 0 for every m < L is the base's lower bound for context L
-  (`base_lower_bound`; head_dim 128: 4k -> 2.7e4, 8k -> 8.4e4, 32k -> 6.4e5). For any frequencies, patched ones
-  included, `men_reach` is the first distance where B(m) < 0: the context the criterion allows.
+  (`base_lower_bound`; head_dim 128: 4k -> 2.7e4, 8k -> 8.4e4, 32k -> 6.4e5). For any frequencies, patched
+  ones included, `men_reach` is the first distance where B(m) < 0: the context the criterion allows.
 - Liu et al. 2024, "Scaling Laws of RoPE-based Extrapolation" (arXiv:2310.05209): only the dimensions whose
   period 2 pi / theta_i fits in the training context T see every rotation in training; their count (in head
   dimensions, two per pair) is the critical dimension (`critical_dimension`; Llama-2: 92 of 128).
@@ -19,18 +19,18 @@ from functools import lru_cache
 
 import numpy as np
 
-# B(m) >= 0 holds only in narrow windows of the base just above the bound (4k, head_dim 128: the first window is
-# 0.08% wide), so the search steps the base by this relative amount: 4k gives 2.695e4, the paper's 2.7e4.
+# B(m) >= 0 holds only in narrow windows of the base just above the bound (4k, head_dim 128: the first window
+# is 0.08% wide), so the search steps the base by this relative amount: 4k gives 2.695e4, the paper's 2.7e4.
 STEP = 2e-5
 _CANDIDATES = 2048  # bases tried at once on one failing distance
 _BLOCK = 1024  # distances per vectorised step; a failing base usually fails early, so stop at the first block
 _RECENT = 128  # failing distances re-checked first: most candidate bases fail at one of them
-# Search no further: with theta_0 = 1 the sum is cos(m) + the other pairs, so dim 2 never passes, and a tiny dim
-# passes only at bases far past any used (dim 8 at 4k: ~1e15). Beyond this `base_lower_bound` says inf.
+# Search no further: with theta_0 = 1 the sum is cos(m) + the other pairs, so dim 2 never passes, and a tiny
+# dim passes only at bases far past any used (dim 8 at 4k: ~1e15). Beyond this `base_lower_bound` says inf.
 MAX_BASE = 1e15
-# The bound's search costs about (iterations x context x dim); at 32k and head_dim 128 it takes ~1 min on 2 cores.
-# Callers that run unasked (inspect, the sweep) compute it only up to this context; call base_lower_bound directly
-# for more.
+# The bound's search costs about (iterations x context x dim); at 32k and head_dim 128 it takes ~1 min on 2
+# cores. Callers that run unasked (inspect, the sweep) compute it only up to this context; call
+# base_lower_bound directly for more.
 BOUND_MAX_CONTEXT = 32768
 
 
@@ -50,21 +50,22 @@ def _first_negative(inv_freq: np.ndarray, limit: int) -> int | None:
 
 
 def men_reach(inv_freq, limit: int) -> int:
-    """Men et al.'s criterion for these frequencies: the first relative distance m with sum_i cos(m theta_i) < 0,
-    i.e. the context the criterion allows; `limit` when it holds for every m < limit."""
+    """Men et al.'s criterion for these frequencies: the first relative distance m with sum_i
+    cos(m theta_i) < 0, i.e. the context the criterion allows; `limit` when it holds for every m < limit."""
     first = _first_negative(np.asarray(inv_freq, dtype=np.float64).ravel(), int(limit))
     return int(limit) if first is None else first
 
 
 @lru_cache(maxsize=64)
 def base_lower_bound(dim: int, context: int) -> float:
-    """The smallest RoPE base b with sum_i cos(m b^(-2i/dim)) >= 0 for every m < context (Men et al. 2024), to a
-    relative precision of STEP; inf when none up to MAX_BASE does. `dim` is the rotary dimension (head_dim for full
-    rotary).
+    """The smallest RoPE base b with sum_i cos(m b^(-2i/dim)) >= 0 for every m < context (Men et al. 2024), to
+    a relative precision of STEP; inf when none up to MAX_BASE does. `dim` is the rotary dimension (head_dim
+    for full rotary).
 
-    The criterion is not monotone in b, so no bisection: starting from b = 2, find the first failing distance m,
-    step b up on that one distance (O(dim) per candidate) until it passes, and repeat; distances that failed
-    before are re-checked first, and only a base that passes them all gets the full O(context x dim) check."""
+    The criterion is not monotone in b, so no bisection: starting from b = 2, find the first failing distance
+    m, step b up on that one distance (O(dim) per candidate) until it passes, and repeat; distances that
+    failed before are re-checked first, and only a base that passes them all gets the full
+    O(context x dim) check."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2 or context < 1:
         raise ValueError(
             f"base_lower_bound needs an even integer dim >= 2 and context >= 1, got {dim}, {context}"
@@ -109,8 +110,8 @@ def yarn_ramp(
 ) -> tuple[int, int]:
     """YaRN's ramp (pair indices, eq. 17-18): pairs below `low` turn more than beta_fast times in the trained
     context L (kept), above `high` fewer than beta_slow times (interpolated). Pair i turns L theta_i / 2 pi
-    times, so the pair that turns r times is i(r) = dim ln(L / (2 pi r)) / (2 ln base); low = floor(i(beta_fast)),
-    high = ceil(i(beta_slow)), clipped to the pairs [0, dim/2 - 1]."""
+    times, so the pair that turns r times is i(r) = dim ln(L / (2 pi r)) / (2 ln base);
+    low = floor(i(beta_fast)), high = ceil(i(beta_slow)), clipped to the pairs [0, dim/2 - 1]."""
 
     def pair(rotations: float) -> float:
         return dim * math.log(trained_context / (2 * math.pi * rotations)) / (2 * math.log(base))
@@ -137,6 +138,6 @@ def describe(inv_freq, *, theta: float, dim: int, trained_context: int, target: 
         smallest = f"is {bound:.3g}" if math.isfinite(bound) else f"above {MAX_BASE:.0e} (none found)"
     return (
         f"theory: sum_i cos(m theta_i) >= 0 (Men et al.) for {holds}, {verdict} {target}; the smallest base "
-        f"that meets {target} {smallest} (theta {theta:g}); critical dimension "
-        f"(Liu et al.) {critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}"
+        f"that meets {target} {smallest} (theta {theta:g}); critical dimension (Liu et al.) "
+        f"{critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}"
     )

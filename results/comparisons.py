@@ -34,7 +34,8 @@ def _units(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _pair(rows: pd.DataFrame, base: pd.DataFrame, metric: str, how: str, seed: int) -> Paired:
     """One setting's cell against the baseline's cell: paired over shared units when both have per-unit rows,
-    else (rates known only as totals) Newcombe's unpaired interval, else the bare contrast of the estimates."""
+    else (rates known only as totals) Newcombe's unpaired interval, else the bare contrast of the
+    estimates."""
     ua, ub = _units(rows), _units(base)
     if len(ua) and len(ub):
         m = ua.merge(ub[["_key", "value", "n"]], on="_key", suffixes=("", "_base")).sort_values("_key")

@@ -64,7 +64,8 @@ def _loading_args() -> frozenset[str]:
 def _what_ran(config: dict, args: dict, f: Path) -> tuple[str, float, dict[str, Any]]:
     """(method, factor, options) of a run. The ropebench model records what it patched (options as resolved by
     the patch, the same dict the sweep records); another model (stock ``hf``) ran what model_args say: a
-    method/factor if given (else plain at 1) and, as options, every argument that is not a loading argument."""
+    method/factor if given (else plain at 1) and, as options, every argument that is not a loading
+    argument."""
     if config.get("ropebench_method"):
         options = config.get("ropebench_options") or {}
         try:

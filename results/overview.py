@@ -1,12 +1,13 @@
 """``summary``: one row per setting (model x method x factor x options) — the table a report opens with.
 
 Table-driven: the columns come from the tasks and metrics present in the rows and the metric table
-(:data:`results.stats.METRICS`, defaults by kind for any other metric), so a new suite's metrics show up with no
-edit here. Per task, for each headline metric: its value at the longest tested length (perplexity-like metrics
-also at the trained context) with n and its 95% interval, " *" where the paired difference to the baseline at
-that length is significant (see :func:`results.compare`); for each metric with a pass/fail bar, its effective
-length under every rule that applies (:data:`results.reach.RULE_NAMES`); reference rates (chance) beside the
-values; and, where the sweep recorded it, the reach Men et al.'s criterion predicts from the patched frequencies.
+(:data:`results.stats.METRICS`, defaults by kind for any other metric), so a new suite's metrics show up with
+no edit here. Per task, for each headline metric: its value at the longest tested length (perplexity-like
+metrics also at the trained context) with n and its 95% interval, " *" where the paired difference to the
+baseline at that length is significant (see :func:`results.compare`); for each metric with a pass/fail bar,
+its effective length under every rule that applies (:data:`results.reach.RULE_NAMES`); reference rates
+(chance) beside the values; and, where the sweep recorded it, the reach Men et al.'s criterion predicts from
+the patched frequencies.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def suite_tasks(df: pd.DataFrame) -> list[str]:
 
 @dataclass(frozen=True)
 class Quantity:
-    """One task/metric as the summary shows it; ``label`` names its columns ("ppl", "passkey", "retrieval rank1")."""
+    """One task/metric as the summary shows it; ``label`` names its columns
+    ("ppl", "passkey", "retrieval rank1")."""
 
     task: str
     metric: str
@@ -77,7 +79,8 @@ class Quantities:
 
 
 def quantities(df: pd.DataFrame) -> Quantities:
-    """What the summary, the paired differences and the reach tables show, from the rows and the metric table."""
+    """What the summary, the paired differences and the reach tables show,
+    from the rows and the metric table."""
     ok = df[df["status"].isna() | (df["status"] == "ok")]
     out = Quantities([], [], [])
     for task in suite_tasks(ok):
@@ -101,8 +104,8 @@ def quantities(df: pd.DataFrame) -> Quantities:
 
 
 def _label(task: str, metric: str, kind: str, named: set[str]) -> str:
-    """Perplexities by their own name ("ppl", "ppl_tail"); a task with one other metric by the task ("passkey"),
-    with several by task and metric ("retrieval rank1")."""
+    """Perplexities by their own name ("ppl", "ppl_tail"); a task with one other metric by the task
+    ("passkey"), with several by task and metric ("retrieval rank1")."""
     if kind == "log":
         return metric
     return task if len(named) == 1 else f"{task} {metric}"
@@ -116,22 +119,23 @@ def _ordered(metrics: list[str]) -> list[str]:
 
 
 def reach_column(q: Quantity, rule: str) -> str:
-    """``"passkey reach"`` (the threshold rule), ``"passkey reach (short)"``, ``"passkey reach (trained)"``."""
+    """``"passkey reach"`` (the threshold rule), ``"passkey reach (short)"``,
+    ``"passkey reach (trained)"``."""
     return f"{q.label} reach" + ("" if rule == "threshold" else f" ({rule})")
 
 
 def rules_caption(threshold: float = 0.8, tolerance: float = 0.10, baseline: str = "plain") -> str:
     """The bars behind the reach columns, in words (summary captions and the sweep's printout)."""
     return (
-        f"reach = longest tested length whose 95% interval clears the bar (≥: no longer tested length failed; "
-        f"<: the shortest already failed; not established: the interval straddles the bar). 0/1 rates — "
-        f"reach: Wilson lower bound ≥ {threshold:g} (absolute, RULER); reach (short): ≥ {NOLIMA_FRACTION:g} × "
-        f"the setting's own rate at its shortest tested length (NoLiMa; that rate's lower bound ≥ "
-        f"{MIN_BAR:g}); reach (trained): ≥ {baseline}'s Wilson lower bound at the trained context, when that is "
-        f"≥ {MIN_BAR:g}. Perplexities — reach: upper bound of the paired ratio to the setting's own value at the "
-        f"trained context ≤ {1 + tolerance:g}; reach (trained): the same against {baseline}'s value. "
-        f"{PREDICTED}: the first distance where Σ cos(m θ_i) < 0 for the patched frequencies (≥: held up to "
-        f"the distance checked)"
+        f"reach = longest tested length whose 95% interval clears the bar (≥: no longer tested length "
+        f"failed; <: the shortest already failed; not established: the interval straddles the bar). 0/1 "
+        f"rates — reach: Wilson lower bound ≥ {threshold:g} (absolute, RULER); reach (short): "
+        f"≥ {NOLIMA_FRACTION:g} × the setting's own rate at its shortest tested length (NoLiMa; that rate's "
+        f"lower bound ≥ {MIN_BAR:g}); reach (trained): ≥ {baseline}'s Wilson lower bound at the trained "
+        f"context, when that is ≥ {MIN_BAR:g}. Perplexities — reach: upper bound of the paired ratio to the "
+        f"setting's own value at the trained context ≤ {1 + tolerance:g}; reach (trained): the same against "
+        f"{baseline}'s value. {PREDICTED}: the first distance where Σ cos(m θ_i) < 0 for the patched "
+        f"frequencies (≥: held up to the distance checked)"
     )
 
 
@@ -194,11 +198,12 @@ def summary(
     ``<name>_lo``, ``<name>_hi``, ``<name>_n``, ``<name>_length`` for every value, ``<name>`` (the claim),
     ``<name>_length`` and ``<name>_rule`` (the bar in words) for every reach.
 
-    The columns follow the rows (see the module doc): ``<label> @ longest`` per headline metric (perplexity-like
-    ones also ``<label> @ trained``: the longest tested length not beyond the trained context), ``<label> ratio``
-    (a perplexity's value at the longest length over the trained context's), ``<label> reach`` /
-    ``reach (short)`` / ``reach (trained)`` (see :func:`rules_caption` and :func:`results.effective_length`), the
-    reference rates (``chance``) and ``predicted reach (Men et al.)`` when the sweep recorded theory rows.
+    The columns follow the rows (see the module doc): ``<label> @ longest`` per headline metric
+    (perplexity-like ones also ``<label> @ trained``: the longest tested length not beyond the trained
+    context), ``<label> ratio`` (a perplexity's value at the longest length over the trained context's),
+    ``<label> reach`` / ``reach (short)`` / ``reach (trained)`` (see :func:`rules_caption` and
+    :func:`results.effective_length`), the reference rates (``chance``) and ``predicted reach (Men et al.)``
+    when the sweep recorded theory rows.
 
     ``trained_context``: an int or {model: int}; else what each setting's rows record (the patch's resolved
     ``trained_context`` in options, else task_options).
@@ -379,7 +384,8 @@ def _interval_column(numeric: pd.DataFrame, name: str, kind: str) -> tuple[str, 
     label = name
     if shared and kind == "ratio":
         refs = numeric[f"{name}_reference_length"].dropna().unique()
-        label = f"{name.removesuffix(' ratio')} {int(lengths[0])} / {int(refs[0]) if len(refs) == 1 else 'trained'}"
+        reference = int(refs[0]) if len(refs) == 1 else "trained"
+        label = f"{name.removesuffix(' ratio')} {int(lengths[0])} / {reference}"
     elif shared:
         label = name.replace("@ trained", f"@ {int(lengths[0])} (trained)").replace(
             "@ longest", f"@ {int(lengths[0])}"

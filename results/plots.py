@@ -193,7 +193,8 @@ def plot_perplexity(
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     _length_axis(ax, data["length"])
-    # the argument, else the rows' own (patch options, then task_options); unknown or several: no line, no guess
+    # the argument, else the rows' own (patch options, then task_options); unknown or several: no line,
+    # no guess
     ctx = trained_context_of(sub, trained_context, model)
     if ctx:
         ax.axvline(ctx, color="0.3", linestyle="--", linewidth=1.2, label=f"trained context ({_klabel(ctx)})")
@@ -231,8 +232,8 @@ def plot_passkey(
     ncols = 2 if len(labels) == 4 else min(3, len(labels))
     nrows = math.ceil(len(labels) / ncols)
     nlen = data["length"].nunique()
-    # Heights in inches: panels, a gap between rows for the x label and the next row's title, a band on top for
-    # the suptitle (fractions of the height would shrink with few depths and make the titles collide).
+    # Heights in inches: panels, a gap between rows for the x label and the next row's title, a band on top
+    # for the suptitle (fractions of the height would shrink with few depths and make the titles collide).
     panel_h, gap, top, bottom = 0.45 * data["depth"].nunique() + 0.5, 1.05, 1.2, 0.75
     height = nrows * panel_h + (nrows - 1) * gap + top + bottom
     fig = Figure(figsize=(max(3.2, 0.75 * nlen + 1.6) * ncols + 0.8, height))
@@ -330,8 +331,8 @@ def plot_classification(
 
 
 def _bin_centres(g: pd.DataFrame) -> pd.Series:
-    """Mean position of each loss bin: a bin runs from its start (depth) to the next bin's start, the last one to
-    the length of the pass."""
+    """Mean position of each loss bin: a bin runs from its start (depth) to the next bin's start, the last one
+    to the length of the pass."""
     starts = sorted(g["depth"].unique())
     ends = dict(zip(starts, starts[1:] + [float(g["length"].max())]))
     return g["depth"].map(lambda s: (s + ends[s] - 1) / 2)
@@ -346,10 +347,10 @@ def plot_loss_by_position(
     trained_context: int | None = None,
     **where: Any,
 ) -> Plot:
-    """Mean loss by token position (half-octave bins, log x) per method, from the one pass at the largest length,
-    with the fitted a·p^-b + c (fitted within the trained context) drawn dashed over every position: past the
-    trained context the fit is what the method would give if it kept its in-context shape, so a break shows as
-    points leaving the dashed line."""
+    """Mean loss by token position (half-octave bins, log x) per method, from the one pass at the largest
+    length, with the fitted a·p^-b + c (fitted within the trained context) drawn dashed over every position:
+    past the trained context the fit is what the method would give if it kept its in-context shape, so a break
+    shows as points leaving the dashed line."""
     sub = _subset(df, task, metric, "plot_loss_by_position", **where)
     sub = sub[sub["depth"].notna()].copy()
     if sub.empty:

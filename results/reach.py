@@ -5,20 +5,20 @@ A length *passes* only when the bound of its 95% interval on the unfavourable si
 bar: n too small, or no interval at all). Lengths are read in ascending order and the walk stops at the first
 length that does not pass, so a lucky longer length is never counted. The rules (``RULES``, by metric kind and
 rule name; a rule is one small function), the three published ways to state an effective length:
-- 0/1 rates (passkey ``correct``, any suite's 0/1 metric), ``rule="threshold"`` (RULER's absolute bar, Hsieh et
-  al. 2024): the Wilson lower bound is at or above ``threshold`` (default 0.8).
+- 0/1 rates (passkey ``correct``, any suite's 0/1 metric), ``rule="threshold"`` (RULER's absolute bar, Hsieh
+  et al. 2024): the Wilson lower bound is at or above ``threshold`` (default 0.8).
 - 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
   own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
-  at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must itself be
-  established: its Wilson lower bound at least ``MIN_BAR``, else no reach is claimed.
+  at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must itself
+  be established: its Wilson lower bound at least ``MIN_BAR``, else no reach is claimed.
 - 0/1 rates, ``rule="trained"``: at or above the baseline method's Wilson lower bound at the trained context —
   when that bound is itself at least ``MIN_BAR`` (the floor); a baseline that does not do the task at its
   trained context sets no bar, and no reach is claimed.
-- perplexities (``ppl_tail``), ``rule="threshold"``: the upper bound of the paired ratio to the setting's own value
-  at the trained context (the longest tested length not beyond it; same documents) is within ``tolerance``
-  (default +10%); ``rule="trained"``: the same bound against the baseline method's value at the trained context.
-  There is no "short" rule for perplexities: with less context a perplexity is higher, so a ratio to it would
-  flatter every length.
+- perplexities (``ppl_tail``), ``rule="threshold"``: the upper bound of the paired ratio to the setting's own
+  value at the trained context (the longest tested length not beyond it; same documents) is within
+  ``tolerance`` (default +10%); ``rule="trained"``: the same bound against the baseline method's value at the
+  trained context. There is no "short" rule for perplexities: with less context a perplexity is higher, so a
+  ratio to it would flatter every length.
 
 The trained context of a setting is the argument when given, else the one its rows record (the patch's
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
@@ -46,18 +46,21 @@ PREFERRED_METRICS = ("ppl_tail", "ppl", "correct", "accuracy", "exact_match")
 RULE_NAMES = ("threshold", "short", "trained")
 # NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
 NOLIMA_FRACTION = 0.85
-# Rows the sweep writes beside the suites' (one per setting): what RoPE theory predicts from the patched frequencies
+# Rows the sweep writes beside the suites' (one per setting):
+# what RoPE theory predicts from the patched frequencies
 THEORY_TASK = "theory"
-# The "trained" rule's bar is the baseline's own Wilson lower bound at its trained context; below this it does not
-# retrieve more often than not even there, and "as good as the baseline" would claim every length (0/16 -> bar 0).
+# The "trained" rule's bar is the baseline's own Wilson lower bound at its trained context; below this it does
+# not retrieve more often than not even there, and "as good as the baseline" would claim every length
+# (0/16 -> bar 0).
 MIN_BAR = 0.5
 PASS, FAIL, OPEN = "pass", "failed", "not established"
 NOT_ESTABLISHED = "not established (n too small)"
 
 
 def reach_metrics(df: pd.DataFrame, task: str) -> list[str]:
-    """The metrics of ``task`` with a pass/fail bar (see :func:`results.stats.metric_spec`): every 0/1 rate, and
-    one perplexity — ``ppl_tail`` when recorded (the tokens since the previous length: where a method breaks)."""
+    """The metrics of ``task`` with a pass/fail bar (see :func:`results.stats.metric_spec`): every 0/1 rate,
+    and one perplexity — ``ppl_tail`` when recorded (the tokens since the previous length: where a
+    method breaks)."""
     rows = df[(df["task"] == task) & (df["status"].isna() | (df["status"] == "ok"))]
     found = {"log": [], "rate": []}
     for metric, g in rows.groupby("metric", sort=True):
@@ -110,7 +113,8 @@ def recorded_contexts(rows: pd.DataFrame) -> set[int]:
 
 
 def recorded_trained_context(rows: pd.DataFrame) -> int | None:
-    """The one trained context the rows record (see :func:`recorded_contexts`); None when absent or ambiguous."""
+    """The one trained context the rows record (see :func:`recorded_contexts`);
+    None when absent or ambiguous."""
     found = recorded_contexts(rows)
     return found.pop() if len(found) == 1 else None
 
@@ -126,9 +130,10 @@ def trained_context_of(rows: pd.DataFrame, given: int | Mapping[str, int] | None
 
 
 def claim(effective: float, first_failure: float, stopped: str | None, shortest: int) -> str:
-    """What may be said: "≥ L" when L passed and no longer tested length failed (the true reach may be longer),
-    "L" when a longer tested length failed, "< L" when already the shortest failed, and "not established (n
-    too small)" when the shortest length neither passed nor failed (its interval straddles the bar)."""
+    """What may be said: "≥ L" when L passed and no longer tested length failed (the true reach may be
+    longer), "L" when a longer tested length failed, "< L" when already the shortest failed, and "not
+    established (n too small)" when the shortest length neither passed nor failed (its interval straddles
+    the bar)."""
     if pd.isna(effective):
         if not stopped:
             return "–"
@@ -225,7 +230,7 @@ def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
     return row
 
 
-# -- the rules: one function each, looked up by (metric kind, rule name) ----------------------------------------
+# -- the rules: one function each, looked up by (metric kind, rule name) -------------------------------------
 @dataclass
 class Setting:
     """What a rule sees of one setting: its cells by length, the trained context, and the parameters."""
@@ -308,7 +313,8 @@ def _rate_short(s: Setting) -> Verdicts:
 
 
 def _baseline_cell(s: Setting) -> pd.DataFrame:
-    """The baseline method's rows at the reference length (same model and corpus); empty when it did not run."""
+    """The baseline method's rows at the reference length
+    (same model and corpus); empty when it did not run."""
     sub = s.sub
     return sub[
         (sub["method"] == s.baseline)
@@ -372,18 +378,20 @@ def effective_length(
 ) -> pd.DataFrame:
     """One row per model x method x factor x options x corpus: ``effective_length`` (a tested length, or NA),
     ``claim`` ("≥ 16384", "8192", "< 2048", "not established (n too small)"), ``rule`` (the bar, in words),
-    ``reference_length`` / ``reference_value``, ``stopped_at`` / ``stopped`` (the first length that did not pass,
-    and whether it "failed" or was "not established"), ``first_failure`` (the first length from there on that
-    failed: it makes the claim "L" rather than "≥ L") and, at the effective length and where the walk stopped, value / lo / hi / n (``at_*`` and ``fail_*`` columns: the
-    accuracy and its Wilson interval, or the ratio to the reference and its paired t interval over documents).
+    ``reference_length`` / ``reference_value``, ``stopped_at`` / ``stopped`` (the first length that did not
+    pass, and whether it "failed" or was "not established"), ``first_failure`` (the first length from there on
+    that failed: it makes the claim "L" rather than "≥ L") and, at the effective length and where the walk
+    stopped, value / lo / hi / n (``at_*`` and ``fail_*`` columns: the accuracy and its Wilson interval, or
+    the ratio to the reference and its paired t interval over documents).
 
     ``rule``: "threshold" (Wilson lower bound >= ``threshold``: RULER's absolute bar), "short" (>= 0.85 x the
-    setting's own rate at its shortest tested length: NoLiMa) or "trained" (>= the ``baseline`` method's Wilson
-    lower bound at the trained context, when that is >= ``MIN_BAR``; the setting's own when the baseline did not
-    run) for rates; perplexities use ``tolerance`` on the upper bound of the ratio to their own ("threshold") or
-    the baseline's ("trained") value at the trained context. ``predicted_reach``: what Men et al.'s criterion
-    allows for the setting's patched frequencies (the sweep's ``theory`` rows; NA without them), ``predicted_limit``
-    the longest distance it was checked to (a ``predicted_reach`` equal to it means "at least").
+    setting's own rate at its shortest tested length: NoLiMa) or "trained" (>= the ``baseline`` method's
+    Wilson lower bound at the trained context, when that is >= ``MIN_BAR``; the setting's own when the
+    baseline did not run) for rates; perplexities use ``tolerance`` on the upper bound of the ratio to their
+    own ("threshold") or the baseline's ("trained") value at the trained context. ``predicted_reach``: what
+    Men et al.'s criterion allows for the setting's patched frequencies (the sweep's ``theory`` rows; NA
+    without them), ``predicted_limit`` the longest distance it was checked to (a ``predicted_reach`` equal to
+    it means "at least").
     Rows: per model, the baseline first. ``trained_context``: an int or {model: int}; default: what the rows
     record (see the module doc).
     """
@@ -453,10 +461,10 @@ def effective_length(
     return pd.DataFrame(out)
 
 
-# -- what theory predicts (rows the sweep records with task "theory"; see scripts/sweep_lib/run.py) --------------
+# -- what theory predicts (rows the sweep records with task "theory"; see scripts/sweep_lib/run.py) ----------
 PREDICTED_KEYS = ("model", "method", "factor", "options")
-# The sweep keeps its theory rows beside the records, not in them (a records file holds one cell per write, which
-# resume and the write-safety checks count on): theory.json, theory.rank{N}.json under accelerate.
+# The sweep keeps its theory rows beside the records, not in them (a records file holds one cell per write,
+# which resume and the write-safety checks count on): theory.json, theory.rank{N}.json under accelerate.
 THEORY_FILE = re.compile(r"^theory(\.rank\d+)?\.json$")
 
 
@@ -465,8 +473,8 @@ def theory_path(run_dir: str | os.PathLike, rank: int | None = None) -> Path:
 
 
 def record_theory(run_dir: str | os.PathLike, rows: list[dict], rank: int | None = None) -> None:
-    """Add one setting's theory rows (all of one ``cell``) to the run's theory file, replacing that cell's earlier
-    ones; written whole or not at all."""
+    """Add one setting's theory rows (all of one ``cell``) to the run's theory file, replacing that cell's
+    earlier ones; written whole or not at all."""
     path = theory_path(run_dir, rank)
     cells = _read_theory_file(path)
     cells[str(rows[0]["cell"])] = rows
@@ -482,8 +490,8 @@ def _read_theory_file(path: Path) -> dict[str, list]:
 
 
 def load_theory(paths: str | os.PathLike | list) -> pd.DataFrame:
-    """The theory rows the sweep recorded in these run directories (empty when none), in the row schema: add them
-    to ``results.load(...)``'s frame and the summary and reach tables show the predicted reach."""
+    """The theory rows the sweep recorded in these run directories (empty when none), in the row schema: add
+    them to ``results.load(...)``'s frame and the summary and reach tables show the predicted reach."""
     from .frame import normalize
 
     dirs = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
@@ -502,8 +510,8 @@ def load_theory(paths: str | os.PathLike | list) -> pd.DataFrame:
 
 def predicted_reach(df: pd.DataFrame) -> pd.DataFrame:
     """One row per setting with theory rows: ``predicted_reach`` (Men et al.'s ``men_reach`` of the patched
-    frequencies: the first distance where sum_i cos(m theta_i) < 0) and ``predicted_limit`` (the longest distance
-    checked; the reach equals it when the criterion held throughout)."""
+    frequencies: the first distance where sum_i cos(m theta_i) < 0) and ``predicted_limit`` (the longest
+    distance checked; the reach equals it when the criterion held throughout)."""
     rows = df[
         (df["task"] == THEORY_TASK)
         & (df["metric"] == "men_reach")
@@ -545,15 +553,17 @@ def predicted_for(predicted: pd.DataFrame, info: dict) -> dict[str, Any]:
 
 
 def predicted_claim(reach: Any, limit: Any) -> str:
-    """ "3616", or "≥ 65536" when the criterion held up to the limit it was checked to; "–" without a prediction."""
+    """ "3616", or "≥ 65536" when the criterion held up to the limit it was checked to;
+    "–" without a prediction."""
     if pd.isna(reach):
         return "–"
     return f"≥ {int(reach)}" if not pd.isna(limit) and int(reach) >= int(limit) else str(int(reach))
 
 
 def setting_rows(df: pd.DataFrame, info: dict) -> pd.DataFrame:
-    """Every row of one model x method x factor x options (any task): where its trained context is recorded; the
-    model's rows when the setting's own record none (e.g. a trained_context only in another task's options)."""
+    """Every row of one model x method x factor x options (any task): where its trained context is recorded;
+    the model's rows when the setting's own record none (e.g. a trained_context only in another task's
+    options)."""
     model_rows = df[df["model"].astype(str) == str(info["model"])]
     mask = pd.Series(True, index=model_rows.index)
     for k in ("method", "factor", "options"):

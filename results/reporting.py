@@ -296,7 +296,9 @@ def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
                 "Newcombe's paired score interval, n = pairs; * = excludes 0 and the "
                 "exact McNemar test gives p < 0.05"
             ),
-            "newcombe (unpaired)": "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0",
+            "newcombe (unpaired)": (
+                "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0"
+            ),
             "none": "none: a single unit",
         }
         r.add_table(
@@ -388,8 +390,9 @@ def _rule_caption(kind: str, rule: str, threshold: float, tolerance: float) -> s
 
 
 def _theory(r: _Report, ok: pd.DataFrame) -> None:
-    """The sweep's theory rows, one line per setting: Men et al.'s predicted reach of the patched frequencies and the
-    smallest base for the trained context, Liu et al.'s critical dimension — beside the measured reaches above."""
+    """The sweep's theory rows, one line per setting: Men et al.'s predicted reach of the patched frequencies
+    and the smallest base for the trained context, Liu et al.'s critical dimension — beside the measured
+    reaches above."""
     rows = ok[ok["task"] == THEORY_TASK]
     if rows.empty:
         return
@@ -430,8 +433,8 @@ def _theory(r: _Report, ok: pd.DataFrame) -> None:
         + PREDICTED
         + " = the first relative distance m with Σ_i cos(m θ_i) "
         "< 0 (Men et al. 2024, arXiv:2405.14591; ≥: held up to the distance checked, 4 × the longest tested "
-        "length), the smallest base for which the criterion holds up to the trained context, and the critical "
-        "dimension of Liu et al. 2024 (arXiv:2310.05209) — compare with the measured reaches above",
+        "length), the smallest base for which the criterion holds up to the trained context, and the "
+        "critical dimension of Liu et al. 2024 (arXiv:2310.05209) — compare with the measured reaches above",
         shown,
     )
 
@@ -523,9 +526,9 @@ def _write_report(
         v = m.get("versions") or {}
         git = (m.get("git") or {}).get("commit")
         r.md.append(
-            f"Manifest `{Path(m['_path']).parent.name}/{Path(m['_path']).name}`: start {m.get('start_time')}, "
-            f"end {m.get('end_time')}, device {m.get('device')}, seed {m.get('seed')}, "
-            f"torch {v.get('torch')}, transformers {v.get('transformers')}"
+            f"Manifest `{Path(m['_path']).parent.name}/{Path(m['_path']).name}`: "
+            f"start {m.get('start_time')}, end {m.get('end_time')}, device {m.get('device')}, "
+            f"seed {m.get('seed')}, torch {v.get('torch')}, transformers {v.get('transformers')}"
             + (f", commit {git[:10]}" if git else "")
             + "  "
         )
@@ -550,13 +553,13 @@ def _write_report(
     atomic_write_text(r.out / "report.md", "\n".join(r.md))
 
 
-# -- where the report is written: never over a file ropebench did not write ------------------------------------
+# -- where the report is written: never over a file ropebench did not write ----------------------------------
 REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
 
 
 def check_report_dir(out: Path) -> None:
-    """The report goes into a new or empty directory, or one ropebench made (a run directory, an earlier report's):
-    like the sweep's --out and --fresh, it never writes into a directory of the user's."""
+    """The report goes into a new or empty directory, or one ropebench made (a run directory, an earlier
+    report's): like the sweep's --out and --fresh, it never writes into a directory of the user's."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ResultsError(f"report directory {out} is not a directory — pass a new directory (--out DIR)")
     if out.is_dir() and any(out.iterdir()) and not is_ropebench_dir(out):
@@ -567,8 +570,8 @@ def check_report_dir(out: Path) -> None:
 
 
 def report_files(out: Path) -> set[Path]:
-    """Files in ``out`` an earlier report wrote: those its index lists, or (a report from before the index) its
-    ``report.md`` and the tables and plots that report links to."""
+    """Files in ``out`` an earlier report wrote: those its index lists, or (a report from before the index)
+    its ``report.md`` and the tables and plots that report links to."""
     index = out / REPORT_INDEX
     try:
         listed = json.loads(index.read_text(encoding="utf-8")).get("files", [])
@@ -594,8 +597,9 @@ def report_files(out: Path) -> set[Path]:
 
 
 class _staging:
-    """A scratch directory inside ``out`` the report is built in; removed on exit. A directory this creates for
-    ``out`` (and its missing parents) is removed again when the report fails, so a refusal leaves nothing behind."""
+    """A scratch directory inside ``out`` the report is built in; removed on exit. A directory this creates
+    for ``out`` (and its missing parents) is removed again when the report fails, so a refusal leaves
+    nothing behind."""
 
     def __init__(self, out: Path):
         self.out = out

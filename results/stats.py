@@ -3,10 +3,10 @@
 - 0/1 rates: Wilson. Paired 0/1 outcomes (the same prompts under two settings): Newcombe's paired score
   interval for the difference, marked significant only when the exact McNemar test agrees (p < 0.05).
 - Everything else (perplexities, other per-unit values): Student's t over the units. Perplexity-like metrics
-  are averaged the way the suites define them: exp of the token-weighted mean log (``n`` = tokens behind a row),
-  so a cell's estimate equals its aggregated row; the t interval is taken on that log scale and exp'd back.
-  Token weights enter through Kish's design effect: the variance of a weighted mean of n units with sample
-  variance s^2 is s^2 * sum(w^2) / sum(w)^2 (s^2 / n for equal weights, the plain t interval).
+  are averaged the way the suites define them: exp of the token-weighted mean log (``n`` = tokens behind a
+  row), so a cell's estimate equals its aggregated row; the t interval is taken on that log scale and exp'd
+  back. Token weights enter through Kish's design effect: the variance of a weighted mean of n units with
+  sample variance s^2 is s^2 * sum(w^2) / sum(w)^2 (s^2 / n for equal weights, the plain t interval).
   Below ``MIN_T_UNITS`` units no interval is shown.
 
 A percentile bootstrap over 4-8 documents covers the truth 0.77-0.87 of the time instead of 0.95, and a paired
@@ -22,13 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 Z95 = 1.959963984540054
-# Student's t 0.975 quantiles for 1..10 degrees of freedom; beyond, the Cornish-Fisher expansion (error < 1e-5).
+# Student's t 0.975 quantiles for 1..10 degrees of freedom; beyond, the Cornish-Fisher expansion
+# (error < 1e-5).
 _T975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139)
 # Fewest units for a t interval: with 2 the interval (+-12.7 standard errors) rests on one difference.
 MIN_T_UNITS = 3
-# Below this many pairs that differ, even an exact sign test can not reach two-sided p < 0.05 (2 / 2**5 > 0.05):
-# an interval that happens to exclude "no difference" there rests on a distributional assumption alone, so no
-# difference is marked (for paired 0/1 outcomes the exact McNemar test implies it).
+# Below this many pairs that differ, even an exact sign test can not reach two-sided p < 0.05
+# (2 / 2**5 > 0.05): an interval that happens to exclude "no difference" there rests on a distributional
+# assumption alone, so no difference is marked (for paired 0/1 outcomes the exact McNemar test implies it).
 MIN_INFORMATIVE_PAIRS = 6
 ALPHA = 0.05
 PAIRED_T = "paired t"
@@ -50,8 +51,8 @@ class MetricSpec:
         return self.kind in ("rate", "log") if self.reach is None else self.reach
 
 
-# Metrics whose treatment differs from their kind's default: duplicates, details and references stay out of the
-# summary. Every other metric a suite records (say a new suite's "rank1" or "logprob") needs no entry.
+# Metrics whose treatment differs from their kind's default: duplicates, details and references stay out of
+# the summary. Every other metric a suite records (say a new suite's "rank1" or "logprob") needs no entry.
 METRICS: dict[str, MetricSpec] = {
     "ppl": MetricSpec(
         "log"
@@ -92,9 +93,9 @@ def metric_kind(metric: str, values: np.ndarray | None = None) -> str:
 
 
 def metric_spec(metric: str, unit_values: np.ndarray | None = None) -> MetricSpec:
-    """``METRICS[metric]``, else the defaults of its kind (from the name, else from the per-unit values): rates
-    and log metrics are headline values with a bar; a mean is a headline value only when per-unit rows exist
-    (without them it has no interval and no pairs, e.g. a fitted coefficient)."""
+    """``METRICS[metric]``, else the defaults of its kind (from the name, else from the per-unit values):
+    rates and log metrics are headline values with a bar; a mean is a headline value only when per-unit rows
+    exist (without them it has no interval and no pairs, e.g. a fitted coefficient)."""
     if str(metric) in METRICS:
         return METRICS[str(metric)]
     values = None if unit_values is None or not len(unit_values) else np.asarray(unit_values, float)

@@ -23,9 +23,9 @@ from typing import Any, Self
 
 from extend.errors import RopebenchError
 
-# Column order of the tidy table (docs/CONTRACTS.md). `written`, `session` and `cell_rows` are bookkeeping added
-# by the writer: the first two decide which copy of a recomputed cell wins; `cell_rows` (how many rows of that cell
-# the same write call holds) tells a complete cell from one cut short by a kill or a full disk.
+# Column order of the tidy table (docs/CONTRACTS.md). `written`, `session` and `cell_rows` are bookkeeping
+# added by the writer: the first two decide which copy of a recomputed cell wins; `cell_rows` (how many rows
+# of that cell the same write call holds) tells a complete cell from one cut short by a kill or a full disk.
 SCHEMA: tuple[str, ...] = (
     "run",
     "cell",
@@ -349,8 +349,8 @@ class RecordWriter:
 
 
 # -- reading ---------------------------------------------------------------------------------------
-# The row schema a line must follow to be read (docs/results.md): a line that breaks it (a `cell` that is a list, a
-# length that is a string, a foreign file's rows) is skipped and counted, never guessed at.
+# The row schema a line must follow to be read (docs/results.md): a line that breaks it (a `cell` that is a
+# list, a length that is a string, a foreign file's rows) is skipped and counted, never guessed at.
 REQUIRED = ("task", "metric", "value")
 _TEXT = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error", "session")
 _NUMBER = ("factor", "depth", "value", "seconds")
@@ -397,10 +397,11 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def read_jsonl(path: str | os.PathLike, *, strict: bool = False) -> list[dict[str, Any]]:
-    """Rows of one records file. A truncated last line (killed writer) is dropped with a :class:`ResultsWarning`;
-    damaged lines (not JSON, or not of the row schema) are skipped and counted in one warning naming the first.
-    When complete lines exist but none is a record (a foreign or wholly damaged file), ``strict=True`` raises a
-    :class:`ResultsError` naming the file and its first line instead. Nothing is ever deleted."""
+    """Rows of one records file. A truncated last line (killed writer) is dropped with a
+    :class:`ResultsWarning`; damaged lines (not JSON, or not of the row schema) are skipped and counted in one
+    warning naming the first. When complete lines exist but none is a record (a foreign or wholly damaged
+    file), ``strict=True`` raises a :class:`ResultsError` naming the file and its first line instead. Nothing
+    is ever deleted."""
     path = Path(path)
     if not path.is_file():
         raise ResultsError(
@@ -442,9 +443,9 @@ def read_jsonl(path: str | os.PathLike, *, strict: bool = False) -> list[dict[st
 
 
 def record_files(run_dir: str | os.PathLike, recursive: bool = True) -> list[Path]:
-    """``records.jsonl`` / ``records.rank{N}.jsonl`` in ``run_dir`` (all ranks), or below it when it holds several
-    runs. Only the names RecordWriter writes: a user's ``records-notes.jsonl`` or a directory named like a records
-    file is not read (pass such a file explicitly to read it)."""
+    """``records.jsonl`` / ``records.rank{N}.jsonl`` in ``run_dir`` (all ranks), or below it when it holds
+    several runs. Only the names RecordWriter writes: a user's ``records-notes.jsonl`` or a directory named
+    like a records file is not read (pass such a file explicitly to read it)."""
     run_dir = Path(run_dir)
 
     def ours(p: Path) -> bool:
@@ -535,8 +536,9 @@ def _first_line_is_ours(path: Path) -> bool:
 
 def is_ropebench_dir(path: str | os.PathLike) -> bool:
     """A directory ropebench made: it holds a sweep's lock file, a manifest RecordWriter wrote, the index of a
-    report (``.ropebench-report.json``) or a ropebench report.md, or records RecordWriter wrote. Only such a directory (or a new or empty
-    one) is written into: ropebench never mixes its files into a directory of the user's."""
+    report (``.ropebench-report.json``) or a ropebench report.md, or records RecordWriter wrote. Only such a
+    directory (or a new or empty one) is written into: ropebench never mixes its files into a directory of
+    the user's."""
     path = Path(path)
     if any(path.glob(".ropebench*.lock")) or (path / REPORT_INDEX).is_file():
         return True
@@ -563,8 +565,9 @@ def is_ropebench_dir(path: str | os.PathLike) -> bool:
 
 
 def check_records_path(path: Path) -> None:
-    """A records file name that is taken by something else (a directory, a socket) can be neither read nor appended
-    to: refuse with one line instead of skipping it (a resume would then fail writing, or recompute every cell)."""
+    """A records file name that is taken by something else (a directory, a socket) can be neither read nor
+    appended to: refuse with one line instead of skipping it (a resume would then fail writing, or recompute
+    every cell)."""
     if path.exists() and not path.is_file():
         raise ResultsError(
             f"{path} is not a regular file (a directory?) — move it away, it is not a records file "

@@ -251,14 +251,14 @@ def synthetic_suite_records(
     trials: int = 12,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Rows of a suite the results layer has never heard of (no entry in ``results.stats.METRICS``), one row per
-    prompt (``trial`` set) and metric, to check that summary, differences and reach are table-driven:
+    """Rows of a suite the results layer has never heard of (no entry in ``results.stats.METRICS``), one row
+    per prompt (``trial`` set) and metric, to check that summary, differences and reach are table-driven:
 
     - ``hit`` (0/1, generation): 1 within the method's reach (the trained context x factor; plain: the trained
       context), else 0;
     - ``rank1`` (0/1, the answer ranked first among candidates): 1 up to twice the reach, else 0;
-    - ``logprob`` (the answer's mean log-probability): -0.5 - 0.1 log2(L / 1024), 2 lower beyond the reach, plus
-      0.05 (t - (trials - 1) / 2) for trial t (so its mean over the trials is the formula's).
+    - ``logprob`` (the answer's mean log-probability): -0.5 - 0.1 log2(L / 1024), 2 lower beyond the reach,
+      plus 0.05 (t - (trials - 1) / 2) for trial t (so its mean over the trials is the formula's).
     """
     rows: list[dict[str, Any]] = []
     for method, factor, options in settings:

@@ -44,8 +44,8 @@ def cell_interval(rows: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval
 
     Per-unit rows present: the cell statistic over units (perplexities token-weighted on the log scale) with
     a Wilson interval for 0/1 outcomes, else a t interval over the units (none below 3 units). Only aggregated
-    rows: a rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other aggregate has no
-    interval (n = its own ``n``); several (e.g. runs with different seeds) get a Student-t interval.
+    rows: a rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other aggregate
+    has no interval (n = its own ``n``); several (e.g. runs with different seeds) get a Student-t interval.
     """
     rows = rows[rows["value"].notna()]
     units = rows[is_unit(rows)]
@@ -231,8 +231,8 @@ def table(
 
     ``stat`` picks the cell value: "mean" (default), "n", "lo", "hi" or "half" (95% half-width).
     ``with_ci=True`` returns strings "mean [lo, hi] n=N" (no brackets where no interval exists) ready to
-    render: Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities on the
-    log scale, from 3 units on). Columns
+    render: Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities on
+    the log scale, from 3 units on). Columns
     such as factor/model/corpus are added to the rows when they vary, so different settings are never
     averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
     """
