@@ -13,7 +13,7 @@ from torch import nn
 
 from .errors import ExtendError
 
-# Families tested with tiny random models in tests/test_families.py (config.model_type values).
+# Families tested with tiny random models in tests/extend/test_families.py (config.model_type values).
 TESTED_FAMILIES = (
     "cohere",
     "gemma",

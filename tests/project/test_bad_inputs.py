@@ -1,0 +1,1389 @@
+"""Every bad input gets one line `error: <what is wrong> — <what to do>` and exit code 2 (an ExtendError for
+the Python API), before any model loads, and leaves no empty run directory behind.
+
+CASES is also the table of docs/bad-input.md: `python tests/project/test_bad_inputs.py --write-docs`
+regenerates that page from this list, and `test_docs_table_matches_the_cases` fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+DOC = ROOT / "docs" / "bad-input.md"
+DOC_HEAD = """# Bad input
+
+Every bad input is rejected **before a model loads** with one line `error: <what is wrong> — <what to do>` and
+exit code 2 (an `ExtendError` from the Python API). Each rule is checked by the layer that owns it, and the
+sweep, `extend.patch` and the lm-eval `model_args` call the same checks: methods, factors and option values
+against the method function's signature (`extend.registry.check_method`), model specs and devices
+(`extend.loading`), suite names and options (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`:
+empty files or directories, a hub dataset that cannot be opened — once, not per cell; binary, UTF-16 or
+malformed JSON Lines files). What needs the model but not its weights is checked from its config and
+tokenizer: the method patched onto a weightless skeleton of the model (`extend.preflight.check_on_config`:
+start_from, temperature, layer_types, windows, list lengths), lengths against the suites and the corpus
+(`tasks.checks.check_lengths_fit`) and the memory the longest forward needs against the free memory
+(`extend.memory`; `ROPEBENCH_MEMORY_GB` sets the budget). Option ranges are declared per option
+(`Annotated[float, Range(gt=0)]`, checked by `extend.registry.check_options`). The sweep itself checks its
+config's shape, its flags, the run directory and plugins (a syntax error or an exception in a plugin is named
+with its file and line). A rejected input leaves no run directory behind. `python -m results report` writes
+only into a new or empty directory or one ropebench made, never over a file ropebench did not write; records
+files that are damaged or not ropebench's are named with their file and first bad line (damaged lines among
+good ones are skipped with one warning).
+
+This page is generated from `tests/project/test_bad_inputs.py`, which runs every case (`python
+tests/project/test_bad_inputs.py --write-docs` rewrites it; DIR is the test's scratch directory).
+
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    shown: str  # the input as docs/bad-input.md shows it
+    args: tuple  # CLI arguments; "{tmp}" is the case's scratch directory
+    expect: str  # a fragment the message must contain
+    kind: str = "sweep"  # sweep | results | lm_eval | api
+    code: int = 2
+    env: dict = field(default_factory=dict)
+    out_stays: bool = False  # the case's --out existed before (so it is still there)
+
+
+BASE = {
+    "--model": "smollm2-135m",
+    "--methods": "plain",
+    "--tasks": "perplexity",
+    "--lengths": "64",
+    "--out": "{tmp}/o",
+}
+
+
+def sweep(shown, *more, expect, **kw) -> Case:
+    """A sweep call: BASE, where FLAG VALUE pairs in `more` replace BASE's value (the first time) or are
+    added."""
+    flags, extra, used, items = dict(BASE), [], set(), list(more)
+    while items:
+        flag = items.pop(0)
+        if flag == "--fresh":
+            extra.append(flag)
+            continue
+        value = items.pop(0)
+        if flag in flags and flag not in used:
+            flags[flag] = value
+            used.add(flag)
+        else:
+            extra += [flag, value]
+    return Case(shown, tuple([x for kv in flags.items() for x in kv] + extra), expect, **kw)
+
+
+def raw(shown, *args, expect, **kw) -> Case:
+    return Case(shown, tuple(args), expect, **kw)
+
+
+CASES = [
+    # -- config files
+    raw("`--config nope.yaml` (missing)", "--config", "{tmp}/nope.yaml", expect="config file not found"),
+    raw("config with a YAML syntax error", "--config", "{tmp}/bad.yaml", expect="invalid YAML"),
+    raw("config that is a YAML list", "--config", "{tmp}/list.yaml", expect="must hold a mapping"),
+    raw("config that is a directory", "--config", "{tmp}", expect="cannot read config file"),
+    raw("config key typo `lenghts:`", "--config", "{tmp}/typo.yaml", expect="did you mean lengths"),
+    raw("config with a key given twice", "--config", "{tmp}/dup.yaml", expect="duplicate key 'methods'"),
+    raw("config `methods: []`", "--config", "{tmp}/empty.yaml", "--out", "{tmp}/o", expect="empty grid"),
+    raw(
+        "config `methods: [{method: yarn, factor: 2}]`",
+        "--config",
+        "{tmp}/factor.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="did you mean factors",
+    ),
+    raw(
+        "config `methods: [[1, 2]]`",
+        "--config",
+        "{tmp}/nested.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="must be a name or a mapping",
+    ),
+    raw(
+        "config `options: 3`",
+        "--config",
+        "{tmp}/options.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="options must be a mapping",
+    ),
+    raw(
+        "config `per_length: yes please`",
+        "--config",
+        "{tmp}/perlength.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="per_length must be true or false",
+    ),
+    raw(
+        "config `trust_remote_code: maybe`",
+        "--config",
+        "{tmp}/trust.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="trust_remote_code must be true or false",
+    ),
+    raw(
+        "config task without lengths",
+        "--config",
+        "{tmp}/nolengths.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="has no lengths",
+    ),
+    # -- flags
+    sweep("`--lenghts 5` (unknown flag)", "--lenghts", "5", expect="unrecognized arguments"),
+    sweep("`--lengths 0`", "--lengths", "0", expect="not positive"),
+    sweep("`--lengths -5`", "--lengths", "-5", expect="not positive"),
+    sweep("`--lengths 2.5`", "--lengths", "2.5", expect="not an integer"),
+    sweep("`--lengths abc`", "--lengths", "abc", expect="not an integer"),
+    sweep("`--lengths 2048 --lengths 4096`", "--lengths", "2048", "--lengths", "4096", expect="given twice"),
+    sweep(
+        "`--methods plain --methods yarn`", "--methods", "plain", "--methods", "yarn", expect="given twice"
+    ),
+    sweep(
+        "`--tasks perplexity --tasks passkey`",
+        "--tasks",
+        "perplexity",
+        "--tasks",
+        "passkey",
+        expect="given twice",
+    ),
+    sweep("`--out a --out b`", "--out", "{tmp}/o", "--out", "{tmp}/o2", expect="given twice"),
+    sweep("`--factors -2`", "--methods", "yarn", "--factors", "-2", expect="not a positive number"),
+    sweep("`--factors 0`", "--methods", "yarn", "--factors", "0", expect="not a positive number"),
+    sweep("`--factors abc`", "--methods", "yarn", "--factors", "abc", expect="not a positive number"),
+    sweep("`--factors inf`", "--methods", "yarn", "--factors", "inf", expect="not a positive number"),
+    sweep(
+        "`--methods yarn --factors 0.5` (yarn only extends)",
+        "--methods",
+        "yarn",
+        "--factors",
+        "0.5",
+        expect="only extends context",
+    ),
+    sweep("`--seed x`", "--seed", "x", expect="invalid integer"),
+    sweep("`--seed -1`", "--seed", "-1", expect="seed must be >= 0"),
+    sweep("`--out ''`", "--out", "", expect="out must be a directory path"),
+    sweep("`--out` below a file", "--out", "{tmp}/afile/sub", expect="cannot write to --out"),
+    sweep("`--out` is a file", "--out", "{tmp}/afile", expect="is a file", out_stays=True),
+    sweep(
+        "`--out` a non-empty directory of the user's",
+        "--out",
+        "{tmp}/mine",
+        expect="not a ropebench run",
+        out_stays=True,
+    ),
+    sweep(
+        "`--fresh --out` a non-empty directory of the user's",
+        "--out",
+        "{tmp}/mine",
+        "--fresh",
+        expect="not a ropebench run",
+        out_stays=True,
+    ),
+    sweep(
+        "`--out` a run directory another sweep is writing",
+        "--out",
+        "{tmp}/locked",
+        expect="in use by another sweep",
+        out_stays=True,
+    ),
+    sweep("`--dtype float8`", "--dtype", "float8", expect="unknown dtype"),
+    sweep("`--device tpu`", "--device", "tpu", expect="unknown device"),
+    sweep("`--device mps` (no Apple GPU)", "--device", "mps", expect="MPS backend is not available"),
+    sweep("`--device cuda` (no GPU)", "--device", "cuda", expect="no CUDA GPU is available"),
+    # -- names against the registries
+    sweep("`--methods yarm`", "--methods", "yarm", expect="did you mean yarn"),
+    sweep("`--tasks passky`", "--tasks", "passky", expect="did you mean passkey"),
+    sweep("`--corpus sotuu`", "--corpus", "sotuu", expect="did you mean sotu"),
+    sweep("`--model smollm2-136m`", "--model", "smollm2-136m", expect="did you mean smollm2-135m"),
+    sweep("`--model ./no-such-dir`", "--model", "{tmp}/no-model", expect="not a model directory"),
+    sweep("`--model missing.gguf`", "--model", "{tmp}/missing.gguf", expect="GGUF file not found"),
+    sweep("`--model fake.gguf` (a text file)", "--model", "{tmp}/fake.gguf", expect="is not a GGUF file"),
+    sweep(
+        "`--methods longrope` without its factor lists",
+        "--methods",
+        "longrope",
+        "--factors",
+        "2",
+        expect="needs option",
+    ),
+    # -- method options
+    sweep(
+        "`-o yarn.beta_fats=3`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.beta_fats=3",
+        expect="did you mean beta_fast",
+    ),
+    sweep(
+        "`-o yarn.beta_fast=abc`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.beta_fast=abc",
+        expect="option beta_fast of method 'yarn' must be a number, got 'abc'",
+    ),
+    sweep(
+        "`-o beta_fast=abc` (every method that takes it)",
+        "--methods",
+        "yarn",
+        "-o",
+        "beta_fast=abc",
+        expect="must be a number",
+    ),
+    sweep(
+        "`-o yarn.beta_fast=[1,2]`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.beta_fast=[1,2]",
+        expect="must be a number",
+    ),
+    sweep(
+        "`-o yarn.attention_factor=x`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.attention_factor=x",
+        expect="must be a number (or None)",
+    ),
+    sweep(
+        "`-o yarn.original_max_position_embeddings=-5`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.original_max_position_embeddings=-5",
+        expect="must be a positive integer",
+    ),
+    sweep(
+        "`-o yarn.original_max_position_embeddings=1.5`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.original_max_position_embeddings=1.5",
+        expect="must be a positive integer",
+    ),
+    sweep("`-o xpos.gamma=true`", "--methods", "xpos", "-o", "xpos.gamma=true", expect="must be a number"),
+    sweep(
+        "`-o nosuch=1` (no method takes it)",
+        "--methods",
+        "yarn",
+        "-o",
+        "nosuch=1",
+        expect="no method of the grid",
+    ),
+    sweep(
+        "`-o pi.beta=1` (pi not in the grid)",
+        "--methods",
+        "yarn",
+        "-o",
+        "pi.beta=1",
+        expect="not in the grid",
+    ),
+    sweep(
+        "`-o yarn.beta_fast=16 -o yarn.beta_fast=32`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.beta_fast=16",
+        "-o",
+        "yarn.beta_fast=32",
+        expect="given twice",
+    ),
+    sweep(
+        "`-o yarn.beta_fast` (no `=`)", "--methods", "yarn", "-o", "yarn.beta_fast", expect="is not KEY=VALUE"
+    ),
+    # -- suite options
+    sweep("`-t num_docs=1` (no task)", "-t", "num_docs=1", expect="needs TASK.KEY=VALUE"),
+    sweep("`-t perplexity.num_doc=2`", "-t", "perplexity.num_doc=2", expect="did you mean num_docs"),
+    sweep("`-t perplexity.seed=3`", "-t", "perplexity.seed=3", expect="is set by the sweep"),
+    sweep(
+        "`-t perplexity.num_docs=1 -t perplexity.num_docs=2`",
+        "-t",
+        "perplexity.num_docs=1",
+        "-t",
+        "perplexity.num_docs=2",
+        expect="given twice",
+    ),
+    sweep(
+        "`-t perplexity.protocol=slidng`",
+        "-t",
+        "perplexity.protocol=slidng",
+        expect="protocol='slidng' must be one of truncate, sliding",
+    ),
+    sweep(
+        "`-t perplexity.num_docs=0`",
+        "-t",
+        "perplexity.num_docs=0",
+        expect="num_docs=0 must be a positive integer",
+    ),
+    sweep(
+        "`-t perplexity.num_docs=abc`", "-t", "perplexity.num_docs=abc", expect="must be a positive integer"
+    ),
+    sweep(
+        "`-t perplexity.chunk_size=-1`", "-t", "perplexity.chunk_size=-1", expect="must be a positive integer"
+    ),
+    sweep(
+        "`-t perplexity.add_bos=maybe`",
+        "-t",
+        "perplexity.add_bos=maybe",
+        expect="must be true, false or unset",
+    ),
+    sweep(
+        "`-t perplexity.stride=32` with protocol truncate",
+        "-t",
+        "perplexity.stride=32",
+        expect="only applies to protocol sliding",
+    ),
+    sweep(
+        "`--lengths 2048 -t passkey.lengths=[4096]`",
+        "--tasks",
+        "passkey",
+        "--lengths",
+        "2048",
+        "-t",
+        "passkey.lengths=[4096]",
+        expect="both set the lengths of passkey",
+    ),
+    sweep(
+        "`-t passkey.depths=[1.5]`",
+        "--tasks",
+        "passkey",
+        "-t",
+        "passkey.depths=[1.5]",
+        expect="not a fraction in [0, 1]",
+    ),
+    sweep("`-t passkey.depths=[]`", "--tasks", "passkey", "-t", "passkey.depths=[]", expect="non-empty list"),
+    sweep(
+        "`-t passkey.depths=[0.5,0.5]`",
+        "--tasks",
+        "passkey",
+        "-t",
+        "passkey.depths=[0.5,0.5]",
+        expect="more than once",
+    ),
+    sweep(
+        "`-t passkey.trials=0`",
+        "--tasks",
+        "passkey",
+        "-t",
+        "passkey.trials=0",
+        expect="must be a positive integer",
+    ),
+    sweep(
+        "`-t passkey.haystack=hay`",
+        "--tasks",
+        "passkey",
+        "-t",
+        "passkey.haystack=hay",
+        expect="must be one of filler, corpus",
+    ),
+    sweep(
+        "`-t classification.mode=few-shot`",
+        "--tasks",
+        "classification",
+        "-t",
+        "classification.mode=few-shot",
+        expect="must be one of zero-shot, many-shot",
+    ),
+    sweep(
+        "`-t classification.demo_fraction=1.5`",
+        "--tasks",
+        "classification",
+        "-t",
+        "classification.demo_fraction=1.5",
+        expect="strictly between 0 and 1",
+    ),
+    sweep(
+        "`-t classification.label=colour`",
+        "--tasks",
+        "classification",
+        "-t",
+        "classification.label=colour",
+        expect="must be one of era, party, label",
+    ),
+    # -- corpora
+    sweep("`--corpus` an empty directory", "--corpus", "{tmp}/emptydir", expect="an empty directory"),
+    sweep("`--corpus` an empty file", "--corpus", "{tmp}/empty.txt", expect="has no documents"),
+    sweep("`--corpus` a directory without text files", "--corpus", "{tmp}/pdfs", expect="no *.txt"),
+    sweep("`--corpus` mixed .txt and .jsonl files", "--corpus", "{tmp}/mixed", expect="mixes file types"),
+    sweep("`--corpus pg19` offline (HF_HUB_OFFLINE=1)", "--corpus", "pg19", expect="not in the local cache"),
+    sweep(
+        "`--corpus pg19` without network",
+        "--corpus",
+        "pg19",
+        expect="cannot be reached",
+        env={"HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"},
+    ),
+    # -- plugins
+    sweep("`--plugin missing.py`", "--plugin", "{tmp}/missing.py", expect="plugin file not found"),
+    sweep("`--plugin no_such_module`", "--plugin", "no_such_module_xyz", expect="could not be imported"),
+    sweep(
+        "`--plugin` a file with a syntax error",
+        "--plugin",
+        "{tmp}/syntax_plugin.py",
+        expect="has a syntax error",
+    ),
+    sweep(
+        "`--plugin` a file that raises",
+        "--plugin",
+        "{tmp}/raising_plugin.py",
+        expect="raised ZeroDivisionError at raising_plugin.py:2",
+    ),
+    # -- results CLI
+    raw(
+        "`python -m results report missing-dir`",
+        "report",
+        "{tmp}/nope",
+        kind="results",
+        expect="run directory not found",
+    ),
+    raw(
+        "`python -m results report` a directory without records",
+        "report",
+        "{tmp}/emptydir",
+        kind="results",
+        expect="no records in",
+    ),
+    raw(
+        "`python -m results report` a directory named records.jsonl",
+        "report",
+        "{tmp}/fake/records.jsonl",
+        kind="results",
+        expect="is a directory, not a records file",
+    ),
+    raw(
+        "`python -m results report` a records file of damaged lines",
+        "report",
+        "{tmp}/damaged",
+        kind="results",
+        expect="no records in",
+    ),
+    raw(
+        "`python -m results report --trained-context -5`",
+        "report",
+        "{tmp}/run",
+        "--trained-context",
+        "-5",
+        kind="results",
+        expect="--trained-context must be a positive number",
+    ),
+    raw(
+        "`python -m results report --trained-context x`",
+        "report",
+        "{tmp}/run",
+        "--trained-context",
+        "x",
+        kind="results",
+        expect="invalid int value",
+    ),
+    raw(
+        "`python -m results table --rows nosuchcol`",
+        "table",
+        "{tmp}/run",
+        "--task",
+        "perplexity",
+        "--metric",
+        "ppl",
+        "--rows",
+        "nosuchcol",
+        kind="results",
+        expect="--rows 'nosuchcol' is not a column",
+    ),
+    raw(
+        "`python -m results table --cols nosuchcol`",
+        "table",
+        "{tmp}/run",
+        "--task",
+        "perplexity",
+        "--metric",
+        "ppl",
+        "--cols",
+        "nosuchcol",
+        kind="results",
+        expect="--cols 'nosuchcol' is not a column",
+    ),
+    raw(
+        "`python -m results table --task nosuch`",
+        "table",
+        "{tmp}/run",
+        "--task",
+        "nosuch",
+        "--metric",
+        "ppl",
+        kind="results",
+        expect="unknown task 'nosuch'",
+    ),
+    raw(
+        "`python -m results table --metric nosuch`",
+        "table",
+        "{tmp}/run",
+        "--task",
+        "perplexity",
+        "--metric",
+        "nosuch",
+        kind="results",
+        expect="unknown metric 'nosuch'",
+    ),
+    raw(
+        "`python -m results table` without --task",
+        "table",
+        "{tmp}/run",
+        kind="results",
+        expect="the following arguments are required",
+    ),
+    # -- Python API and lm-eval model_args
+    raw(
+        '`extend.patch(model, "yarn", 2, beta_fast="abc")`',
+        "yarn",
+        {"beta_fast": "abc"},
+        kind="api",
+        code=0,
+        expect="option beta_fast of method 'yarn' must be a number, got 'abc'",
+    ),
+    raw(
+        '`extend.patch(model, "yarn", 2, original_max_position_embeddings=-5)`',
+        "yarn",
+        {"original_max_position_embeddings": -5},
+        kind="api",
+        code=0,
+        expect="must be a positive integer",
+    ),
+    raw(
+        "`python -m extend.lm_eval run --model ropebench --model_args method=yarn,factor=2,beta_fast=abc`",
+        "run",
+        "--model",
+        "ropebench",
+        "--model_args",
+        "method=yarn,factor=2,beta_fast=abc",
+        "--tasks",
+        "ropebench_passkey_16k",
+        kind="lm_eval",
+        expect="option beta_fast of method 'yarn' must be a number",
+    ),
+]
+
+# -- issue 25 B: refused before the weights load — checked from the config, the tokenizer and the corpus
+CASES += [
+    sweep("`--lengths 1`", "--lengths", "1", expect="too short to score a token"),
+    sweep(
+        "`--tasks passkey --lengths 7`",
+        "--tasks",
+        "passkey",
+        "--lengths",
+        "7",
+        expect="too short for the passkey prompt",
+    ),
+    sweep(
+        "`--lengths 819200` (longer than every sotu speech)",
+        "--lengths",
+        "819200",
+        expect="longer than corpus 'sotu' can fill",
+    ),
+    sweep("`--lengths 1e20`", "--lengths", "1e20", expect="longer than corpus 'sotu' can fill"),
+    sweep(
+        "`-t perplexity.stride=128` wider than the window (sliding, length 64)",
+        "-t",
+        "perplexity.protocol=sliding",
+        "-t",
+        "perplexity.stride=128",
+        expect="larger than the window",
+    ),
+    sweep(
+        "`--tasks passkey --lengths 100000` beyond free memory (ROPEBENCH_MEMORY_GB=2)",
+        "--tasks",
+        "passkey",
+        "--lengths",
+        "100000",
+        expect="the largest that fits",
+        env={"ROPEBENCH_MEMORY_GB": "2"},
+    ),
+    sweep("`--corpus` a binary file", "--corpus", "{tmp}/binary.txt", expect="is binary, not UTF-8 text"),
+    sweep("`--corpus` a UTF-16 file", "--corpus", "{tmp}/utf16.txt", expect="is UTF-16 text, not UTF-8"),
+    sweep(
+        "`--corpus` JSONL without a text field",
+        "--corpus",
+        "{tmp}/nofield.jsonl",
+        expect="has no 'text' string",
+    ),
+    sweep("`--corpus` broken JSONL", "--corpus", "{tmp}/broken.jsonl", expect="line 2 is not valid JSON"),
+    sweep("`--corpus` a single 10-token document", "--corpus", "{tmp}/tiny.txt", expect="can fill"),
+    sweep("`--corpus` a 100 KB whitespace file", "--corpus", "{tmp}/spaces.txt", expect="has no documents"),
+    sweep(
+        "`-o yarn.start_from=bogus`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.start_from=bogus",
+        expect="start_from must be",
+    ),
+    sweep(
+        "`-o yarn.temperature=hot`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.temperature=hot",
+        expect="temperature must be",
+    ),
+    sweep(
+        "`-o yarn.layer_types=[global]` (a single-type model)",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.layer_types=[global]",
+        expect="layer_types only applies",
+    ),
+    sweep(
+        "`-o yarn.beta_fast=-5`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.beta_fast=-5",
+        expect="option beta_fast of method 'yarn' must be > 0",
+    ),
+    sweep(
+        "`-o self-extend.window=0`",
+        "--methods",
+        "self-extend",
+        "-o",
+        "self-extend.window=0",
+        expect="option window of method 'self-extend' must be >= 1",
+    ),
+    sweep("`-o rerope.window=-3`", "--methods", "rerope", "-o", "rerope.window=-3", expect="must be >= 1"),
+    sweep(
+        "`-o rerope.window=100000` (past the trained context)",
+        "--methods",
+        "rerope",
+        "-o",
+        "rerope.window=100000",
+        expect="below the trained context 8192",
+    ),
+    sweep(
+        "`-o llama3.low_freq_factor=4 -o llama3.high_freq_factor=1`",
+        "--methods",
+        "llama3",
+        "-o",
+        "llama3.low_freq_factor=4",
+        "-o",
+        "llama3.high_freq_factor=1",
+        expect="llama3 needs high_freq_factor",
+    ),
+    sweep(
+        "`-o yarn.beta_slow=50`",
+        "--methods",
+        "yarn",
+        "-o",
+        "yarn.beta_slow=50",
+        expect="beta_fast > beta_slow",
+    ),
+    sweep(
+        "`--methods longrope` with 2-value factor lists",
+        "--methods",
+        "longrope",
+        "-o",
+        "longrope.short_factor=[1,2]",
+        "-o",
+        "longrope.long_factor=[1,2]",
+        expect="must be a list of 32 numbers",
+    ),
+    sweep(
+        "`--model` a directory whose config.json is `{}`",
+        "--model",
+        "{tmp}/emptycfg",
+        expect="could not read the config",
+    ),
+    sweep("`--model` a truncated GGUF", "--model", "{tmp}/truncated.gguf", expect="damaged or truncated"),
+    raw(
+        "config `options: {yarm: {beta_fast: 16}}` (a misspelt method)",
+        "--config",
+        "{tmp}/optyarm.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="options.yarm: unknown RoPE method 'yarm' — did you mean yarn",
+    ),
+    sweep(
+        "`--factors 1e300`", "--methods", "yarn", "--factors", "1e300", expect="beyond the supported maximum"
+    ),
+    sweep("`--factors 1e400` (inf)", "--methods", "yarn", "--factors", "1e400", expect="is not finite"),
+    raw(
+        '`extend.patch(model, "yarn", 2, beta_fast=-5)`',
+        "yarn",
+        {"beta_fast": -5},
+        kind="api",
+        code=0,
+        expect="option beta_fast of method 'yarn' must be > 0",
+    ),
+    raw(
+        "`python -m extend.lm_eval run --model ropebench --model_args method=yarn,factor=2,start_from=bogus`",
+        "run",
+        "--model",
+        "ropebench",
+        "--model_args",
+        "method=yarn,factor=2,start_from=bogus",
+        "--tasks",
+        "ropebench_passkey_16k",
+        kind="lm_eval",
+        expect="start_from must be",
+    ),
+    raw(
+        "`python -m extend.lm_eval run --model ropebench --model_args device=tpu`",
+        "run",
+        "--model",
+        "ropebench",
+        "--model_args",
+        "device=tpu",
+        "--tasks",
+        "ropebench_passkey_16k",
+        kind="lm_eval",
+        expect="is not a device",
+    ),
+    raw(
+        "`python -m extend.lm_eval run --model ropebench --model_args batch_size=abc`",
+        "run",
+        "--model",
+        "ropebench",
+        "--model_args",
+        "batch_size=abc",
+        "--tasks",
+        "ropebench_passkey_16k",
+        kind="lm_eval",
+        expect="is not a batch size",
+    ),
+    raw(
+        "`python -m extend.lm_eval run --model ropebench --tasks ropebench_passky_16k` (a mistyped task)",
+        "run",
+        "--model",
+        "ropebench",
+        "--tasks",
+        "ropebench_passky_16k",
+        kind="lm_eval",
+        expect="tasks not found",
+        env={"ROPEBENCH_CACHE": "{tmp}/empty-cache"},
+    ),  # first use: refused before the GGUF is converted
+]
+
+
+# -- issue 25 A: never write over a user's file; damaged or foreign records; plugins; unusable paths
+CASES += [
+    raw(
+        "config with an integer key `1: x`",
+        "--config",
+        "{tmp}/intkey.yaml",
+        "--out",
+        "{tmp}/o",
+        expect="key 1 is not a name",
+    ),
+    sweep("`--out` on a symlink loop", "--out", "{tmp}/loop/o", expect="ymlink loop"),
+    sweep(
+        "`--out` under a directory that may not be read",
+        "--out",
+        "{tmp}/noread/sub/o",
+        expect="Permission denied",
+    ),
+    sweep(
+        "`--out` a run directory whose records.jsonl is a directory",
+        "--out",
+        "{tmp}/rd_dir",
+        expect="is not a regular file",
+        out_stays=True,
+    ),
+    sweep(
+        "`--out` a run directory whose record has a list as `cell`",
+        "--out",
+        "{tmp}/rd_celllist",
+        expect="cell is a list",
+        out_stays=True,
+    ),
+    raw(
+        "`--dry-run --out` a run directory whose record is a 200000-deep JSON line",
+        "--model",
+        "smollm2-135m",
+        "--methods",
+        "plain",
+        "--tasks",
+        "perplexity",
+        "--lengths",
+        "64",
+        "--out",
+        "{tmp}/rd_deep",
+        "--dry-run",
+        expect="nested too deeply",
+        out_stays=True,
+    ),
+    sweep(
+        "`--out` a run directory whose records file is of a foreign schema",
+        "--out",
+        "{tmp}/rd_foreign",
+        expect="none of its 2 lines is a ropebench record",
+        out_stays=True,
+    ),
+    sweep(
+        "`--plugin` a file that calls sys.exit(3)",
+        "--plugin",
+        "{tmp}/exit_plugin.py",
+        expect="called sys.exit(3) at exit_plugin.py:2",
+    ),
+    sweep(
+        "`--plugin` a file that raises KeyboardInterrupt",
+        "--plugin",
+        "{tmp}/kbi_plugin.py",
+        expect="raised KeyboardInterrupt at kbi_plugin.py:1",
+    ),
+    sweep("`--plugin ''`", "--plugin", "", expect="names no plugin"),
+    raw(
+        "`python -m results report RUN --out` a directory of the user's (own report.md)",
+        "report",
+        "{tmp}/run",
+        "--out",
+        "{tmp}/mine",
+        kind="results",
+        expect="non-empty directory ropebench did not make",
+    ),
+    raw(
+        "`python -m results report RUN --out` a file",
+        "report",
+        "{tmp}/run",
+        "--out",
+        "{tmp}/afile",
+        kind="results",
+        expect="is not a directory",
+    ),
+    raw(
+        "`python -m results report` a run directory holding the user's tables/perplexity_ppl.md",
+        "report",
+        "{tmp}/ownrun",
+        kind="results",
+        expect="perplexity_ppl.md exists and ropebench did not write it",
+    ),
+    raw(
+        "`python -m results report` a record with a list as `cell`",
+        "report",
+        "{tmp}/rd_celllist",
+        kind="results",
+        expect="cell is a list",
+    ),
+    raw(
+        "`python -m results report` a 200000-deep JSON line",
+        "report",
+        "{tmp}/rd_deep",
+        kind="results",
+        expect="nested too deeply",
+    ),
+    raw(
+        "`python -m results report` a records file of a foreign schema",
+        "report",
+        "{tmp}/rd_foreign",
+        kind="results",
+        expect="none of its 2 lines is a ropebench record",
+    ),
+    raw(
+        "`python -m results table --rows length --cols length`",
+        "table",
+        "{tmp}/run",
+        "--task",
+        "perplexity",
+        "--metric",
+        "ppl",
+        "--rows",
+        "length",
+        "--cols",
+        "length",
+        kind="results",
+        expect="is given twice",
+    ),
+]
+WRITE_SAFETY_FILES = {
+    "intkey.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\nlengths: [64]\n1: x\n",
+    "exit_plugin.py": "import sys\nsys.exit(3)\n",
+    "kbi_plugin.py": "raise KeyboardInterrupt\n",
+    "rd_foreign/records.jsonl": '{"id": 1, "score": 0.5}\n{"id": 2, "score": 0.7}\n',
+    "ownrun/tables/perplexity_ppl.md": "my own table\n",
+}
+
+
+def make_write_safety_fixtures(tmp: Path) -> None:
+    """Run directories (a sweep's lock file marks them) with damaged or foreign records, a symlink loop, a
+    directory that may not be read, and a run whose tables/ holds a file of the user's."""
+    for name, text in WRITE_SAFETY_FILES.items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
+    row = {
+        "task": "perplexity",
+        "metric": "ppl",
+        "value": 1.0,
+        "cell": ["a", "list"],
+        "session": "s",
+        "written": 1,
+    }
+    (tmp / "rd_celllist").mkdir()
+    (tmp / "rd_celllist" / "records.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp / "rd_deep").mkdir()
+    (tmp / "rd_deep" / "records.jsonl").write_text("[" * 200000 + "]" * 200000 + "\n")
+    (tmp / "rd_dir" / "records.jsonl").mkdir(parents=True)
+    for d in ("rd_dir", "rd_celllist", "rd_deep", "rd_foreign"):
+        (tmp / d / ".ropebench.lock").touch()
+    (tmp / "loop").symlink_to(tmp / "loop")
+    (tmp / "noread" / "sub").mkdir(parents=True)
+    from results.store import RecordWriter
+    from results.synthetic import synthetic_records
+
+    RecordWriter(tmp / "ownrun").write(synthetic_records("ownrun", tasks=("perplexity",)))
+
+
+@contextlib.contextmanager
+def unreadable_parent(tmp: Path):
+    """`noread/` may not be read (chmod 000). Root is not stopped by permissions, so for root os.stat refuses
+    paths below it as the kernel refuses them for any other user."""
+    noread = tmp / "noread"
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(os.fspath(path)).startswith(str(noread) + os.sep):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    noread.chmod(0)
+    if os.geteuid() == 0:
+        os.stat = stat
+    try:
+        yield
+    finally:
+        os.stat = real_stat
+        noread.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+FILES = {
+    "bad.yaml": "model: [smollm2-135m\nmethods: plain\n",
+    "list.yaml": "- plain\n- yarn\n",
+    "typo.yaml": "model: smollm2-135m\nmethods: [plain]\nlenghts: [1024]\ntasks: [perplexity]\n",
+    "dup.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\nlengths: [64]\n"
+    "methods: [yarn]\n",
+    "empty.yaml": "model: smollm2-135m\nmethods: []\ntasks: {perplexity: {lengths: [64]}}\n",
+    "factor.yaml": "model: smollm2-135m\nmethods: [{method: yarn, factor: 2}]\ntasks: [perplexity]\n"
+    "lengths: [64]\n",
+    "nested.yaml": "model: smollm2-135m\nmethods: [[1, 2]]\ntasks: [perplexity]\nlengths: [64]\n",
+    "options.yaml": "model: smollm2-135m\nmethods: [plain]\noptions: 3\ntasks: [perplexity]\nlengths: [64]\n",
+    "perlength.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: {passkey: {per_length: yes please}}\n"
+    "lengths: [64]\n",
+    "trust.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\nlengths: [64]\n"
+    "trust_remote_code: maybe\n",
+    "nolengths.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\n",
+    "afile": "x",
+    "fake.gguf": "this is not a model\n",
+    "empty.txt": "",
+    "pdfs/paper.pdf": "%PDF-1.4",
+    "mixed/a.txt": "some text",
+    "mixed/b.jsonl": '{"text": "x"}\n',
+    "mine/logs/lab-notebook.txt": "my notes",
+    "mine/report.md": "my report",
+    "syntax_plugin.py": "def broken(:\n    pass\n",
+    "raising_plugin.py": "x = 1\ny = x / 0\n",
+    "damaged/records.jsonl": "{not json\nalso not json\n",
+    "nofield.jsonl": '{"body": "a document"}\n',
+    "broken.jsonl": '{"text": "fine"}\n{"text": "cut\n',
+    "tiny.txt": "one two three four five six seven eight nine ten",
+    "emptycfg/config.json": "{}",
+    "optyarm.yaml": "model: smollm2-135m\nmethods: [yarn]\noptions: {yarm: {beta_fast: 16}}\n"
+    "tasks: [perplexity]\nlengths: [64]\n",
+}
+BINARY = {
+    "binary.txt": bytes(range(256)) * 8,
+    "utf16.txt": "a document in UTF-16\n".encode("utf-16"),
+    "spaces.txt": b" \n\t" * 34000,
+}
+
+
+def _truncated_gguf(tmp: Path) -> None:
+    """The embedded GGUF's first 64 KB: the magic bytes are right, the metadata is cut."""
+    import extend
+
+    with open(extend.embedded_gguf(), "rb") as f:
+        (tmp / "truncated.gguf").write_bytes(f.read(1 << 16))
+
+
+def make_fixtures(tmp: Path) -> None:
+    for name, text in FILES.items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for name, data in BINARY.items():
+        (tmp / name).write_bytes(data)
+    _truncated_gguf(tmp)
+    (tmp / "emptydir").mkdir()
+    (tmp / "fake" / "records.jsonl").mkdir(parents=True)
+    from results.store import RecordWriter
+    from results.synthetic import synthetic_records
+
+    RecordWriter(tmp / "run").write(synthetic_records("run"))
+    make_write_safety_fixtures(tmp)
+
+
+@contextlib.contextmanager
+def no_model_loads():
+    """Any case that reaches a model load fails: every input must be rejected before that."""
+    import extend
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded for a bad input")
+
+    saved = extend.load
+    extend.load = refuse
+    try:
+        yield
+    finally:
+        extend.load = saved
+
+
+@contextlib.contextmanager
+def environ(changes: dict):
+    saved = {k: os.environ.get(k) for k in changes}
+    for k, v in changes.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
+    """(exit code, stderr) of one case; for API cases (None, the ExtendError's message)."""
+    make_fixtures(tmp)
+    args = [a.replace("{tmp}", str(tmp)) if isinstance(a, str) else a for a in case.args]
+    env = {k: v.replace("{tmp}", str(tmp)) if isinstance(v, str) else v for k, v in case.env.items()}
+    err = io.StringIO()
+    holder = None
+    if case.kind == "sweep" and "locked" in str(args):
+        from ropebench.sweep_lib.rundir import RunLock
+
+        (tmp / "locked").mkdir()
+        holder = RunLock(tmp / "locked").acquire()  # as if another sweep were running there
+    try:
+        with (
+            environ(env),
+            no_model_loads(),
+            contextlib.redirect_stderr(err),
+            contextlib.redirect_stdout(io.StringIO()),
+            unreadable_parent(tmp) if "noread" in str(args) else contextlib.nullcontext(),
+        ):
+            if case.kind == "sweep":
+                from ropebench import sweep_lib
+
+                code = sweep_lib.main(args)
+            elif case.kind == "results":
+                from results.__main__ import main
+
+                try:
+                    code = main(args)
+                except SystemExit as e:
+                    code = e.code
+            elif case.kind == "lm_eval":
+                from extend.lm_eval import main
+
+                code = main(args)
+            else:
+                from transformers import LlamaConfig, LlamaForCausalLM
+
+                import extend
+
+                # any small Llama: these cases are refused before a forward (run as a script too, so
+                # built here, not taken from a fixture)
+                config = LlamaConfig(
+                    vocab_size=128,
+                    hidden_size=64,
+                    intermediate_size=128,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    max_position_embeddings=256,
+                )
+                model = LlamaForCausalLM(config).eval()
+                try:
+                    extend.patch(model, args[0], 2, **args[1])
+                except extend.ExtendError as e:
+                    return None, f"error: {e}"
+                return None, "no error"
+    finally:
+        if holder is not None:
+            holder.release()
+    return code, err.getvalue()
+
+
+def normalize(text: str, tmp: Path) -> str:
+    text = text.replace(str(tmp), "DIR")
+    return re.sub(r"pid \d+ on \S+, since [\d\- :]+ UTC", "pid N on HOST, since TIME", text)
+
+
+# ---------------------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("case", CASES, ids=[c.shown for c in CASES])
+def test_bad_input_one_line_exit_2(case, tmp_path):
+    code, err = run_case(case, tmp_path)
+    lines = [
+        x for x in err.strip().splitlines() if not x.startswith("warning: ")
+    ]  # e.g. a damaged line dropped
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("error: ") and " — " in line and "Traceback" not in err, line
+    assert case.expect in line, line
+    if case.kind != "api":
+        assert code == case.code == 2, (code, line)
+    if case.kind == "sweep" and not case.out_stays:  # a rejected input leaves no run directory behind
+        assert not (tmp_path / "o").exists() and not (tmp_path / "o2").exists()
+    if "mine" in str(case.args):  # nothing of the user's was deleted
+        assert (tmp_path / "mine" / "logs" / "lab-notebook.txt").read_text() == "my notes"
+        assert (tmp_path / "mine" / "report.md").read_text() == "my report"
+
+
+def test_enough_cases():
+    assert len(CASES) >= 60 and len({c.shown for c in CASES}) == len(CASES)
+
+
+def docs_table(tmp_root: Path) -> str:
+    rows = ["| input | message | exit code |", "|---|---|---|"]
+    for i, case in enumerate(CASES):
+        tmp = tmp_root / f"case{i}"
+        tmp.mkdir(parents=True)
+        code, err = run_case(case, tmp)
+        lines = [x for x in err.strip().splitlines() if not x.startswith("warning: ")]
+        message = normalize(lines[0] if lines else "", tmp).replace("|", "\\|")
+        shown = case.shown.replace("|", "\\|")
+        rows.append(f"| {shown} | {message} | {'ExtendError' if code is None else code} |")
+    return "\n".join(rows)
+
+
+def _docs_rows() -> dict[str, tuple[str, str]]:
+    assert DOC.is_file(), f"{DOC} is missing — run `python tests/project/test_bad_inputs.py --write-docs`"
+    table = [line for line in DOC.read_text().splitlines() if line.startswith("| ")]
+    rows = {}
+    for line in table[1:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        rows[cells[0].replace("\\|", "|")] = (cells[1].replace("\\|", "|"), cells[2])
+    return rows
+
+
+def test_docs_table_matches_the_cases():
+    rows = _docs_rows()
+    hint = "docs/bad-input.md is out of date — run `python tests/project/test_bad_inputs.py --write-docs`"
+    assert list(rows) == [c.shown for c in CASES], hint
+    for case in CASES:
+        message, code = rows[case.shown]
+        assert case.expect in message, (hint, case.shown)
+        assert code == ("ExtendError" if case.kind == "api" else str(case.code)), (hint, case.shown)
+
+
+# ---------------------------------------------------------------------------------------------- accepted
+def test_accepted_inputs_that_used_to_be_refused_or_ignored(tmp_path):
+    """`--factors 1e3` is a positive number; `1e3` in a YAML file too."""
+    from ropebench.sweep_lib import config as C
+    from ropebench.sweep_lib.cli import load_config, parser
+
+    def parse(argv):
+        return load_config(parser().parse_args(argv))
+
+    cfg = parse(
+        [
+            "--model",
+            "smollm2-135m",
+            "--methods",
+            "yarn",
+            "--factors",
+            "1e3",
+            "2E0",
+            "--tasks",
+            "perplexity",
+            "--lengths",
+            "64",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert cfg["methods"][0]["factors"] == [2.0, 1000.0]
+    assert C.parse_value("1e3") == 1000.0 and C.parse_value("7") == 7 and C.parse_value("[1, 2]") == [1, 2]
+    conf = tmp_path / "c.yaml"
+    conf.write_text(
+        "model: smollm2-135m\nmethods: [yarn]\nfactors: [1e3]\ntasks: [perplexity]\nlengths: [64]\n"
+    )
+    assert parse(["--config", str(conf)])["methods"][0]["factors"] == [1000.0]
+    # --lengths on the command line still overrides a config file's task lengths (only -t vs
+    # --lengths conflict)
+    conf.write_text("model: smollm2-135m\nmethods: [plain]\ntasks: {passkey: {lengths: [4096]}}\n")
+    assert parse(["--config", str(conf), "--lengths", "2048"])["tasks"]["passkey"]["lengths"] == [2048]
+    assert not (tmp_path / "o").exists()
+
+
+def test_corpus_under_home_is_found_by_the_check_and_the_loader(tmp_path, monkeypatch, capsys):
+    """`~/x.txt` (a config file or -t value is not expanded by a shell): the check the sweep runs and the
+    loader the suite runs expand it the same way, so a corpus the sweep accepts is the corpus a cell reads."""
+    from ropebench import sweep_lib
+
+    from tasks import data
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    text = "a document under the home directory, " * 3  # long enough for --lengths 64 (checked in bytes)
+    (tmp_path / "x.txt").write_text(text)
+    data.check_corpus("~/x.txt")
+    assert [d.text for d in data.load_corpus("~/x.txt")] == [text]
+    with pytest.raises(data.TaskError, match="unknown corpus '~/nope.txt'"):
+        data.check_corpus("~/nope.txt")
+    assert (
+        sweep_lib.main(
+            [
+                "--model",
+                "smollm2-135m",
+                "--methods",
+                "plain",
+                "--tasks",
+                "perplexity",
+                "--lengths",
+                "64",
+                "--corpus",
+                "~/x.txt",
+                "--out",
+                str(tmp_path / "o"),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
+    assert "perplexity ~/x.txt L=64" in capsys.readouterr().out
+
+
+def test_records_with_odd_bookkeeping_still_report(tmp_path):
+    """A hand-edited `"written": "yesterday"` is not a traceback: the row sorts as oldest."""
+    import results
+    from results.store import RecordWriter
+    from results.synthetic import synthetic_records
+
+    RecordWriter(tmp_path).write(synthetic_records("run"))
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["written"] = "yesterday"
+    lines[0] = json.dumps(row)
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.warns(results.ResultsWarning, match=f"cell {row['cell']}: .* rows on disk"):
+        df = results.load(tmp_path)  # the edited row no longer matches its write: that cell is not trusted
+    assert set(df["cell"]) == {json.loads(x)["cell"] for x in lines} - {row["cell"]}
+    from results.__main__ import main
+
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
+
+
+def test_cli_runs_overriding_model_show_the_grid(tmp_path, capsys):
+    """A run that inherits the demo's suite options (num_docs, trials, depths) by overriding only --model says
+    so first (here as a dry run)."""
+    from ropebench import sweep_lib
+
+    assert sweep_lib.main(["--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "grid (options inherited from" in err and "demo.yaml" in err
+    assert re.search(r"perplexity: lengths \[.*\]; .*num_docs=\d+", err)
+    assert re.search(r"passkey: lengths \[.*\]; .*depths=.*trials=\d+", err) or re.search(
+        r"passkey: lengths \[.*\]; .*trials=\d+.*depths=", err
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_plugin_errors_in_a_real_process(tmp_path):
+    """The real CLI, end to end: one line, exit 2, no traceback (also for a plugin that raises)."""
+    import subprocess
+
+    make_fixtures(tmp_path)
+    for plugin in ("syntax_plugin.py", "raising_plugin.py"):
+        p = subprocess.run(
+            check=False,
+            args=[
+                sys.executable,
+                str(ROOT / "scripts" / "sweep.py"),
+                "--plugin",
+                str(tmp_path / plugin),
+                "--model",
+                "smollm2-135m",
+                "--tasks",
+                "perplexity",
+                "--lengths",
+                "64",
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+        )
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: plugin"), (
+            p.stderr
+        )
+        assert not (tmp_path / "o").exists()
+
+
+if __name__ == "__main__" and "--write-docs" in sys.argv:
+    import tempfile
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with tempfile.TemporaryDirectory() as d:
+        table = docs_table(Path(d))
+    DOC.write_text(f"{DOC_HEAD}{table}\n")
+    print(f"wrote {len(CASES)} rows to {DOC}")
+
+
+@pytest.mark.parametrize(
+    "task, options",
+    [("perplexity", {}), ("passkey", {"haystack": "corpus"}), ("classification", {"label": "label"})],
+)
+def test_suites_name_an_empty_corpus_not_the_lengths(task, options, tmp_path, smollm2_tokenizer):
+    """Called directly (no sweep): an empty corpus file is named as empty, not "use shorter lengths"."""
+    import tasks
+
+    (tmp_path / "e.txt").write_text("\n")
+    with pytest.raises(tasks.TaskError, match="has no documents") as info:
+        tasks.SUITES[task](
+            None, smollm2_tokenizer, lengths=[64], corpus=str(tmp_path / "e.txt"), progress=False, **options
+        )
+    assert "shorter" not in str(info.value)
+
+
+def test_suite_rules_name_real_options():
+    """tasks/checks.py restates the suites' own checks: every rule must still name an option of its suite, and
+    a suite's defaults must pass its rules (so the pre-check never refuses what the suite accepts by
+    default)."""
+    import inspect
+
+    import tasks
+    from tasks.checks import RULES, check_suite_options
+
+    for task, rules in RULES.items():
+        params = inspect.signature(tasks.SUITES[task]).parameters
+        assert set(rules) <= set(params), (task, set(rules) - set(params))
+        defaults = {k: params[k].default for k in rules if params[k].default is not inspect.Parameter.empty}
+        defaults = {k: (list(v) if isinstance(v, tuple) else v) for k, v in defaults.items()}
+        check_suite_options(task, tasks.SUITES[task], defaults)

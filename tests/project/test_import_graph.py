@@ -1,0 +1,274 @@
+"""The import graph of ropebench's packages: layers point down only (extend <- tasks <- results; results reads
+records, never suites) and no module imports itself back through others. Lazy imports inside functions count:
+they are edges all the same. The tools on top, benchmarks/ and scripts/ (installed as `ropebench`), may import
+any layer; they are held to the same graph (no cycles), find their modules as packages (no `sys.path` edits)
+and import nothing heavy at module level, so that `--help` and an import are instant."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYER = {"extend": 0, "tasks": 1, "results": 1}  # results sits beside tasks: it may use extend, never tasks
+ALLOWED_ACROSS = {("results", "extend")}
+# folder -> import name: scripts/ installs as `ropebench` (pyproject's package-dir)
+TOOLS = {"benchmarks": "benchmarks", "scripts": "ropebench"}
+FOLDERS = {**{pkg: pkg for pkg in LAYER}, **TOOLS}
+# Third-party packages slow to import (torch alone: seconds) or that bring a model's machinery.
+HEAVY = {
+    "accelerate",
+    "datasets",
+    "gguf",
+    "huggingface_hub",
+    "lm_eval",
+    "matplotlib",
+    "numpy",
+    "pandas",
+    "safetensors",
+    "scipy",
+    "seaborn",
+    "tokenizers",
+    "torch",
+    "transformers",
+}
+
+
+def _module_name(path: Path) -> str:
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = [FOLDERS[folder], *parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _files(folders) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in _files(FOLDERS)}
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _edges(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules `name` imports anywhere in its source (module-level or inside functions)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            base = (
+                f"{base}.{node.module}"
+                if node.level and node.module
+                else (base if node.level else node.module)
+            )
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]  # `from . import x` names module x
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `extend.errors.RopebenchError` -> extend.errors
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _edges(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_layers_import_only_downwards():
+    """Between layers, imports point down; no layer imports the tools built on it (benchmarks, ropebench)."""
+    upward = sorted(
+        (a, b)
+        for a, targets in _graph().items()
+        if _top(a) in LAYER
+        for b in targets
+        if _top(b) not in LAYER
+        or (
+            (_top(a), _top(b)) not in ALLOWED_ACROSS
+            and LAYER[_top(b)] >= LAYER[_top(a)]
+            and _top(a) != _top(b)
+        )
+    )
+    assert upward == []
+
+
+def test_no_import_cycles():
+    """Package __init__ modules re-export their submodules (that is what they are for), so a module importing
+    a package it sits in is not counted; every other module-to-module path must be acyclic."""
+    graph = _graph()
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    state, cycles = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_the_graph_sees_lazy_and_relative_imports():
+    """Guards the tests above against passing vacuously: known edges of each kind are found, in the layers and
+    in the tools."""
+    graph = _graph()
+    assert "extend.registry" in graph["extend.patching"]  # relative, module level
+    assert "extend.remap_attention" in graph["extend.patching"]  # relative, inside a function
+    assert "extend.errors" in graph["tasks.errors"]  # absolute, across layers
+    assert "benchmarks.figures" in graph["benchmarks.prefix_sharing"]  # absolute, within benchmarks
+    assert "benchmarks.prefix_sharing" in graph["benchmarks.orchestrate"]
+    assert "tasks.scoring" in graph["benchmarks.run"]  # inside a function
+    assert "ropebench.sweep_lib.config" in graph["ropebench.sweep_lib.cli"]  # scripts/, relative
+
+
+def test_tools_find_their_modules_as_packages():
+    """benchmarks/ and scripts/ are packages (`python -m benchmarks ...`, `ropebench ...`): no file edits
+    `sys.path` to find its neighbours (an edit there also decides which `tasks` every later import finds)."""
+    edits = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in _files(TOOLS)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    ]
+    assert edits == []
+
+
+def _module_level_imports(tree: ast.Module):
+    """Import statements that run when the module is imported: not those inside a function."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def test_tools_import_nothing_heavy_at_module_level():
+    """Heavy third-party packages (torch, transformers, lm-eval, ...) are imported inside the function that
+    needs them, so `--help`, a bad flag or an import answers at once. The layers (extend, tasks, results) may
+    be imported at module level: what they load is theirs to keep light."""
+    heavy = []
+    for path in _files(TOOLS):
+        for node in _module_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue  # relative: a project module
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            heavy += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if _top(n) in HEAVY]
+    assert heavy == []
+
+
+def test_importing_any_benchmark_module_loads_and_runs_nothing():
+    """Every module under benchmarks/ (probes and `__main__` included) imports with torch and every other
+    heavy package blocked, and prints nothing: so none loads a model or starts work on import. Run from the
+    repository root as `python -m benchmarks` is."""
+    names = sorted(name for name in _modules() if _top(name) == "benchmarks")
+    code = (
+        "import importlib, importlib.abc, sys\n"
+        "heavy = set(sys.argv[1].split(','))\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in heavy:\n"
+        "            raise ImportError(f'{name} imported while importing a benchmark module')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "for name in sys.argv[2:]:\n"
+        "    importlib.import_module(name)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, ",".join(sorted(HEAVY)), *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == ""
+    assert {"benchmarks.cli", "benchmarks.run", "benchmarks.probes.passkey_floor"} <= set(names)
+
+
+def test_every_project_import_resolves():
+    """Lazy imports fail only when their function runs, so a renamed or removed module (once: a benchmark's
+    `from tasks import prefix_cache`) would pass every test that skips that path. Each `from <ours> import
+    name` anywhere in the repository must name a real module or attribute."""
+    import importlib
+    import importlib.util
+
+    ours = set(LAYER) | {"benchmarks"}
+    broken = []
+    for folder in ("extend", "tasks", "results", "scripts", "benchmarks", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (
+                    isinstance(node, ast.ImportFrom)
+                    and node.level == 0
+                    and node.module
+                    and node.module.split(".")[0] in ours
+                ):
+                    continue
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not (
+                        hasattr(module, alias.name)
+                        or importlib.util.find_spec(f"{node.module}.{alias.name}") is not None
+                    ):
+                        broken.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {alias.name}"
+                        )
+    assert broken == []
+
+
+# ---------------------------------------------------------------------------------------------- the tests
+def test_tests_share_code_through_fixtures_only():
+    """No test file imports another test file or a conftest (pytest imports those itself; importing them again
+    runs a second copy): helpers shared between files are fixtures, in the conftest.py of the folder that
+    shares them."""
+    shared = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in ("conftest", "tests") or top.startswith("test_"):
+                    shared.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert shared == []
+
+
+def test_test_folders_shadow_no_package():
+    """tests/extend/, tests/tasks/, tests/results/ and tests/lm_eval/ share their names with packages: pytest
+    runs with --import-mode=importlib (pyproject.toml), so no test folder is on sys.path and an import in a
+    test is the real package."""
+    import importlib
+
+    tests = ROOT / "tests"
+    assert not [p for p in sys.path if p and Path(p).resolve().is_relative_to(tests)], sys.path
+    for name in ("extend", "tasks", "results", "benchmarks"):
+        assert Path(importlib.import_module(name).__file__) == ROOT / name / "__init__.py", name
+    import lm_eval
+
+    assert not Path(lm_eval.__file__).resolve().is_relative_to(tests)
+    assert hasattr(lm_eval, "simple_evaluate")

@@ -1,0 +1,290 @@
+"""Effective length under every published rule (RULER's absolute bar, NoLiMa's 0.85 of the own short-context
+score, the baseline at the trained context), a summary and report driven by the metrics present (a suite the
+results layer never heard of shows up), and theory's predicted reach beside the measured one. Expected values
+are computed by hand: Wilson's formula written out, Student's t from printed tables, Men et al.'s sum by brute
+force."""
+
+import math
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import results
+from results.frame import normalize
+from results.synthetic import TRAINED, synthetic_records, synthetic_suite_records, synthetic_theory_records
+
+ROOT = Path(__file__).resolve().parents[2]
+Z = 1.959963984540054
+T975_23 = 2.0687  # Student's t 0.975 quantile, 23 degrees of freedom (printed tables)
+
+
+def _wilson_lo(k, n):
+    """The lower end of Wilson's score interval (Wilson 1927), written out."""
+    p, z2 = k / n, Z * Z
+    return ((p + z2 / (2 * n)) - Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
+
+
+def _rows(per_length, method="plain", trials=24, options='{"trained_context": 8000}'):
+    """0/1 passkey-like rows: ``per_length`` = {length: number correct of ``trials``}."""
+    base = {
+        "task": "needles",
+        "model": "m",
+        "factor": 1.0,
+        "status": "ok",
+        "seed": 0,
+        "n": 1,
+        "corpus": "c",
+        "metric": "hit",
+        "depth": 0.5,
+        "method": method,
+        "options": options,
+    }
+    return [
+        {**base, "length": L, "trial": t, "value": float(t < k)}
+        for L, k in per_length.items()
+        for t in range(trials)
+    ]
+
+
+# ----------------------------------------------------------------------------- NoLiMa: 0.85 x own short score
+def test_nolima_rule_by_hand():
+    # own score 20/24 at the shortest length: the bar is 0.85 x 0.833 = 0.708 (NoLiMa's point estimate)
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({1000: 20, 2000: 24, 4000: 20, 8000: 10}))),
+        "needles",
+        "hit",
+        rule="short",
+    ).iloc[0]
+    bar = 0.85 * 20 / 24
+    assert _wilson_lo(20, 24) >= 0.5  # the base is established (lower bound above the floor)
+    assert _wilson_lo(24, 24) >= bar  # 2000 passes
+    assert _wilson_lo(20, 24) < bar <= 20 / 24  # 4000 neither passes nor fails: n too small
+    assert 10 / 24 < bar  # 8000 fails
+    assert e["reference_length"] == 1000 and e["reference_value"] == pytest.approx(20 / 24)
+    assert (e["effective_length"], e["stopped_at"], e["stopped"]) == (2000, 4000, "not established")
+    assert e["first_failure"] == 8000 and e["claim"] == "2000" and "NoLiMa" in e["rule"]
+    assert f"({bar:.3f}; NoLiMa)" in e["rule"]
+
+
+def test_nolima_rule_needs_an_established_short_score():
+    # 10/24 at the shortest length: lower bound 0.245 < 0.5, so there is no short-context score to keep 85% of
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({1000: 10, 2000: 10}))), "needles", "hit", rule="short"
+    ).iloc[0]
+    assert _wilson_lo(10, 24) < 0.5
+    assert pd.isna(e["effective_length"]) and e["claim"] == "–" and e["rule"].startswith("not computed")
+
+
+def test_nolima_rule_claims_nothing_from_one_length():
+    """One tested length is only the base: it passes by definition, so alone it must not claim itself (the
+    demo's passkey at 10240 read "≥ 10240" for 6/6)."""
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({10240: 24}))), "needles", "hit", rule="short"
+    ).iloc[0]
+    assert pd.isna(e["effective_length"]) and e["claim"] == "–" and e["rule"].startswith("not computed")
+
+
+def test_the_three_rules_can_disagree():
+    # the own short score is 0.75, so NoLiMa's bar (0.64) is below RULER's absolute 0.8, which 18/24 already
+    # misses; 21/24 (lower bound 0.69) passes NoLiMa's; plain at 8000 (the trained context) sets the third bar
+    rows = _rows({1000: 18, 2000: 21, 4000: 24, 8000: 24}) + _rows(
+        {1000: 18, 2000: 21, 4000: 21, 8000: 21}, "ext"
+    )
+    df = normalize(pd.DataFrame(rows))
+    by = {
+        rule: results.effective_length(df, "needles", "hit", rule=rule).set_index("method")["claim"]
+        for rule in ("threshold", "short", "trained")
+    }
+    assert _wilson_lo(21, 24) >= 0.85 * 18 / 24 and _wilson_lo(21, 24) < 0.8 <= 21 / 24
+    assert 18 / 24 < 0.8 and by["threshold"]["ext"] == "< 1000"
+    assert by["short"]["ext"] == "≥ 8000"
+    # plain's lower bound at 8000 (24/24: 0.862) is the bar at every length: 18/24 at 1000 misses it
+    assert 18 / 24 < _wilson_lo(24, 24)
+    assert by["trained"]["ext"] == "< 1000" and by["trained"]["plain"] == "< 1000"
+
+
+# ---------------------------------------------------------------------------- perplexity against the baseline
+def _ppl_rows(method, per_doc):
+    return [
+        {
+            "task": "perplexity",
+            "model": "m",
+            "factor": 1.0,
+            "status": "ok",
+            "seed": 0,
+            "corpus": "c",
+            "options": '{"trained_context": 8192}',
+            "method": method,
+            "metric": "ppl_tail",
+            "length": L,
+            "doc": f"d{i}",
+            "value": v,
+            "n": 100,
+        }
+        for L, values in per_doc.items()
+        for i, v in enumerate(values)
+    ]
+
+
+def test_perplexity_trained_rule_is_relative_to_the_baseline():
+    plain = {4096: [10.0, 11.0, 12.0], 8192: [10.0, 11.0, 12.0], 16384: [40.0, 44.0, 48.0]}
+    ext = {L: [1.2 * v for v in plain[8192]] for L in (4096, 8192, 16384)}  # flat, but 20% above plain
+    df = normalize(pd.DataFrame(_ppl_rows("plain", plain) + _ppl_rows("ext", ext)))
+    own = results.effective_length(df, "perplexity", rule="threshold").set_index("method")
+    vs_plain = results.effective_length(df, "perplexity", rule="trained").set_index("method")
+    assert own.loc["ext", "claim"] == "≥ 16384"  # flat against its own value at 8192
+    # every document 1.2 x plain's at the trained context: the ratio is 1.2 > 1.1 already there
+    assert (
+        vs_plain.loc["ext", "claim"] == "< 8192"
+        and vs_plain.loc["ext", "at_value"] != vs_plain.loc["ext", "at_value"]
+    )
+    assert vs_plain.loc["ext", "fail_value"] == pytest.approx(1.2)
+    assert vs_plain.loc["ext", "reference_value"] == pytest.approx(
+        math.exp(np.log([10.0, 11.0, 12.0]).mean())
+    )
+    assert "plain's value at 8192" in vs_plain.loc["ext", "rule"]
+    assert vs_plain.loc["plain", "claim"] == own.loc["plain", "claim"] == "8192"
+    with pytest.raises(results.ResultsError, match="for 0/1 rates"):
+        results.effective_length(df, "perplexity", rule="short")
+
+
+# ----------------------------------------------------------------------------- a suite results never heard of
+@pytest.fixture(scope="module")
+def needles():
+    settings = (("plain", 1.0, {"trained_context": TRAINED}), ("yarn", 2.0, {"trained_context": TRAINED}))
+    return synthetic_suite_records("needles", settings=settings, trials=24)
+
+
+def test_unknown_suite_shows_in_summary_with_every_rule(needles):
+    df = normalize(pd.DataFrame(needles))
+    s = results.summary(df, with_ci=False).set_index("method")
+    # hit: plain 24/24 up to 8192, 0/24 at 16384; yarn x2 24/24 everywhere
+    assert s.loc["plain", "needles hit @ longest"] == 0.0 and s.loc["yarn", "needles hit @ longest"] == 1.0
+    assert s.loc["plain", "needles hit @ longest_lo"] == 0.0
+    assert s.loc["yarn", "needles hit @ longest_lo"] == pytest.approx(_wilson_lo(24, 24))
+    assert s.loc["yarn", "needles hit @ longest_significant"]  # 24 discordant prompts, all one way
+    assert _wilson_lo(24, 24) >= 0.85  # so RULER's 0.8 and NoLiMa's 0.85 x 1.0 both pass at 24/24
+    for rule in ("", " (short)", " (trained)"):
+        assert s.loc["plain", f"needles hit reach{rule}"] == "8192"
+        assert s.loc["yarn", f"needles hit reach{rule}"] == "≥ 16384"
+    assert "NoLiMa" in s.loc["plain", "needles hit reach (short)_rule"]
+    assert s.loc["plain", "needles rank1 reach"] == "≥ 16384"  # rank1 holds to twice the reach
+    # logprob (a mean): the value with a t interval over the 24 prompts, a paired difference, no reach
+    values = -2.9 + 0.05 * (np.arange(24) - 11.5)
+    half = T975_23 * values.std(ddof=1) / math.sqrt(24)
+    assert s.loc["plain", "needles logprob @ longest"] == pytest.approx(-2.9)
+    assert (
+        s.loc["plain", "needles logprob @ longest_lo"],
+        s.loc["plain", "needles logprob @ longest_hi"],
+    ) == pytest.approx((-2.9 - half, -2.9 + half), abs=1e-4)
+    assert s.loc["yarn", "needles logprob @ longest_significant"]
+    assert not any(c.startswith("needles logprob reach") for c in s.columns)
+    shown = results.summary(df)
+    assert {
+        "needles hit @ 16384",
+        "needles rank1 @ 16384",
+        "needles logprob @ 16384",
+        "needles hit reach (short)",
+        "needles hit reach (trained)",
+    } <= set(shown.columns)
+    assert (
+        shown.loc[("yarn", 2.0), "needles hit @ 16384"] == f"1.000 [{_wilson_lo(24, 24):.3f}, 1.000] n=24 *"
+    )
+
+
+def test_unknown_suite_shows_in_the_report(needles, tmp_path):
+    run = tmp_path / "run"
+    results.RecordWriter(run).write(needles)
+    md = results.report(run).read_text()
+    stems = {p.stem for p in (run / "tables").iterdir()}
+    assert {
+        "needles_hit_vs_plain",
+        "needles_rank1_vs_plain",
+        "needles_logprob_vs_plain",
+        "reach_needles_hit_threshold",
+        "reach_needles_hit_short",
+        "reach_needles_hit_trained",
+        "reach_needles_rank1_short",
+    } <= stems
+    assert (
+        md.index("## Summary")
+        < md.index("## Differences to plain")
+        < md.index("## Effective context length")
+        < md.index("## needles")
+    )
+    assert "needles hit reach (short) (needles/hit) — bar (NoLiMa)" in md
+    assert "paired t over the shared units' differences" in md  # logprob: a mean, not a log ratio
+
+
+# ---------------------------------------------------------------------------------- theory beside measurement
+def test_predicted_reach_beside_the_measured(tmp_path):
+    rows = synthetic_records("r", tasks=("passkey",), trials=6) + synthetic_theory_records("r", limit=10000)
+    df = normalize(pd.DataFrame(rows))
+    s = results.summary(df, with_ci=False).set_index(["method", "factor"])
+    assert s.loc[("plain", 1.0), "predicted reach (Men et al.)"] == 3616
+    assert s.loc[("yarn", 4.0), "predicted reach (Men et al.)"] == 10000  # capped: held up to the limit
+    shown = results.summary(df)
+    assert shown["predicted reach (Men et al.)"].tolist() == ["3616", "7232", "7232", "≥ 10000"]
+    e = results.effective_length(df, "passkey").set_index(["method", "factor"])
+    assert (
+        e.loc[("linear", 2.0), "predicted_reach"] == 7232
+        and e.loc[("linear", 2.0), "predicted_limit"] == 10000
+    )
+    run = tmp_path / "run"
+    results.RecordWriter(run).write(rows)
+    md = results.report(run).read_text()
+    reach_table = md.split("**passkey reach (passkey/correct)", 1)[1].split("\n\n")[1]
+    assert "| predicted reach (Men et al.) |" in reach_table.splitlines()[0] and "| ≥ 10000 |" in reach_table
+    assert "## Theory beside measurement" in md and "smallest base for 8192 (Men et al.)" in md
+    assert "## theory" not in md  # theory rows are no suite
+
+
+# ------------------------------------------------------------------------------ the sweep records theory rows
+def _first_negative(inv_freq, limit):
+    """Men et al.'s criterion by brute force: the first m with sum_i cos(m theta_i) < 0, else the limit."""
+    m = np.arange(limit, dtype=np.float64)[:, None]
+    bad = np.flatnonzero(np.cos(m * np.asarray(inv_freq, np.float64)[None, :]).sum(axis=1) < 0)
+    return int(bad[0]) if bad.size else limit
+
+
+@pytest.mark.parametrize(
+    "method, factor, theta_scale, divide",
+    [
+        ("plain", 1.0, 1.0, 1.0),
+        ("pi", 2.0, 1.0, 2.0),  # position interpolation: every frequency / 2
+        # dynamic NTK at factor x the trained context (2 x 128): base x (2 * 256 / 128 - 1)^(d / (d - 2)),
+        # d = 16
+        ("dynamic-ntk", 2.0, 3.0 ** (16 / 14), 1.0),
+    ],
+)
+def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale, divide, tiny_llama_factory):
+    from ropebench.sweep_lib import run as R
+
+    import extend
+
+    model = tiny_llama_factory(max_position_embeddings=128)  # head_dim 16, rope_theta 1e4
+    theta = model.config.rope_parameters["rope_theta"]
+    inv = (theta * theta_scale) ** -(np.arange(0, 16, 2) / 16) / divide
+    with extend.patched(model, method, factor) as handle:
+        rows = {r["metric"]: r for r in R.theory_records(model, handle, longest=256)}
+    assert rows["men_reach"]["value"] == _first_negative(inv, 1024)
+    assert rows["men_reach"]["task_options"]["limit"] == 4 * 256
+    assert rows["critical_dimension"]["value"] == 2 * int((2 * math.pi / inv <= 128).sum())
+    assert rows["base_lower_bound"]["length"] == 128
+    b = rows["base_lower_bound"]["value"]  # the criterion holds for plain RoPE of that base up to 128
+    assert _first_negative(b ** -(np.arange(0, 16, 2) / 16), 128) == 128
+
+
+def test_no_theory_rows_for_position_remapping(tiny_llama_factory):
+    from ropebench.sweep_lib import run as R
+
+    import extend
+
+    model = tiny_llama_factory(max_position_embeddings=128)
+    with extend.patched(model, "self-extend", 2.0) as handle:
+        assert R.theory_records(model, handle, longest=256) == []

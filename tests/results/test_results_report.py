@@ -1,0 +1,362 @@
+"""Report, CLI (exit codes, one-line errors) and the lm-eval import."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pandas as pd
+import pytest
+
+import results
+from results.__main__ import main
+from results.store import RecordWriter
+from results.synthetic import synthetic_records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def synthetic_run_dir(tmp_path):
+    """A sweep's run directory: manifest and synthetic records with one failed cell."""
+    d = tmp_path / "sweep"
+    w = RecordWriter(d, rank=0)
+    w.write_manifest(config={"grid": "synthetic"}, seed=0, device="cpu")
+    w.write(synthetic_records("sweep", error_cells=1))
+    w.finish()
+    return d
+
+
+def lm_eval_json(path: Path) -> Path:
+    """A results file in lm-eval 0.4.13's layout (EvaluationTracker.save_results_aggregated)."""
+    blob = {
+        "results": {
+            "arc_easy": {
+                "alias": "arc_easy",
+                "acc,none": 0.75,
+                "acc_stderr,none": 0.0433,
+                "acc_norm,none": 0.7,
+                "acc_norm_stderr,none": 0.046,
+            },
+            "gsm8k": {
+                "alias": "gsm8k",
+                "exact_match,strict-match": 0.1,
+                "exact_match_stderr,strict-match": 0.03,
+                "exact_match,flexible-extract": 0.12,
+                "exact_match_stderr,flexible-extract": "N/A",
+            },
+            "ropebench_passkey_4k": {
+                "alias": "passkey 4k",
+                "exact_match,none": 0.9,
+                "exact_match_stderr,none": 0.05,
+            },
+        },
+        "group_subtasks": {"arc_easy": [], "gsm8k": [], "ropebench_passkey_4k": []},
+        "configs": {
+            "arc_easy": {"task": "arc_easy", "metadata": {"version": 1.0}},
+            "gsm8k": {"task": "gsm8k", "metadata": {"version": 3.0}},
+            "ropebench_passkey_4k": {
+                "task": "ropebench_passkey_4k",
+                "metadata": {"version": 0, "length": 4096},
+            },
+        },
+        "versions": {"arc_easy": 1.0, "gsm8k": 3.0, "ropebench_passkey_4k": 0},
+        "n-shot": {"arc_easy": 0, "gsm8k": 5, "ropebench_passkey_4k": 0},
+        "higher_is_better": {
+            "arc_easy": {"acc": True, "acc_norm": True},
+            "gsm8k": {"exact_match": True},
+            "ropebench_passkey_4k": {"exact_match": True},
+        },
+        "n-samples": {
+            "arc_easy": {"original": 2376, "effective": 100},
+            "gsm8k": {"original": 1319, "effective": 50},
+            "ropebench_passkey_4k": {"original": 20, "effective": 20},
+        },
+        "config": {
+            "model": "ropebench",
+            "model_args": (
+                "pretrained=smollm2-135m,method=yarn,factor=2,beta_fast=32,max_length=16384,dtype=float32"
+            ),
+            "model_num_parameters": 134515008,
+            "model_dtype": "torch.float32",
+            "batch_size": "1",
+            "batch_sizes": [],
+            "device": "cpu",
+            "use_cache": None,
+            "limit": 100.0,
+            "bootstrap_iters": 0,
+            "gen_kwargs": None,
+            "random_seed": 0,
+            "numpy_seed": 1234,
+            "torch_seed": 1234,
+            "fewshot_seed": 1234,
+        },
+        "git_hash": "abc1234",
+        "date": 1763780000.5,
+        "transformers_version": "5.23.0",
+        "lm_eval_version": "0.4.13",
+        "model_source": "ropebench",
+        "model_name": "smollm2-135m",
+        "model_name_sanitized": "smollm2-135m",
+        "total_evaluation_time_seconds": "12.3",
+        "task_hashes": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(blob, indent=2))
+    return path
+
+
+def test_report_writes_tables_plots_and_failures(synthetic_run_dir, tmp_path):
+    path = results.report(synthetic_run_dir)
+    assert path == synthetic_run_dir / "report.md"
+    md = path.read_text()
+    headings = [
+        "## Summary",
+        "## Differences to plain",
+        "## Effective context length",
+        "## Perplexity",
+        "## Passkey retrieval",
+        "## Long-document classification",
+        "## Failed cells (1)",
+    ]
+    assert [md.index(h) for h in headings] == sorted(md.index(h) for h in headings)  # the summary leads
+    summary = md.split("## Summary", 1)[1].split("\n\n")[2].splitlines()
+    assert summary[0].startswith("| method | factor | options | ppl @ 8192 (trained) | ppl @ 16384 |")
+    assert (
+        "| ppl_tail reach |" in summary[0]
+        and "| passkey reach |" in summary[0]
+        and "| chance |" in summary[0]
+    )
+    # RULER's absolute bar and NoLiMa's relative one; the baseline's (plain 5/6 at 8192, lower bound 0.44 <
+    # 0.5) sets no bar here, so that column (all "–") is left out
+    assert "| passkey reach (short) |" in summary[0] and "| passkey reach (trained) |" not in summary[0]
+    assert summary[2].startswith("| plain | 1 |  | 13.50 [") and len(summary) == 2 + 4
+    # every printed number carries n and an interval: ppl over documents, passkey over prompts (Wilson)
+    assert "| plain | 1 | 12.00 [" in md and "] n=3 |" in md
+    assert "| chance (majority) |  | 0.400 |" in md
+    assert "0.833 [0.436, 0.970] n=6" in md and " ± " not in md
+    assert "OutOfMemoryError" in md and "65536" in md
+    links = [line.split("](")[1].rstrip(")") for line in md.splitlines() if line.startswith("![")]
+    assert sorted(Path(link).name.split("_")[0] for link in links) == [
+        "classification",
+        "passkey",
+        "perplexity",
+    ]
+    for link in links:
+        assert (synthetic_run_dir / link).stat().st_size > 10_000
+    stems = {p.stem for p in (synthetic_run_dir / "tables").iterdir()}
+    assert {
+        "summary",
+        "perplexity_ppl",
+        "perplexity_ppl_vs_plain",
+        "passkey_correct_vs_plain",
+        "classification_accuracy_vs_plain",
+        "reach_perplexity_ppl_tail_threshold",
+        "reach_perplexity_ppl_tail_trained",
+        "reach_passkey_correct_threshold",
+        "reach_passkey_correct_short",
+        "reach_passkey_correct_trained",
+        "passkey_accuracy",
+        "classification_accuracy",
+        "classification_macro_f1",
+    } <= stems
+    for stem in stems - {
+        "classification_macro_f1"
+    }:  # macro-F1 has no interval: csv/md only, not in report.md
+        for ext in ("md", "csv", "tex"):
+            assert (synthetic_run_dir / "tables" / f"{stem}.{ext}").stat().st_size > 0
+    assert "Classification macro-F1" not in md and "tables/classification_macro_f1.csv" in md
+    csv = pd.read_csv(synthetic_run_dir / "tables" / "passkey_accuracy.csv", index_col=[0, 1])
+    assert csv.loc[("plain", 1.0), "8192"] == pytest.approx(5 / 6)  # numeric csv, CI strings only in md/tex
+    assert "0.833 [0.436, 0.970] n=6" in (synthetic_run_dir / "tables" / "passkey_accuracy.md").read_text()
+    numeric = pd.read_csv(synthetic_run_dir / "tables" / "summary.csv")
+    assert {
+        "ppl @ trained_lo",
+        "passkey @ longest_n",
+        "ppl_tail reach_length",
+        "passkey reach (short)_rule",
+    } <= set(numeric.columns)
+    assert "Manifest `sweep/manifest.json`" in md
+
+
+def test_report_out_dir_and_lm_eval_section(synthetic_run_dir, tmp_path):
+    j = lm_eval_json(tmp_path / "lm" / "smollm2-135m" / "results_2026-01-01T00-00-00.json")
+    out = tmp_path / "rep"
+    assert (
+        main(["report", str(synthetic_run_dir), str(j), "--out", str(out), "--trained-context", "4096"]) == 0
+    )
+    md = (out / "report.md").read_text()
+    assert "## arc_easy" in md and "## gsm8k" in md
+    assert not (synthetic_run_dir / "report.md").exists()
+
+
+def test_from_lm_eval_rows(tmp_path):
+    j = lm_eval_json(tmp_path / "results_x.json")
+    df = results.from_lm_eval(j)
+    assert list(df.columns[: len(results.SCHEMA)]) == list(results.SCHEMA)
+    got = {(r.task, r.metric): r for r in df.itertuples()}
+    assert set(got) == {
+        ("arc_easy", "acc"),
+        ("arc_easy", "acc_norm"),
+        ("gsm8k", "exact_match,strict-match"),
+        ("gsm8k", "exact_match,flexible-extract"),
+        ("ropebench_passkey_4k", "exact_match"),
+    }
+    acc = got[("arc_easy", "acc")]
+    assert (acc.value, acc.n, acc.stderr, acc.seed) == (0.75, 100, 0.0433, 0)
+    assert (acc.model, acc.method, acc.factor, acc.options) == (
+        "smollm2-135m",
+        "yarn",
+        2.0,
+        '{"beta_fast":32}',
+    )
+    assert json.loads(acc.task_options)["max_length"] == 16384 and acc.status == "ok"
+    assert pd.isna(got[("gsm8k", "exact_match,flexible-extract")].stderr)  # "N/A" stderr
+    assert got[("gsm8k", "exact_match,strict-match")].n == 50
+    assert got[("ropebench_passkey_4k", "exact_match")].length == 4096  # from configs.metadata.length
+    assert pd.isna(acc.length)
+    # no method in model_args: an unmodified model
+    blob = json.loads(j.read_text())
+    blob["config"]["model_args"] = {"pretrained": "HuggingFaceTB/SmolLM2-135M"}
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "results_y.json").write_text(json.dumps(blob))
+    plain = results.from_lm_eval(tmp_path / "plain")  # a directory of results files works too
+    assert set(plain["method"]) == {"plain"} and set(plain["factor"]) == {1.0}
+    # lm-eval rows sit in the same tables as the sweep's rows
+    both = pd.concat([df, plain], ignore_index=True)
+    t = results.table(both, "arc_easy", "acc", cols=None)
+    assert t.loc["plain", "acc"] == 0.75 and t.loc["yarn", "acc"] == 0.75
+    with pytest.raises(results.ResultsError, match="not found"):
+        results.from_lm_eval(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text('{"x": 1}')
+    with pytest.raises(results.ResultsError, match="no 'results' section"):
+        results.from_lm_eval(tmp_path / "bad.json")
+
+
+def test_load_mixes_run_dirs_and_lm_eval(synthetic_run_dir, tmp_path):
+    j = lm_eval_json(tmp_path / "r.json")
+    df = results.load([synthetic_run_dir, j])
+    assert {"perplexity", "arc_easy"} <= set(df["task"])
+    assert "stderr" in df.columns
+
+
+def test_cli_table(synthetic_run_dir, capsys):
+    assert main(["table", str(synthetic_run_dir), "--task", "perplexity", "--metric", "ppl"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "| method | factor | 1024 | 2048 | 4096 | 8192 | 16384 |"
+    assert (
+        main(
+            [
+                "table",
+                str(synthetic_run_dir),
+                "--task",
+                "perplexity",
+                "--metric",
+                "ppl",
+                "--baseline",
+                "plain",
+                "--format",
+                "csv",
+            ]
+        )
+        == 0
+    )
+    assert "0.026" in capsys.readouterr().out
+    # plain at 16384: 3 documents at 560 x exp(-0.1, 0, +0.1): t(2 dof) = 4.303 on the log scale, s = 0.1
+    for task, metric, cell in (
+        ("perplexity", "ppl", "| 560.0 [436.8, 717.9] n=3 |"),
+        ("passkey", "correct", "| 0.833 [0.436, 0.970] n=6 |"),
+        ("classification", "accuracy", "| 0.500 [0.299, 0.701] n=20 |"),
+    ):
+        assert (
+            main(["table", str(synthetic_run_dir), "--task", task, "--metric", metric, "--ci"]) == 0
+        )  # --ci for every task
+        assert cell in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "table",
+                str(synthetic_run_dir),
+                "--task",
+                "passkey",
+                "--metric",
+                "correct",
+                "--baseline",
+                "plain",
+                "--ci",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "| plain | 1 | baseline |" in out and "n=6" in out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["report", "{tmp}/missing"], "run directory not found"),
+        (["report", "{tmp}/empty"], "no records in"),
+        (["table", "{run}", "--task", "nope", "--metric", "ppl"], "unknown task 'nope' — available tasks"),
+        (["table", "{run}", "--task", "perplexity", "--metric", "acc"], "unknown metric 'acc'"),
+        (["report", "{run}", "--threshold", "80"], "threshold must be an accuracy in (0, 1]"),
+        (["report", "{run}", "--tolerance", "-0.1"], "tolerance must be a fraction >= 0"),
+    ],
+)
+def test_cli_errors_exit_2_with_one_line(argv, needle, synthetic_run_dir, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(tmp=tmp_path, run=synthetic_run_dir) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0] and " — " in err[0]
+
+
+def test_cli_subprocess_no_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "results", "report", str(tmp_path / "missing")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: run directory not found") and "Traceback" not in proc.stderr
+
+
+def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(tmp_path):
+    """After -o original_max_position_embeddings=4096 every row records 4096 (the patch's resolved options),
+    while the manifest holds the model config's 8192: the report's line, labels and reach use 4096 and say
+    their bar."""
+    settings = (("plain", 1.0, {"trained_context": 4096}), ("yarn", 2.0, {"trained_context": 4096}))
+    d = tmp_path / "run"
+    w = RecordWriter(d)
+    w.write_manifest(
+        config={"grid": "synthetic"}, seed=0, device="cpu", extra={"trained_context": {"smollm2-135m": 8192}}
+    )
+    w.write(synthetic_records("run", settings=settings, tasks=("perplexity", "passkey"), trials=6))
+    w.finish()
+    md = results.report(d).read_text()
+    assert "ppl @ 4096 (trained)" in md
+    assert "(trained)" not in md.replace("ppl @ 4096 (trained)", "").replace("reach (trained)", "")
+    assert "of ppl_tail / its value at 4096 ≤ 1.1" in md and "at 8192 ≤" not in md
+    assert (
+        "bar (absolute, as RULER): Wilson lower bound ≥ 0.8" in md
+        and "bar: plain's own Wilson lower bound" in md
+    )
+    df = results.load(d)
+    plot = results.plot_perplexity(df, tmp_path / "ppl.png")
+    dashed = [ln for ln in plot.figure.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert [ln.get_xdata()[0] for ln in dashed] == [4096]
+    # rows without a recorded trained context fall back to the manifest's
+    bare = tmp_path / "bare"
+    w = RecordWriter(bare)
+    w.write_manifest(config={}, seed=0, device="cpu", extra={"trained_context": {"smollm2-135m": 4096}})
+    rows = synthetic_records("bare", tasks=("perplexity",))
+    w.write([{**r, "task_options": {}} for r in rows])
+    w.finish()
+    assert "ppl @ 4096 (trained)" in results.report(bare).read_text()

@@ -1,0 +1,112 @@
+"""The `ropebench` command (scripts/cli.py, installed as a console script): it lists its five subcommands,
+each subcommand answers `--help` with the options of the CLI it hands over to, the old entry points still
+answer with the same options, an unknown subcommand is one line and exit 2, and bad input below it keeps its
+exit code. Run through the installed script in subprocesses, offline; nothing loads a model."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+ROPEBENCH = Path(PY).parent / "ropebench"  # the console script pip installs beside the interpreter
+EXPECTED = ["sweep", "report", "inspect", "lm-eval", "bench"]  # issue 23, item 2
+
+# ropebench's subcommand -> the old entry point that must do the same
+OLD_ENTRY_POINTS = {
+    ("sweep",): [PY, str(ROOT / "scripts" / "sweep.py")],
+    ("report",): [PY, "-m", "results", "report"],
+    ("report", "table"): [PY, "-m", "results", "table"],
+    ("inspect",): [PY, "-m", "extend", "inspect"],
+    ("lm-eval",): [PY, "-m", "extend.lm_eval"],
+    ("bench",): [PY, "-m", "benchmarks"],
+    ("bench", "run"): [PY, str(ROOT / "benchmarks" / "run.py")],
+}
+
+
+def run(cmd, cwd=ROOT):
+    # COLUMNS: argparse wraps help to the terminal width; both sides of a comparison get the same one
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", COLUMNS="120")
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def flags(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", help_text))
+
+
+def test_the_console_script_is_installed():
+    assert ROPEBENCH.is_file(), f"{ROPEBENCH} is missing: reinstall with `bash scripts/setup.sh`"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], []], ids=["--help", "-h", "no-arguments"])
+def test_help_lists_the_five_subcommands_one_line_each(argv):
+    out = run([ROPEBENCH, *argv])
+    assert out.returncode == 0, out.stderr
+    listed = re.findall(r"^  (\S+)  +\S", out.stdout, flags=re.MULTILINE)
+    assert listed == EXPECTED
+    assert out.stderr == ""
+
+
+def test_help_imports_none_of_the_subcommands_packages():
+    code = (
+        "import sys; from ropebench.cli import main; main(['--help']); "
+        "print(sorted(m for m in ('torch', 'extend', 'results', 'benchmarks', 'ropebench.sweep_lib') "
+        "if m in sys.modules))"
+    )
+    out = run([PY, "-c", code])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("sub", list(OLD_ENTRY_POINTS), ids=" ".join)
+def test_each_subcommand_answers_help_with_the_options_of_its_old_entry_point(sub):
+    new = run([ROPEBENCH, *sub, "--help"])
+    assert new.returncode == 0, new.stderr[-2000:]
+    assert "usage" in new.stdout.lower()
+    old = run([*OLD_ENTRY_POINTS[sub], "--help"])
+    assert old.returncode == 0, old.stderr[-2000:]
+    assert flags(new.stdout) == flags(old.stdout)
+    assert len(flags(new.stdout)) > 1  # more than --help itself: the subcommand's own options
+
+
+@pytest.mark.parametrize("name", ["swep", "table", "--version", "Sweep"])
+def test_an_unknown_subcommand_is_one_line_and_exit_2(name):
+    out = run([ROPEBENCH, name])
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and repr(name) in lines[0], out.stderr
+    assert all(sub in lines[0] for sub in EXPECTED)  # says what the commands are
+    assert out.stdout == ""
+
+
+def test_a_close_misspelling_gets_the_nearest_subcommand():
+    out = run([ROPEBENCH, "lm_eval"])
+    assert out.returncode == 2 and "did you mean `ropebench lm-eval`" in out.stderr
+
+
+def test_bad_input_below_a_subcommand_keeps_its_one_line_and_exit_2(tmp_path):
+    """The subcommand's own error handling reaches the user unchanged: `report` on a missing directory."""
+    missing = tmp_path / "no-such-run"
+    out = run([ROPEBENCH, "report", missing])
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "no-such-run" in lines[0]
+    assert not missing.exists()
+
+
+def test_the_command_ignores_packages_in_the_working_directory(tmp_path):
+    """A user's own `results/` or `extend/` in the working directory does not replace ropebench's (the console
+    script does not put the working directory on sys.path, unlike `python -m`)."""
+    for name in ("results", "extend", "tasks"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('the user own {name}')\n")
+    out = run([ROPEBENCH, "report", "--help"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "RUN_DIR" in out.stdout
