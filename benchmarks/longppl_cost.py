@@ -1,11 +1,11 @@
 """What LongPPL (perplexity's key_tokens option) and loss by position cost, as ratios to the bare perplexity
 pass.
 
-One document of the suite's corpus, one length; each case is `tasks.perplexity.run` timed whole (wall clock):
-- bare: the suite's one pass alone (one forward of the decoder body, LM head + loss in chunks);
+One document of the task's corpus, one length; each case is `tasks.perplexity.run` timed whole (wall clock):
+- bare: the task's one pass alone (one forward of the decoder body, LM head + loss in chunks);
 - loss_by_position: the same with loss_by_position=True (binning the pass's losses);
 - longppl cold, as loaded: key_tokens with the default evaluator ("self") on the unpatched model and an empty
-  key-span cache: the long forward is the suite's own pass, so the extra is the short windows;
+  key-span cache: the long forward is the task's own pass, so the extra is the short windows;
 - longppl cold, patched: the same under yarn x2: the evaluator (the unpatched model) runs its own long forward
   too;
 - longppl warm: the key spans cached (another method of the same sweep): nothing but the mask.

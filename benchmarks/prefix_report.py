@@ -89,7 +89,7 @@ def rows(runs) -> tuple[list[dict], dict]:
             computed = first[part][side]["computed"]
         table["rows"].append(
             {
-                "suite": name,
+                "task": name,
                 "tokens": tokens,
                 "computed": computed,
                 "seconds": wall,
@@ -182,7 +182,7 @@ def section(data: dict, full_json: dict | None) -> str:
     ) or "`smollm2-135m`"  # older runs: the alias they all loaded
     lines = [
         START,
-        "## Suites sharing work: prefix cache (issue 15)",
+        "## Tasks sharing work: prefix cache (issue 15)",
         "",
         f"- Date: {data['date']}; command: `{data['command']}`",
         (
@@ -236,21 +236,21 @@ def section(data: dict, full_json: dict | None) -> str:
             "repeat)."
         ),
         "",
-        "### Suite throughput",
+        "### Task throughput",
         "",
         (
             "Prompt tokens per second of wall (each prompt's tokens counted once, whether computed or taken "
             f"from the cache) relative to a bare decoder-body forward of {first['length']} tokens "
-            f"({table['bare_tokens_per_s']:.0f} tokens/s here): how close each suite runs to the model's own "
+            f"({table['bare_tokens_per_s']:.0f} tokens/s here): how close each task runs to the model's own "
             "speed; above 1 means work was shared."
         ),
         "",
-        "| suite | prompt tokens | tokens computed | wall (s) | tokens/s | relative to a bare forward |",
+        "| task | prompt tokens | tokens computed | wall (s) | tokens/s | relative to a bare forward |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in table["rows"]:
         lines.append(
-            f"| {r['suite']} | {r['tokens']} | {r['computed']} | {r['seconds']:.1f} | "
+            f"| {r['task']} | {r['tokens']} | {r['computed']} | {r['seconds']:.1f} | "
             f"{r['tokens_per_s']:.0f} | {r['relative']:.2f} |"
         )
     if data.get("note"):

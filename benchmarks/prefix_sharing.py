@@ -1,5 +1,5 @@
-"""Suites sharing work (issue 15): the prefix-cache scorer against the unshared path, side by side in one
-process, plus the "suite throughput" table. Run by `python -m benchmarks prefix` (or as part of
+"""Tasks sharing work (issue 15): the prefix-cache scorer against the unshared path, side by side in one
+process, plus the "task throughput" table. Run by `python -m benchmarks prefix` (or as part of
 `python -m benchmarks run`); its section of BENCHMARKS.md is benchmarks/prefix_report.py's.
 
 What the child measures (one process, the same model; the two sides of every ratio alternate their order
@@ -10,7 +10,7 @@ between repeats):
 - nothing to share: zero-shot classification (a different document per query, so prompts share only a few
   header tokens) shared vs unshared: sharing must not cost anything there;
 - throughput: one bare decoder-body forward of L tokens (`model.model(ids)`) gives the model's own tokens/s;
-  each suite's prompt tokens per second of wall (prefilled or scored, counted once per prompt whether or not
+  each task's prompt tokens per second of wall (prefilled or scored, counted once per prompt whether or not
   they came from the cache) relative to it, and the one-pass perplexity at L the same way.
 """
 
@@ -28,10 +28,10 @@ PARTS = ("many_shot", "passkey", "nothing_to_share", "speed")
 
 
 def _spy_caches():
-    """Patch the suite kit's PrefixCache (every suite makes its caches in tasks.suite.run_cells) so every
+    """Patch the task kit's PrefixCache (every task makes its caches in tasks.kit.run_cells) so every
     cache is kept (for its token counters)."""
     from extend import prefix_cache
-    from tasks import suite
+    from tasks import kit
 
     made = []
 
@@ -39,7 +39,7 @@ def _spy_caches():
         made.append(prefix_cache.PrefixCache(*a, **k))
         return made[-1]
 
-    return mock.patch.object(suite, "PrefixCache", make), made
+    return mock.patch.object(kit, "PrefixCache", make), made
 
 
 def trie_tokens(prompts) -> int:

@@ -1,4 +1,4 @@
-"""The retrieval suite's haystack sharing: `tasks.retrieval.run` with share_prefix True vs False in one
+"""The retrieval task's haystack sharing: `tasks.retrieval.run` with share_prefix True vs False in one
 process, the same model and grid; prints the shared/unshared wall-time ratio, the tokens each side computed
 and the largest difference between the two sides' values (float32: ~1e-5; the 0/1 metrics must agree).
 
@@ -45,7 +45,7 @@ def _model(tiny: bool):
 
 def _side(model, tok, share: bool, kw: dict):
     """(seconds, tokens computed, rows) of one run."""
-    import tasks.suite as kit
+    import tasks.kit as kit
     from tasks import retrieval
 
     made = []

@@ -1,5 +1,6 @@
-"""`python -m extend inspect MODEL [--method M --factor S -o KEY=VALUE ...]`: a model's RoPE per layer type
-and what a method would change. Reads the config only (no weights). Bad input: one line, exit code 2."""
+"""`ropebench inspect MODEL [--method M --factor S -o KEY=VALUE ...]` (also `python -m extend inspect ...`):
+a model's RoPE per layer type and what a method would change. Reads the config only (no weights). Bad input:
+one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        print(f"error: {message} — run `python -m extend inspect --help`", file=sys.stderr)
+        print(f"error: {message} — run `ropebench inspect --help`", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -22,7 +23,7 @@ def _value(text: str):
 
 
 def main(argv=None) -> int:
-    parser = _Parser(prog="python -m extend", description="ropebench RoPE tools")
+    parser = _Parser(prog="ropebench", description="ropebench RoPE tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("inspect", help="show a model's RoPE per layer type (and what a method changes)")
     p.add_argument("model", help="hub id, local directory, .gguf file or smollm2-135m")

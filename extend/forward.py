@@ -1,6 +1,6 @@
 """A causal LM run in pieces: the decoder body, then the LM head only where logits are needed.
 
-Scoring code (the suites' perplexity, the lm-eval model's loglikelihood, the prefix cache) calls the body and
+Scoring code (the tasks' perplexity, the lm-eval model's loglikelihood, the prefix cache) calls the body and
 the head separately so a long window never holds (length x vocab) logits; these helpers give each family's
 pieces, including the logit post-processing its ForCausalLM.forward would apply. `with_cache` passes a KV
 cache under the keyword the installed transformers expects.

@@ -1,7 +1,7 @@
 """What RoPE a model has and what a method would change, per layer type — so a user can trust a patch.
 
-print(extend.inspect(model))                    # or: python -m extend inspect MODEL
-print(extend.inspect(model, "yarn", factor=2))  #     python -m extend inspect MODEL --method yarn --factor 2
+print(extend.inspect(model))                    # or: ropebench inspect MODEL
+print(extend.inspect(model, "yarn", factor=2))  #     ropebench inspect MODEL --method yarn --factor 2
 """
 
 from __future__ import annotations

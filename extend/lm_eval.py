@@ -1,8 +1,9 @@
 """EleutherAI lm-evaluation-harness (0.4.x) integration: any lm-eval task on a RoPE-patched model.
 
-    python -m extend.lm_eval run --model ropebench \\
+    ropebench lm-eval run --model ropebench \\
         --model_args pretrained=smollm2-135m,method=yarn,factor=2 --tasks ropebench_passkey_16k --limit 4
-    python -m extend.lm_eval tasks          # prints the folder of ropebench's own lm-eval tasks
+    ropebench lm-eval tasks          # prints the folder of ropebench's own lm-eval tasks
+    (`python -m extend.lm_eval ...` is the same command)
 
 - `RopebenchLM` (registered as lm-eval model ``ropebench``): an `HFLM` that loads through `extend.load`
   and patches the model with `extend.patch(model, method, factor, **options)`. `max_length` defaults to
@@ -66,7 +67,7 @@ TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "lm_eval_tasks"
 # lm-eval releases whose HFLM internals the overrides below follow (Collator/get_cache/_batch_scheduler in
 # _loglikelihood_tokens, softmax_dtype, mixed_precision_dtype, _model_generate) and whose CLI main() drives
 # (lm_eval._cli, new in 0.4.10); verified on 0.4.13. pyproject.toml pins the same range (a test compares
-# them): widen both once tests/test_lm_eval.py passes on a newer release.
+# them): widen both once tests/lm_eval/test_lm_eval.py passes on a newer release.
 LM_EVAL_RANGE = SpecifierSet(">=0.4.10,<0.4.14")
 LM_EVAL_VERSION = Version(importlib.metadata.version("lm_eval"))
 # model_args this class consumes itself (everything else: HFLM's own arguments or method options).
@@ -207,7 +208,7 @@ def check_tokenizer_arg(tokenizer) -> None:
     if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
         return  # None: the tokenizer of pretrained; an object: HFLM checks its type
     text = str(tokenizer).strip()
-    hint = f"e.g. tokenizer=$(python -m extend.lm_eval tokenizer {DEFAULT_PRETRAINED})"
+    hint = f"e.g. tokenizer=$(ropebench lm-eval tokenizer {DEFAULT_PRETRAINED})"
     path = Path(text).expanduser()
     if text and path.is_dir():
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -238,8 +239,8 @@ def _check_tokenizer_cached_offline(repo_id: str) -> None:
     if not cached:
         raise ExtendError(
             f"model_args tokenizer={repo_id!r} is neither a local folder nor in the Hugging Face cache "
-            f"and HF_HUB_OFFLINE is set — pass a tokenizer folder (e.g. tokenizer=$(python -m "
-            f"extend.lm_eval tokenizer {DEFAULT_PRETRAINED})) or unset HF_HUB_OFFLINE"
+            f"and HF_HUB_OFFLINE is set — pass a tokenizer folder (e.g. tokenizer=$(ropebench "
+            f"lm-eval tokenizer {DEFAULT_PRETRAINED})) or unset HF_HUB_OFFLINE"
         )
 
 
@@ -545,7 +546,7 @@ class RopebenchLM(HFLM):
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Stock generation; a length-dependent (dynamic) method runs the whole call under
-        `extend.fixed_length(model, max_length)` (prompt + new tokens, as the suites do), so the cached steps
+        `extend.fixed_length(model, max_length)` (prompt + new tokens, as the tasks do), so the cached steps
         keep the frequencies the prompt's keys were rotated with. With prefix sharing (never for those
         methods), the prompt prefills only what it does not share with the previous one."""
         if extend.length_dependent(self.model):
@@ -616,14 +617,15 @@ def with_task_tokenizer(model_args: dict, metadata: dict | None) -> dict | None:
 
 # --- CLI shim --------------------------------------------------------------------------------------------
 
-USAGE = """usage: python -m extend.lm_eval {run,ls,validate} [lm-eval arguments ...]
-       python -m extend.lm_eval tasks        print the folder of ropebench's lm-eval tasks
-       python -m extend.lm_eval tokenizer [PRETRAINED]   print the tokenizer folder (or hub id) of a model
-                                             (default smollm2-135m), for model_args/metadata tokenizer=
+USAGE = """usage: ropebench lm-eval {run,ls,validate} [lm-eval arguments ...]
+       ropebench lm-eval tasks        print the folder of ropebench's lm-eval tasks
+       ropebench lm-eval tokenizer [PRETRAINED]   print the tokenizer folder (or hub id) of a model
+                                      (default smollm2-135m), for model_args/metadata tokenizer=
 
 Runs lm-eval's own CLI with the `ropebench` model registered; every lm-eval flag works. Without
---include_path, ropebench's task folder is included. Example:
-  python -m extend.lm_eval run --model ropebench --model_args pretrained=smollm2-135m,method=yarn,factor=2 \\
+--include_path, ropebench's task folder is included. (`python -m extend.lm_eval ...` is the same command.)
+Example:
+  ropebench lm-eval run --model ropebench --model_args pretrained=smollm2-135m,method=yarn,factor=2 \\
       --tasks ropebench_passkey_16k --limit 4 --device cpu
 """
 
@@ -673,8 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         if not str(e).startswith("Tasks not found"):
             raise
         print(
-            f"error: lm-eval {str(e)[0].lower()}{str(e)[1:]} — check the names (`python -m extend.lm_eval ls "
-            f"tasks` lists them; ropebench's are ropebench_*)",
+            f"error: lm-eval {str(e)[0].lower()}{str(e)[1:]} — check the names (`ropebench lm-eval ls tasks` "
+            f"lists them; ropebench's are ropebench_*)",
             file=sys.stderr,
         )
         return 2

@@ -8,9 +8,10 @@ The estimate (bytes) adds what a long forward holds at its peak:
   boolean one and, measured on CPU, a float copy) where the model has sliding-window layers shorter than L
   (plain causal sdpa needs no mask, so no L x L);
   position-remapping methods attend blockwise (no L x L either);
-- logits: the suites score `chunk` positions x vocabulary at a time (float32).
-It is an order-of-magnitude guard (tests/test_refuse_before_load.py compares it with a measured peak): a sweep
-that cannot fit is refused before the weights load, with the estimate and the largest length that fits.
+- logits: the tasks score `chunk` positions x vocabulary at a time (float32).
+It is an order-of-magnitude guard (tests/extend/test_refuse_before_load.py compares it with a measured peak):
+a sweep that cannot fit is refused before the weights load, with the estimate and the largest length that
+fits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from .errors import ExtendError
 
 GB = 1024**3
-LOGIT_CHUNK = 1024  # positions per LM-head call in the suites (perplexity chunk_size default)
+LOGIT_CHUNK = 1024  # positions per LM-head call in the tasks (perplexity chunk_size default)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 

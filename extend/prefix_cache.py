@@ -13,7 +13,7 @@ length (the family's own `cache_position` / `position_ids` logic), as in `genera
 
 Exactness: a continued forward computes the same function as one forward over the whole prompt; only the
 blocking of the sums differs (float32: ~1e-6). Length-dependent (dynamic) methods must see one length for
-the whole cell, or a cached prefix would hold keys rotated for another length: the suites wrap each cell in
+the whole cell, or a cached prefix would hold keys rotated for another length: the tasks wrap each cell in
 `extend.fixed_length` (`cell_length`), shared or not, so both paths compute the same numbers.
 """
 
@@ -36,8 +36,8 @@ MIN_SHARED = 256
 # transformers' SDPA path copies the key/value heads out to every query head (`repeat_kv`: the whole cache,
 # per layer and call) whenever it passes a mask, because CUDA's fused kernels cannot take a mask and
 # grouped-query attention together; a forward continued on a cache always passes one. torch's CPU kernel takes
-# both (`enable_gqa`) and gives bit-identical results (tests/test_prefix_cache.py) in ~22% less time per
-# continued 8k prompt. This variable is transformers' switch for it, read at every attention call;
+# both (`enable_gqa`) and gives bit-identical results (tests/extend/test_prefix_cache.py) in ~22% less time
+# per continued 8k prompt. This variable is transformers' switch for it, read at every attention call;
 # transformers takes no per-call or per-model flag for it, so `native_gqa` sets it only around the calls that
 # want it (extend/scoped.py).
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"

@@ -1,5 +1,5 @@
 """Checks that need a model's config or tokenizer but not its weights: run by the sweep and the lm-eval model
-before anything loads (`python -m extend inspect` runs the same patch on the same skeleton).
+before anything loads (`ropebench inspect` runs the same patch on the same skeleton).
 
 - `check_on_config(config, method, factor, options)`: the patch itself, applied to a weightless skeleton of
   the model (extend.inspector.skeleton) and undone — start_from, temperature and layer_types against the
@@ -83,5 +83,5 @@ def check_on_config(config, method: str, factor: float = 1.0, options: dict | No
         if " — " in str(e):
             raise
         raise ExtendError(
-            f"{e} — fix the option (`python -m extend inspect MODEL` shows the model's RoPE and layer types)"
+            f"{e} — fix the option (`ropebench inspect MODEL` shows the model's RoPE and layer types)"
         ) from None

@@ -1,4 +1,4 @@
-"""What RoPE theory predicts from the frequencies alone, to set beside what the suites measure.
+"""What RoPE theory predicts from the frequencies alone, to set beside what the tasks measure.
 
 - Men et al. 2024, "Base of RoPE Bounds Context Length" (arXiv:2405.14591): attention can tell similar tokens
   from random ones at relative distance m only while B(m) = sum_i cos(m theta_i) >= 0. For theta_i = b^(-2i/d)

@@ -1,4 +1,5 @@
-"""CLI: ``python -m results report RUN_DIR [RUN_DIR ...] [--out DIR]`` and ``python -m results table ...``.
+"""CLI: ``ropebench report RUN_DIR [RUN_DIR ...] [--out DIR]`` and ``ropebench report table ...`` (also
+``python -m results report ...`` and ``python -m results table ...``).
 
 User errors print one line ``error: <what is wrong> — <what to do>`` and exit with code 2 (no traceback).
 """
@@ -15,19 +16,20 @@ from .store import ResultsError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2 (argparse prints the whole usage first)
-        print(
-            f"error: {message} — run `python -m results {self.prog.split()[-1]} --help` for usage"
-            if self.prog != "python -m results"
-            else f"error: {message} — run `python -m results --help`",
-            file=sys.stderr,
-        )
+        print(f"error: {message} — run `{self.prog} --help` for usage", file=sys.stderr)
         sys.exit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m results", description="ropebench results: reports and tables")
+    # named as `ropebench` runs them: `ropebench report RUN_DIR ...` is this CLI's `report RUN_DIR ...`,
+    # `ropebench report table ...` its `table ...` (scripts/cli.py)
+    p = _Parser(prog="ropebench report", description="ropebench results: reports and tables")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("report", help="write report.md, tables/ and plots/ for one or more run directories")
+    r = sub.add_parser(
+        "report",
+        prog="ropebench report",
+        help="write report.md, tables/ and plots/ for one or more run directories",
+    )
     r.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help="sweep output directories (or lm-eval .json)"
     )
@@ -50,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
         default=0.10,
         help="perplexity effective length: ppl_tail within this fraction of its trained-context value",
     )
-    t = sub.add_parser("table", help="print one table (method x length) to stdout")
+    t = sub.add_parser(
+        "table", prog="ropebench report table", help="print one table (method x length) to stdout"
+    )
     t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     t.add_argument("--task", required=True)
     t.add_argument("--metric", required=True)

@@ -1,6 +1,6 @@
 """lm-eval results JSON (0.4.x ``results_<date>.json``) -> rows of the ropebench schema.
 
-So lm-eval scores sit in the same tables as the sweep's own suites. Layout read here:
+So lm-eval scores sit in the same tables as the sweep's own tasks. Layout read here:
 ``results: {task: {"metric,filter": value, "metric_stderr,filter": se, "alias": ...}}``,
 ``n-samples: {task: {"original": N, "effective": n}}``, ``n-shot``, ``configs``, ``config.model_args``, and
 what the ``ropebench`` model records in ``config`` (``ropebench_method``, ``ropebench_factor``,

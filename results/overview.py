@@ -1,7 +1,7 @@
 """``summary``: one row per setting (model x method x factor x options) — the table a report opens with.
 
 Table-driven: the columns come from the tasks and metrics present in the rows and the metric table
-(:data:`results.stats.METRICS`, defaults by kind for any other metric), so a new suite's metrics show up with
+(:data:`results.stats.METRICS`, defaults by kind for any other metric), so a new task's metrics show up with
 no edit here. Per task, for each headline metric: its value at the longest tested length (perplexity-like
 metrics also at the trained context) with n and its 95% interval, " *" where the paired difference to the
 baseline at that length is significant (see :func:`results.compare`); for each metric with a pass/fail bar,
@@ -42,8 +42,8 @@ from .store import ResultsError
 from .tables import cell_interval, fmt_interval, is_unit, select
 
 SETTING = ("model", "method", "factor", "options")
-# Suites the project ships come first, in this order; any other task follows alphabetically.
-SUITE_ORDER = ("perplexity", "passkey", "classification")
+# Tasks the project ships come first, in this order; any other task follows alphabetically.
+TASK_ORDER = ("perplexity", "passkey", "classification")
 PREDICTED = "predicted reach (Men et al.)"
 
 
@@ -54,10 +54,10 @@ def short_model(model: Any) -> str:
     return Path(s).name or s if s.startswith(("/", "~", ".")) or "\\" in s else s
 
 
-def suite_tasks(df: pd.DataFrame) -> list[str]:
-    """The suites in the rows (not the sweep's theory rows): the shipped ones first, then alphabetically."""
+def measured_tasks(df: pd.DataFrame) -> list[str]:
+    """The tasks in the rows (not the sweep's theory rows): the shipped ones first, then alphabetically."""
     tasks = {str(t) for t in df["task"].dropna().unique()} - {THEORY_TASK}
-    return [t for t in SUITE_ORDER if t in tasks] + sorted(tasks - set(SUITE_ORDER))
+    return [t for t in TASK_ORDER if t in tasks] + sorted(tasks - set(TASK_ORDER))
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def quantities(df: pd.DataFrame) -> Quantities:
     from the rows and the metric table."""
     ok = df[df["status"].isna() | (df["status"] == "ok")]
     out = Quantities([], [], [])
-    for task in suite_tasks(ok):
+    for task in measured_tasks(ok):
         rows = ok[ok["task"] == task]
         specs = {
             str(m): metric_spec(m, g.loc[is_unit(g), "value"].dropna().to_numpy(float))
@@ -245,7 +245,7 @@ def summary(
         )  # the rows' own, per setting
         r: dict[str, Any] = dict(s)
         columns = []
-        for task in suite_tasks(ok):
+        for task in measured_tasks(ok):
             columns += _task_columns(r, ok, qs, task, s, tc, reach, diffs, seed)
         if not predicted.empty:
             p = predicted_for(predicted, s)

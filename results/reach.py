@@ -5,7 +5,7 @@ A length *passes* only when the bound of its 95% interval on the unfavourable si
 bar: n too small, or no interval at all). Lengths are read in ascending order and the walk stops at the first
 length that does not pass, so a lucky longer length is never counted. The rules (``RULES``, by metric kind and
 rule name; a rule is one small function), the three published ways to state an effective length:
-- 0/1 rates (passkey ``correct``, any suite's 0/1 metric), ``rule="threshold"`` (RULER's absolute bar, Hsieh
+- 0/1 rates (passkey ``correct``, any task's 0/1 metric), ``rule="threshold"`` (RULER's absolute bar, Hsieh
   et al. 2024): the Wilson lower bound is at or above ``threshold`` (default 0.8).
 - 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
   own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
@@ -46,7 +46,7 @@ PREFERRED_METRICS = ("ppl_tail", "ppl", "correct", "accuracy", "exact_match")
 RULE_NAMES = ("threshold", "short", "trained")
 # NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
 NOLIMA_FRACTION = 0.85
-# Rows the sweep writes beside the suites' (one per setting):
+# Rows the sweep writes beside the tasks' (one per setting):
 # what RoPE theory predicts from the patched frequencies
 THEORY_TASK = "theory"
 # The "trained" rule's bar is the baseline's own Wilson lower bound at its trained context; below this it does

@@ -20,11 +20,11 @@ from .comparisons import compare, paired_differences
 from .frame import load
 from .overview import (
     PREDICTED,
+    measured_tasks,
     quantities,
     reach_column,
     rules_caption,
     short_model,
-    suite_tasks,
     summary,
 )
 from .plots import plot_classification, plot_loss_by_position, plot_passkey, plot_perplexity
@@ -176,7 +176,7 @@ def _perplexity(r: _Report, ok: pd.DataFrame, tc: dict, manifests: list[dict], s
         r.add_table(
             "perplexity_longppl",
             "Key-token perplexity (LongPPL: the tokens whose loss the long context "
-            "lowers; docs/suites.md) — lower is better; n = documents when per-document rows exist",
+            "lowers; docs/tasks.md) — lower is better; n = documents when per-document rows exist",
             table(ok, "perplexity", "longppl", with_ci=True, seed=seed),
             table(ok, "perplexity", "longppl"),
         )
@@ -230,7 +230,7 @@ def _classification(r: _Report, ok: pd.DataFrame, seed: int) -> None:
     extra = sorted(metrics & {"macro_f1", "accuracy_norm", "macro_f1_norm"})
     if extra:
         r.md += [
-            "Also in tables/ (no interval: the suite records them only aggregated): "
+            "Also in tables/ (no interval: the task records them only aggregated): "
             + ", ".join(f"[{m}](tables/classification_{m}.csv)" for m in extra),
             "",
         ]
@@ -486,7 +486,7 @@ def report(
     without it each setting's rows decide (the patch's resolved ``trained_context``, which follows
     ``original_max_position_embeddings``), and only for rows that record none the manifest's (the model
     config's). The report opens with :func:`results.summary`, then the paired differences to plain, the
-    effective lengths, and per-suite tables with n and 95% intervals (closed-form: ``seed`` changes nothing).
+    effective lengths, and per-task tables with n and 95% intervals (closed-form: ``seed`` changes nothing).
     """
     check_rules(threshold, tolerance)
     paths = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(p) for p in run_dirs]
@@ -535,12 +535,12 @@ def _write_report(
     r.md.append("")
     tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
     tc = {m: v for m, v in tc.items() if v}
-    if suite_tasks(ok):  # table-driven: any suite's metrics (see results.stats.METRICS) appear in all three
+    if measured_tasks(ok):  # table-driven: any task's metrics (see results.stats.METRICS) appear in all three
         _summary(r, ok, tc, seed, threshold, tolerance)
         _differences(r, ok, seed)
         _reach(r, ok, tc, seed, threshold, tolerance)
         _theory(r, ok)
-    for task in suite_tasks(ok):
+    for task in measured_tasks(ok):
         if task == "perplexity":
             _perplexity(r, ok, tc, manifests, seed)
         elif task == "passkey" and "correct" in set(ok.loc[ok["task"] == task, "metric"]):

@@ -3,15 +3,16 @@
 - 0/1 rates: Wilson. Paired 0/1 outcomes (the same prompts under two settings): Newcombe's paired score
   interval for the difference, marked significant only when the exact McNemar test agrees (p < 0.05).
 - Everything else (perplexities, other per-unit values): Student's t over the units. Perplexity-like metrics
-  are averaged the way the suites define them: exp of the token-weighted mean log (``n`` = tokens behind a
+  are averaged the way the tasks define them: exp of the token-weighted mean log (``n`` = tokens behind a
   row), so a cell's estimate equals its aggregated row; the t interval is taken on that log scale and exp'd
   back. Token weights enter through Kish's design effect: the variance of a weighted mean of n units with
   sample variance s^2 is s^2 * sum(w^2) / sum(w)^2 (s^2 / n for equal weights, the plain t interval).
   Below ``MIN_T_UNITS`` units no interval is shown.
 
 A percentile bootstrap over 4-8 documents covers the truth 0.77-0.87 of the time instead of 0.95, and a paired
-bootstrap rejects a true null ~15% of the time at 8 pairs; tests/test_interval_calibration.py simulates the
-intervals used here instead. Every interval is closed-form: the same rows give the same interval anywhere.
+bootstrap rejects a true null ~15% of the time at 8 pairs; tests/results/test_interval_calibration.py
+simulates the intervals used here instead. Every interval is closed-form: the same rows give the same interval
+anywhere.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ PAIRED_RATES = "paired score + McNemar"
 @dataclass(frozen=True)
 class MetricSpec:
     """How the summary and report treat a metric. A metric not in ``METRICS`` gets its kind's defaults (see
-    :func:`metric_spec`), so a new suite's metrics show up without an entry here."""
+    :func:`metric_spec`), so a new task's metrics show up without an entry here."""
 
     kind: str  # "log" (perplexity-like: geometric, token-weighted), "rate" (0/1 outcomes), "mean"
     headline: bool = True  # a summary value (@ longest; log metrics also @ trained) and a paired difference
@@ -52,7 +53,7 @@ class MetricSpec:
 
 
 # Metrics whose treatment differs from their kind's default: duplicates, details and references stay out of
-# the summary. Every other metric a suite records (say a new suite's "rank1" or "logprob") needs no entry.
+# the summary. Every other metric a task records (say a new task's "rank1" or "logprob") needs no entry.
 METRICS: dict[str, MetricSpec] = {
     "ppl": MetricSpec(
         "log"

@@ -237,11 +237,11 @@ def synthetic_records(
     return rows
 
 
-def _suite_reach(method: str, factor: float) -> float:
+def _task_reach(method: str, factor: float) -> float:
     return TRAINED * (factor if method != "plain" else 1.0)
 
 
-def synthetic_suite_records(
+def synthetic_task_records(
     task: str = "needles",
     run: str = "synthetic",
     *,
@@ -251,7 +251,7 @@ def synthetic_suite_records(
     trials: int = 12,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Rows of a suite the results layer has never heard of (no entry in ``results.stats.METRICS``), one row
+    """Rows of a task the results layer has never heard of (no entry in ``results.stats.METRICS``), one row
     per prompt (``trial`` set) and metric, to check that summary, differences and reach are table-driven:
 
     - ``hit`` (0/1, generation): 1 within the method's reach (the trained context x factor; plain: the trained
@@ -262,7 +262,7 @@ def synthetic_suite_records(
     """
     rows: list[dict[str, Any]] = []
     for method, factor, options in settings:
-        reach = _suite_reach(method, factor)
+        reach = _task_reach(method, factor)
         for length in lengths:
             cell = cell_id(run, model, method, factor, options, task, length)
             logprob = -0.5 - 0.1 * math.log2(length / 1024) - (2.0 if length > reach else 0.0)

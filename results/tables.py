@@ -156,7 +156,7 @@ def _auto_rows(sub: pd.DataFrame, rows: list[str], cols: list[str]) -> list[str]
     return rows
 
 
-def summarize(
+def estimates(
     df: pd.DataFrame,
     task: str,
     metric: str,
@@ -165,9 +165,10 @@ def summarize(
     seed: int = 0,
     **where: Any,
 ) -> pd.DataFrame:
-    """Long form: one row per group with ``mean`` (the cell estimate), ``n`` (units behind it: documents,
-    prompts, queries), ``lo``/``hi`` (95% interval, see :func:`cell_interval`), ``half`` (half-width) and
-    ``interval`` (how it was computed: wilson, t or none)."""
+    """The estimates a table shows, in long form: one row per group of ``by`` (a table cell) with ``mean``
+    (the estimate), ``n`` (units behind it: documents, prompts, queries), ``lo``/``hi`` (95% interval, see
+    :func:`cell_interval`), ``half`` (half-width) and ``interval`` (how it was computed: wilson, t or
+    none)."""
     sub = select(df, task, metric, units=True, **where)
     by = _auto_rows(sub, _as_list(by), [])
     out = []
@@ -241,7 +242,7 @@ def table(
     rows_l = _auto_rows(sub, rows_l, cols_l)
     if stat not in ("mean", "n", "lo", "hi", "half"):
         raise ResultsError(f"unknown stat {stat!r} — use mean, n, lo, hi or half")
-    s = summarize(df, task, metric, by=rows_l + cols_l, seed=seed, **where)
+    s = estimates(df, task, metric, by=rows_l + cols_l, seed=seed, **where)
     if with_ci:
         s["cell"] = [
             fmt_interval(m, lo, hi, n, digits) for m, lo, hi, n in zip(s["mean"], s["lo"], s["hi"], s["n"])
@@ -321,7 +322,10 @@ def to_markdown(t: pd.DataFrame, path: str | os.PathLike | None = None, caption:
     lines = []
     if caption:
         lines += [f"**{caption}**", ""]
-    esc = lambda s: s.replace("|", "\\|")
+
+    def esc(s: str) -> str:  # a pipe inside a cell would end it
+        return s.replace("|", "\\|")
+
     lines.append("| " + " | ".join(esc(h) for h in header) + " |")
     right = [i >= nidx and _numeric_column([row[i] for row in body]) for i in range(len(header))]
     lines.append("|" + "|".join("---:" if r else ":---" for r in right) + "|")

@@ -52,7 +52,7 @@ def _bench(argv: list[str]) -> int:
 
 # name -> (what it does, in one line; the function that runs it)
 SUBCOMMANDS = {
-    "sweep": ("run a grid of model x method x factor x suite x length into a run directory", _sweep),
+    "sweep": ("run a grid of model x method x factor x task x length into a run directory", _sweep),
     "report": (
         "write report.md, tables/ and plots/ for run directories (`report table ...`: one table to stdout)",
         _report,

@@ -4,7 +4,7 @@
 # Idempotent: re-runs only when pyproject.toml, constraints.txt or this script changed. Works offline for the model
 # and data (they come from PyPI packages); needs only the package registry.
 # ROPEBENCH_NEWEST=1: the newest versions pyproject's ranges allow instead (no constraints, upgraded on every run),
-# in .venv-newest unless ROPEBENCH_VENV says otherwise — how to check that the suite passes with them (docs/layout.md).
+# in .venv-newest unless ROPEBENCH_VENV says otherwise — how to check that the test suite passes with them (docs/layout.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 newest=0

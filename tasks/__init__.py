@@ -1,15 +1,15 @@
-"""ropebench suites: perplexity, passkey retrieval, long-document classification and RULER-style retrieval.
+"""ropebench tasks: perplexity, passkey retrieval, long-document classification and RULER-style retrieval.
 
-Each suite is `run(model, tokenizer, *, lengths, seed=0, progress=True, **options) -> list[dict]`
-returning plain records (see docs/CONTRACTS.md), declared once with `tasks.suite.declare` (options and their
-checks, metrics). Suites never know which RoPE method is active; they only ask `extend.length_dependent(model)`
+Each task is `run(model, tokenizer, *, lengths, seed=0, progress=True, **options) -> list[dict]`
+returning plain records (see docs/CONTRACTS.md), declared once with `tasks.kit.declare` (options and their
+checks, metrics). Tasks never know which RoPE method is active; they only ask `extend.length_dependent(model)`
 whether one forward can serve several lengths.
 """
 
-from . import classification, data, passkey, perplexity, retrieval, scoring, suite
+from . import classification, data, kit, passkey, perplexity, retrieval, scoring
 from .errors import TaskError
 
-SUITES = {
+TASKS = {
     "perplexity": perplexity.run,
     "passkey": passkey.run,
     "classification": classification.run,
@@ -17,13 +17,24 @@ SUITES = {
 }
 
 __all__ = [
-    "SUITES",
+    "TASKS",
     "TaskError",
     "classification",
     "data",
+    "kit",
     "passkey",
     "perplexity",
     "retrieval",
     "scoring",
-    "suite",
 ]
+
+
+def __getattr__(name: str):
+    # Deprecated: `tasks.SUITES` was the name of TASKS (the same dict, so a plugin's `tasks.SUITES[name] =
+    # run` still registers its task). Remove in a later release.
+    if name == "SUITES":
+        import warnings
+
+        warnings.warn("tasks.SUITES is deprecated — use tasks.TASKS", DeprecationWarning, stacklevel=2)
+        return TASKS
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")

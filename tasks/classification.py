@@ -27,7 +27,7 @@ from .common import check_lengths, encoder, prefix_options, record, special_pref
 from .data import Document, iter_corpus
 from .errors import TaskError
 from .scoring import continuation_logprobs
-from .suite import choice, declare, flag, fraction_open, optional_choice, optional_flag, positive, run_cells
+from .kit import choice, declare, flag, fraction_open, optional_choice, optional_flag, positive, run_cells
 
 ERAS = [
     (1790, 1860, "1790-1860"),
@@ -54,7 +54,7 @@ class LabelTask:
         value = doc.meta.get("label")
         return None if value is None else str(value)
 
-    # The prompt pieces, shared by the suite (which encodes them around a document's token ids) and the lm-eval
+    # The prompt pieces, shared by the task (which encodes them around a document's token ids) and the lm-eval
     # task (tasks/lm_eval_tasks/utils.py, which writes `zero_shot_text`): one definition of the prompt.
     @property
     def header(self) -> str:
@@ -66,7 +66,7 @@ class LabelTask:
         return f"\n\nQuestion: {self.question} Options: {', '.join(classes)}.\nAnswer:"
 
     def zero_shot_text(self, excerpt: str, classes) -> str:
-        """A zero-shot prompt as text (the suite builds the same prompt from token ids)."""
+        """A zero-shot prompt as text (the task builds the same prompt from token ids)."""
         return self.header + excerpt + self.zero_shot_suffix(classes)
 
 
@@ -187,7 +187,7 @@ def run(
                 used_demos[L].append(n_demos)
     bar = tqdm(total=sum(map(len, cells.values())), desc=f"classification {mode}", disable=not progress)
     # many-shot prompts of a length share their demonstrations: each runs only what it does not share with the
-    # previous one (tasks.suite.run_cells)
+    # previous one (tasks.kit.run_cells)
     scored = run_cells(
         model,
         cells,

@@ -1,4 +1,4 @@
-"""Small helpers every suite uses: parameter checks, records, tokenizing, the length-dependence query."""
+"""Small helpers every task uses: parameter checks, records, tokenizing, the length-dependence query."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def special_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
     """The ids the tokenizer's own encoding puts before any text (`tokenizer(text)` with special tokens), e.g.
     [bos] for Llama, [] for Qwen2.5 and SmolLM2 (whose `bos_token` their own encoding never adds).
     add_bos=None follows the tokenizer; True makes sure the prefix starts with its BOS (TaskError when it has
-    none); False drops BOS from the prefix. Suites put this prefix before each window and record
+    none); False drops BOS from the prefix. Tasks put this prefix before each window and record
     `prefix_options(tokenizer, prefix)` so every record says what was used."""
     if add_bos not in (None, True, False):
         raise TaskError(f"add_bos must be true, false or null (follow the tokenizer), got {add_bos!r}")
@@ -61,7 +61,8 @@ def special_prefix(tokenizer, add_bos: bool | None = None) -> list[int]:
 
 
 def prefix_options(tokenizer, prefix: list[int], add_bos: bool | None = None) -> dict:
-    """What a suite records about its special prefix: whether it holds BOS, the ids, and the setting asked for."""
+    """What a task records about its special prefix: whether it holds BOS, the ids, and the setting asked
+    for."""
     bos = tokenizer.bos_token_id
     return {
         "add_bos": bos is not None and bos in prefix,
@@ -71,7 +72,7 @@ def prefix_options(tokenizer, prefix: list[int], add_bos: bool | None = None) ->
 
 
 def encoder(tokenizer):
-    """Text -> token ids without special tokens (suites add their `special_prefix`/templates themselves)."""
+    """Text -> token ids without special tokens (tasks add their `special_prefix`/templates themselves)."""
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]

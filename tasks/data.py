@@ -54,9 +54,9 @@ def corpus_names() -> list[str]:
 
 
 def check_corpus(name: str) -> None:
-    """Everything about a corpus that can be known without a model, cheaply: the name, local files that exist and
-    are not all empty, a hub dataset that can be opened (once: offline or unreachable fails here, not per cell).
-    Raises TaskError with what is wrong and what to do."""
+    """Everything about a corpus that can be known without a model, cheaply: the name, local files that exist
+    and are not all empty, a hub dataset that can be opened (once: offline or unreachable fails here, not per
+    cell). Raises TaskError with what is wrong and what to do."""
     _check_name(name)
     if name == "sotu":
         return
@@ -76,8 +76,8 @@ MAX_CHECKED_BYTES = 16 << 20
 
 
 def _check_readable(spec: str, path: str) -> None:
-    """A local file is UTF-8 text (not binary, not UTF-16) and, for JSON Lines, every checked line is a JSON object
-    with a "text" field (a CSV: a "text" column) — the suites read the "text" field."""
+    """A local file is UTF-8 text (not binary, not UTF-16) and, for JSON Lines, every checked line is a JSON
+    object with a "text" field (a CSV: a "text" column) — the tasks read the "text" field."""
     with open(path, "rb") as f:
         head = f.read(MAX_CHECKED_BYTES)
     name = os.path.basename(path)
@@ -181,7 +181,8 @@ def document_bytes(name: str) -> list[int] | None:
 def load_corpus(
     name: str, *, split: str | None = None, text_field: str | None = None, label_field: str | None = None
 ) -> list[Document]:
-    """Documents of a corpus: a name from `corpus_names()`, a local file/dir/glob, or a hub id "owner/name"."""
+    """Documents of a corpus: a name from `corpus_names()`, a local file/dir/glob, or a hub id
+    "owner/name"."""
     docs = list(iter_corpus(name, split=split, text_field=text_field, label_field=label_field))
     if not docs:
         raise TaskError(f"corpus {name!r} has no documents — point it at a non-empty file or dataset")
@@ -228,8 +229,8 @@ def _check_not_empty(spec: str, paths: list[str]) -> None:
     if all(_blank(p) for p in paths):
         which = paths[0] if len(paths) == 1 else f"all {len(paths)} files"
         raise TaskError(
-            f"corpus {spec!r} has no documents ({which} is empty or whitespace) — put text in it, or point the "
-            "corpus at another file or directory"
+            f"corpus {spec!r} has no documents ({which} is empty or whitespace) — put text in it, or point "
+            "the corpus at another file or directory"
         )
 
 

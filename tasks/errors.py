@@ -1,4 +1,4 @@
-"""The one error type of the suites: bad parameters or unusable data."""
+"""The one error type of the tasks: bad parameters or unusable data."""
 
 from extend.errors import RopebenchError
 

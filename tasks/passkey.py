@@ -8,8 +8,8 @@ from `random.Random` seeded by integers only, so the same seed gives the same pr
 
 Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
 records say what was used). A cell (one length) builds all its prompts first, then generates in the order that
-shares the most prefix (`extend.prefix_cache`): the haystack before the needle is prefilled once, not per depth
-and trial (share_prefix=False: every prompt from scratch; same prompts and answers).
+shares the most prefix (`extend.prefix_cache`): the haystack before the needle is prefilled once, not per
+depth and trial (share_prefix=False: every prompt from scratch; same prompts and answers).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from extend.prefix_cache import PrefixCache
 from .common import check_lengths, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
-from .suite import choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
+from .kit import choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
 
 DESCRIPTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -145,7 +145,7 @@ def run(
                 build_secs[length, len(cells[length]) - 1] = time.perf_counter() - t0
     bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
     # A cell's prompts share their haystack up to the (shallowest) needle: each prefills only what it does not
-    # share with the previous one (tasks.suite.run_cells)
+    # share with the previous one (tasks.kit.run_cells)
     answers = run_cells(
         model,
         cells,
@@ -252,15 +252,16 @@ def build_prompt(
     prefix: list[int] | None = None,
 ) -> list[int]:
     """Token ids of the longest prompt with at most `length` tokens; the needle at the sentence boundary
-    nearest the depth. `prefix`: the special ids before the text (default: the tokenizer's own, see encode)."""
+    nearest the depth. `prefix`: the special ids before the text (default: the tokenizer's own, see
+    encode)."""
     words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template, prefix)
     return encode(tokenizer, prompt(sentences, words, depth, key), chat_template, prefix)
 
 
 def prompt(sentences: list[str], words: int, depth: float, key: int) -> tuple[str, str]:
     """(user text, answer prefix) of the prompt whose haystack is `sentences` cut after `words` words. The one
-    prompt builder: the suite encodes it (`encode`), the lm-eval task (tasks/lm_eval_tasks/utils.py) writes it as
-    `plain_text`."""
+    prompt builder: the task encodes it (`encode`), the lm-eval task (tasks/lm_eval_tasks/utils.py) writes it
+    as `plain_text`."""
     return compose(cut_haystack(sentences, words), depth, key)
 
 
@@ -285,8 +286,8 @@ def compose(haystack: list[str], depth: float, key: int) -> tuple[str, str]:
 def encode(
     tokenizer, parts: tuple[str, str], chat_template: bool, prefix: list[int] | None = None
 ) -> list[int]:
-    """The prompt's ids: through the chat template, or `prefix` (default: what the tokenizer's own encoding puts
-    before text, `special_prefix`) + the text without special tokens."""
+    """The prompt's ids: through the chat template, or `prefix` (default: what the tokenizer's own encoding
+    puts before text, `special_prefix`) + the text without special tokens."""
     if chat_template:
         user, answer_prefix = parts
         text = tokenizer.apply_chat_template(
@@ -301,5 +302,6 @@ def encode(
 def _generate(
     model, tokenizer, ids: list[int], max_new_tokens: int, prefix_cache: PrefixCache | None = None
 ) -> str:
-    """Greedy answer to prompt `ids`; with a `PrefixCache` the prompt's shared prefix is not prefilled again."""
+    """Greedy answer to prompt `ids`; with a `PrefixCache` the prompt's shared prefix is not prefilled
+    again."""
     return greedy(model, tokenizer, ids, max_new_tokens, prefix_cache)

@@ -2,8 +2,8 @@
 
 - truncate: each document's first L tokens form one window (the YaRN eval.sh protocol).
 - sliding: the first `span` text tokens of each document (default: those of the largest window,
-  so every L scores the same text) are covered by windows of L tokens moved by `stride`; each window scores only the
-  tokens no earlier window scored (Press et al.; used by PI). The last window is aligned to the end
+  so every L scores the same text) are covered by windows of L tokens moved by `stride`; each window scores
+  only the tokens no earlier window scored (Press et al.; used by PI). The last window is aligned to the end
   of the span so that every window has a full L tokens of context.
 
 Metrics: `loss` and `ppl` over each whole window; with `truncate`, `ppl_tail` at each length but the
@@ -13,8 +13,8 @@ BOS: every window starts with the ids the tokenizer's own encoding puts before t
 BOS for Llama-style tokenizers, nothing for Qwen2.5 or SmolLM2); add_bos=True/False overrides. The prefix is
 counted inside L and never scored; without one the first token of a window is context only. Every record's
 options say what was used (add_bos, prefix_ids, bos_setting).
-key_tokens={...} adds `longppl` (key-token perplexity) per length and loss_by_position=True adds `loss_bin` rows and
-a power-law fit, both from the same pass (truncate protocol; tasks/key_tokens.py).
+key_tokens={...} adds `longppl` (key-token perplexity) per length and loss_by_position=True adds `loss_bin`
+rows and a power-law fit, both from the same pass (truncate protocol; tasks/key_tokens.py).
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
 """
@@ -41,7 +41,7 @@ from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
 from .key_tokens import PassExtras, check_before_load, option_problem, requested, sliding_problem
 from .scoring import token_nll
-from .suite import choice, declare, flag, optional_flag, positive, positive_or_none
+from .kit import choice, declare, flag, optional_flag, positive, positive_or_none
 
 
 def _sliding_only(options: dict) -> str | None:
@@ -53,8 +53,8 @@ def _sliding_only(options: dict) -> str | None:
 
 
 def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
-    """Lengths too short to score a token, a sliding stride wider than the window, longer than every document of
-    the corpus (a byte bound: see tasks.data.document_bytes)."""
+    """Lengths too short to score a token, a sliding stride wider than the window, longer than every document
+    of the corpus (a byte bound: see tasks.data.document_bytes)."""
     from .data import document_bytes
 
     bos = 0 if tokenizer is None else len(special_prefix(tokenizer, options.get("add_bos")))

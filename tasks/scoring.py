@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# The model-execution pieces live in the core (the lm-eval model uses them too); importable from here as before.
+# The model-execution pieces live in the core (the lm-eval model uses them too); importable from here as
+# before.
 from extend.forward import body, device_of, logit_postprocess, with_cache
 from extend.prefix_cache import PrefixCache, native_gqa
 
@@ -23,8 +24,9 @@ def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 # Bytes of float32 logits per cross-entropy call. The upcast, log-softmax and gather of a few-MB block stay in
-# the CPU cache; over a whole chunk (1024 x 49k x 4 B = 200 MB) each of them streams through memory, which made
-# the loss cost as much as the LM head itself. Row-wise, so the result is bit-identical (benchmarks/NOTES.md).
+# the CPU cache; over a whole chunk (1024 x 49k x 4 B = 200 MB) each of them streams through memory, which
+# made the loss cost as much as the LM head itself. Row-wise, so the result is bit-identical
+# (benchmarks/NOTES.md).
 LOSS_BLOCK_BYTES = 8 * 2**20
 
 
@@ -46,8 +48,8 @@ def token_nll(model, input_ids, *, start: int = 1, chunk_size: int = 1024) -> to
 def nll_from_hidden(
     model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024
 ) -> torch.Tensor:
-    """Float32 NLL of targets[i] given the final hidden state hidden[i] (on the model's device): the LM head on
-    `chunk_size` rows at a time (model dtype), the float32 loss on a cache-sized block of those."""
+    """Float32 NLL of targets[i] given the final hidden state hidden[i] (on the model's device): the LM head
+    on `chunk_size` rows at a time (model dtype), the float32 loss on a cache-sized block of those."""
     head, postprocess = model.get_output_embeddings(), logit_postprocess(model)
     out = torch.empty(targets.shape[0], dtype=torch.float32, device=hidden.device)
     for i in range(0, targets.shape[0], chunk_size):
@@ -69,7 +71,8 @@ def continuation_logprobs(
 
     The prefix runs once (KV cache kept); each continuation then runs on that cache, which is
     cropped back to the prefix afterwards — so K labels cost one long forward, not K. With a
-    `extend.prefix_cache.PrefixCache`, the part of the prefix it shares with the previous prompt is not rerun."""
+    `extend.prefix_cache.PrefixCache`, the part of the prefix it shares with the previous prompt is not
+    rerun."""
     if not continuations or any(len(c) == 0 for c in continuations):
         raise TaskError("every continuation needs at least one token")
     dev = device_of(model)

@@ -26,7 +26,7 @@ from benchmarks.prefix_sharing import DEPTHS
 
 
 def prompts(model, tok, length: int, trials: int) -> list[list[int]]:
-    """The benchmark's passkey prompts, built by the suite itself (generation stubbed: no forward runs)."""
+    """The benchmark's passkey prompts, built by the task itself (generation stubbed: no forward runs)."""
     from tasks import passkey
 
     seen = []

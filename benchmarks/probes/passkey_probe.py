@@ -1,4 +1,4 @@
-"""One passkey prompt (the suite's own: filler haystack, depth 0.95, trial 0) under one method: the answer of
+"""One passkey prompt (the task's own: filler haystack, depth 0.95, trial 0) under one method: the answer of
 `tasks.passkey`'s cached generation and the top first tokens of one full forward without any cache, to tell a
 model that does not retrieve from a broken cached path.
 

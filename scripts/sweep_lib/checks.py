@@ -1,7 +1,7 @@
 """Sweep configuration, last stage: every name and value against the layer that owns its rule — methods,
-factors and options (`extend.registry.check_method`), model specs and devices (`extend.loading`), suites and
+factors and options (`extend.registry.check_method`), model specs and devices (`extend.loading`), tasks and
 their options (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`). The sweep adds only what is
-its own: `-o KEY=VALUE` without a method, and suite arguments it sets itself. All before a model loads."""
+its own: `-o KEY=VALUE` without a method, and task arguments it sets itself. All before a model loads."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tasks.data import check_corpus
 from .config import ConfigError
 from .resolve import TASK_SWEEP_KEYS
 
-SET_BY_SWEEP = ("seed", "progress")  # suite arguments the sweep passes itself
+SET_BY_SWEEP = ("seed", "progress")  # task arguments the sweep passes itself
 
 
 def check_registries(cfg: dict) -> None:
@@ -36,7 +36,7 @@ def check_registries(cfg: dict) -> None:
 
 def check_against_model(cfg: dict, spec: str) -> None:
     """What needs the model's config or tokenizer but not its weights: every (method, factor, options) patched
-    onto a weightless skeleton, lengths against the suites, the corpora and the tokenizer, and the longest
+    onto a weightless skeleton, lengths against the tasks, the corpora and the tokenizer, and the longest
     forward against this machine's free memory (extend.memory)."""
     from extend import memory, preflight
     from extend.loading import default_device, default_dtype
@@ -57,7 +57,7 @@ def check_against_model(cfg: dict, spec: str) -> None:
 
 
 def _needs_tokenizer(cfg: dict) -> bool:
-    """The tokenizer makes the short-length bounds exact: read it when a suite has such a bound to check."""
+    """The tokenizer makes the short-length bounds exact: read it when a task has such a bound to check."""
     return any(needs_tokenizer(name, t["lengths"], t["options"]) for name, t in cfg["tasks"].items())
 
 

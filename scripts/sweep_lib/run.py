@@ -1,4 +1,4 @@
-"""Cell execution: load each model once, patch once per method x factor x options, run every suite cell of
+"""Cell execution: load each model once, patch once per method x factor x options, run every task cell of
 this rank, write one atomic append of rows per cell (an error row for a failed one), and keep going after a
 failure."""
 
@@ -153,14 +153,13 @@ def theory_records(model, handle, longest: int) -> list[dict]:
     nothing about them."""
     from extend import registry, theory
 
-    wrapper = model.base_model.rotary_emb
-    if registry.get(handle.method).remap or not hasattr(wrapper, "rope_for"):
+    if registry.get(handle.method).remap:
         return []
     context = int(handle.options["trained_context"])
     target = math.ceil(context * handle.factor)
     limit = THEORY_LIMIT * int(longest)
-    types = [lt for lt in wrapper.bases if lt in wrapper.extended] or list(wrapper.bases)
-    freqs = {lt: wrapper.rope_for(lt, target).inv_freq.detach().double().cpu().numpy() for lt in types}
+    types = list(handle.extended_layer_types or handle.layer_types)  # the layer types the method extends
+    freqs = {lt: handle.frequencies(lt, target).inv_freq.detach().double().cpu().numpy() for lt in types}
     reach = min(theory.men_reach(f, limit) for f in freqs.values())
     critical = min(theory.critical_dimension(f, context) for f in freqs.values())
     dim = 2 * min(len(f) for f in freqs.values())
@@ -303,11 +302,11 @@ def run_cells(
                     t0 = time.perf_counter()
                     error = None
                     try:
-                        suite = tasks.SUITES[cell.task]
+                        run_task = tasks.TASKS[cell.task]
                         warning = length_warning(method, factor, cell.lengths, resolved)
                         if warning:
                             say(f"{cell.label()}: {warning}")
-                        records = suite(
+                        records = run_task(
                             model,
                             tokenizer,
                             lengths=list(cell.lengths),
@@ -316,7 +315,7 @@ def run_cells(
                             **cell.task_options,
                         )
                         if not records:
-                            raise RuntimeError("the suite returned no records")
+                            raise RuntimeError("the task returned no records")
                         rows = ok_rows(cell, run, list(records), resolved)
                     except Exception as e:  # noqa: BLE001 - failure isolation (OOM included); Ctrl-C propagates
                         error = (describe_error(e, cell.lengths), traceback.format_exc())

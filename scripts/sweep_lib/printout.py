@@ -1,5 +1,5 @@
-"""What a sweep prints: the grid it will run (when it inherits the demo's suite options) and, at the end, the
-main tables, the report and the failed cells."""
+"""What a sweep prints: its plan, the grid it will run (when it inherits the demo's task options), and its
+outcome at the end: the summary and main tables, the report and the failed cells."""
 
 from __future__ import annotations
 
@@ -12,29 +12,29 @@ from .run import describe_error
 
 
 def main_tables() -> list[tuple[str, str, str]]:
-    """(task, metric, caption) of the tables printed at the end: what each suite declares (tasks/suite.py)."""
+    """(task, metric, caption) of the tables printed at the end: what each task declares (tasks/kit.py)."""
     import tasks
-    from tasks.suite import suite_of
+    from tasks.kit import task_spec
 
     return [
         (name, metric, caption)
-        for name, run in tasks.SUITES.items()
-        for metric, caption in suite_of(name, run).tables
+        for name, run in tasks.TASKS.items()
+        for metric, caption in task_spec(name, run).tables
     ]
 
 
-def show_grid(cfg: dict) -> None:
-    """What the numbers will rest on: per task, the lengths and every suite option (set or default) that a run
+def print_plan(cfg: dict) -> None:
+    """What the numbers will rest on: per task, the lengths and every task option (set or default) that a run
     overriding only --model or --corpus inherits from the demo, and which num_docs it raised (see
     config.raise_demo_num_docs)."""
     import tasks
-    from tasks.checks import suite_options
+    from tasks.checks import signature_options
 
     print(
         f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr
     )
     for name, t in cfg["tasks"].items():
-        defaults, _ = suite_options(tasks.SUITES[name])
+        defaults, _ = signature_options(tasks.TASKS[name])
         effective = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}
         effective.update(t["options"])
         effective.pop("corpus", None)
@@ -48,14 +48,15 @@ def show_grid(cfg: dict) -> None:
     raised = cfg.get("num_docs_raised") or {}
     if raised:
         print(
-            "  num_docs raised from the demo's to each suite's default (enough documents for an interval; "
+            "  num_docs raised from the demo's to each task's default (enough documents for an interval; "
             "-t TASK.num_docs=N sets it): " + ", ".join(f"{t} {a} -> {b}" for t, (a, b) in raised.items()),
             file=sys.stderr,
         )
 
 
-def summarize(cfg: dict, cells: list[G.Cell]) -> int:
-    """Tables to stdout, report.md, failed cells; returns the exit code (1 if any cell of the grid failed)."""
+def print_outcome(cfg: dict, cells: list[G.Cell]) -> int:
+    """The outcome: the summary and main tables to stdout, report.md, failed cells; returns the exit code (1
+    if any cell of the grid failed)."""
     import pandas as pd
 
     import results
