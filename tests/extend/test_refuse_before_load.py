@@ -1,6 +1,6 @@
 """Issue 25 B: what can be known from a model's config, tokenizer and corpus is refused before its weights
 load — option ranges (declared per option, checked by extend.registry.check_options), the patch on a
-weightless skeleton (extend.preflight), the lengths against the suites and corpora
+weightless skeleton (extend.preflight), the lengths against the tasks and corpora
 (tasks.checks.check_lengths_fit), unreadable corpora (tasks.data.check_corpus) and the memory a forward needs
 (extend.memory). The one-line CLI cases are in tests/project/test_bad_inputs.py; these are the units behind
 them."""

@@ -57,7 +57,7 @@ def _deprecations(caught) -> list[str]:
 
 
 def test_cached_paths_print_no_deprecation_warning(tok, tiny_llama_factory):
-    """The prefix cache (prefill, continuation scores) and the passkey suite's generate pass their cache under
+    """The prefix cache (prefill, continuation scores) and the passkey task's generate pass their cache under
     the installed name: no FutureWarning about `past_key_values` on either transformers version."""
     from extend.prefix_cache import PrefixCache
     from tasks import passkey

@@ -119,8 +119,8 @@ def test_tasks_path_command(capsys):
 
 
 def test_committed_tasks_are_templates_plus_lengths():
-    """lm-eval indexes the committed folder: each task is its suite's template with a name and a length, and
-    the tags select the suites."""
+    """lm-eval indexes the committed folder: each task is its task's template with a name and a length, and
+    the tags select the tasks."""
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -149,11 +149,11 @@ def test_committed_tasks_are_templates_plus_lengths():
         )
         assert config["metadata"]["length"] == length
     for name, length in {**passkey_tasks, **era_tasks}.items():
-        suite = "passkey" if name in passkey_tasks else "sotu_era"
-        assert (folder / f"{name}.yaml").read_text(encoding="utf-8") == ex.task_yaml(suite, length)
+        task = "passkey" if name in passkey_tasks else "sotu_era"
+        assert (folder / f"{name}.yaml").read_text(encoding="utf-8") == ex.task_yaml(task, length)
         config = load_yaml(folder / f"{name}.yaml", resolve_func=False)
         assert config["metadata"]["length"] == length  # results.from_lm_eval reads the length from here
-        assert config["custom_dataset"].endswith(f"utils.load_{suite}")
+        assert config["custom_dataset"].endswith(f"utils.load_{task}")
 
 
 # --- real model -----------------------------------------------------------------------------------------
@@ -200,13 +200,13 @@ def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_
     from tasks import classification, passkey
 
     model, tok = smollm2
-    suite = {"passkey": [], "sotu_era": []}
-    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: suite["passkey"].append(ids) or "")
+    prompts_of = {"passkey": [], "sotu_era": []}
+    monkeypatch.setattr(passkey, "_generate", lambda m, t, ids, n, c: prompts_of["passkey"].append(ids) or "")
     monkeypatch.setattr(
         classification,
         "continuation_logprobs",
         lambda m, ids, answers, prefix_cache: (
-            suite["sotu_era"].append(ids) or [torch.zeros(len(a)) for a in answers]
+            prompts_of["sotu_era"].append(ids) or [torch.zeros(len(a)) for a in answers]
         ),
     )
     lengths = SMALL["passkey_lengths"]
@@ -215,7 +215,7 @@ def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_
     classification.run(model, tok, lengths=lengths, num_docs=SMALL["num_docs"], progress=False)
     lm = RopebenchLM(pretrained=model, tokenizer=tok, method="plain")
     try:
-        for name, prompts in suite.items():
+        for name, prompts in prompts_of.items():
             per_length = len(SMALL["depths"]) * SMALL["trials"] if name == "passkey" else SMALL["num_docs"]
             for i, length in enumerate(lengths):
                 mine = sorted(prompts[i * per_length : (i + 1) * per_length])

@@ -283,7 +283,7 @@ def test_ruler_niah_single_1_plain_answers_as_stock_hf(tmp_path, smollm2):
     assert {i: needle for i, (_, needle) in ours.items()} == {i: needle for i, (_, needle) in stock.items()}
 
 
-# --- the retrieval suite as lm-eval tasks (tasks/lm_eval_tasks/ropebench_retrieval_*) ---------------------
+# --- the retrieval task as lm-eval tasks (tasks/lm_eval_tasks/ropebench_retrieval_*) ---------------------
 
 RULER_FILES = {
     "niah_multikey": "niah_multikey_1.yaml",
@@ -345,11 +345,11 @@ def test_retrieval_task_prompts_are_the_suites_token_for_token(retrieval_tasks, 
     from tasks import retrieval
     from tasks.common import special_prefix
 
-    suite = {v: [] for v in retrieval.VARIANTS}
+    prompts_of = {v: [] for v in retrieval.VARIANTS}
     monkeypatch.setattr(
         retrieval,
         "score_prompt",
-        lambda model, tokenizer, ids, scene, *rest: suite[scene.variant].append(list(ids)) or {},
+        lambda model, tokenizer, ids, scene, *rest: prompts_of[scene.variant].append(list(ids)) or {},
     )
     retrieval.run(
         tiny_model,
@@ -363,7 +363,7 @@ def test_retrieval_task_prompts_are_the_suites_token_for_token(retrieval_tasks, 
     )
     manager = TaskManager(include_path=str(retrieval_tasks), include_defaults=False)
     prefix = special_prefix(tok)
-    for variant, mine in suite.items():
+    for variant, mine in prompts_of.items():
         name = f"ropebench_retrieval_{variant}_1k"
         task = manager.load(name)["tasks"][name]
         task.build_all_requests()

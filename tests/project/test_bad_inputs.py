@@ -31,11 +31,11 @@ Every bad input is rejected **before a model loads** with one line `error: <what
 exit code 2 (an `ExtendError` from the Python API). Each rule is checked by the layer that owns it, and the
 sweep, `extend.patch` and the lm-eval `model_args` call the same checks: methods, factors and option values
 against the method function's signature (`extend.registry.check_method`), model specs and devices
-(`extend.loading`), suite names and options (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`:
+(`extend.loading`), task names and options (`tasks.checks.check_task`), corpora (`tasks.data.check_corpus`:
 empty files or directories, a hub dataset that cannot be opened — once, not per cell; binary, UTF-16 or
 malformed JSON Lines files). What needs the model but not its weights is checked from its config and
 tokenizer: the method patched onto a weightless skeleton of the model (`extend.preflight.check_on_config`:
-start_from, temperature, layer_types, windows, list lengths), lengths against the suites and the corpus
+start_from, temperature, layer_types, windows, list lengths), lengths against the tasks and the corpus
 (`tasks.checks.check_lengths_fit`) and the memory the longest forward needs against the free memory
 (`extend.memory`; `ROPEBENCH_MEMORY_GB` sets the budget). Option ranges are declared per option
 (`Annotated[float, Range(gt=0)]`, checked by `extend.registry.check_options`). The sweep itself checks its
@@ -315,7 +315,7 @@ CASES = [
     sweep(
         "`-o yarn.beta_fast` (no `=`)", "--methods", "yarn", "-o", "yarn.beta_fast", expect="is not KEY=VALUE"
     ),
-    # -- suite options
+    # -- task options
     sweep("`-t num_docs=1` (no task)", "-t", "num_docs=1", expect="needs TASK.KEY=VALUE"),
     sweep("`-t perplexity.num_doc=2`", "-t", "perplexity.num_doc=2", expect="did you mean num_docs"),
     sweep("`-t perplexity.seed=3`", "-t", "perplexity.seed=3", expect="is set by the sweep"),
@@ -1242,7 +1242,7 @@ def test_accepted_inputs_that_used_to_be_refused_or_ignored(tmp_path):
 
 def test_corpus_under_home_is_found_by_the_check_and_the_loader(tmp_path, monkeypatch, capsys):
     """`~/x.txt` (a config file or -t value is not expanded by a shell): the check the sweep runs and the
-    loader the suite runs expand it the same way, so a corpus the sweep accepts is the corpus a cell reads."""
+    loader the task runs expand it the same way, so a corpus the sweep accepts is the corpus a cell reads."""
     from ropebench import sweep_lib
 
     from tasks import data
@@ -1298,7 +1298,7 @@ def test_records_with_odd_bookkeeping_still_report(tmp_path):
 
 
 def test_cli_runs_overriding_model_show_the_grid(tmp_path, capsys):
-    """A run that inherits the demo's suite options (num_docs, trials, depths) by overriding only --model says
+    """A run that inherits the demo's task options (num_docs, trials, depths) by overriding only --model says
     so first (here as a dry run)."""
     from ropebench import sweep_lib
 
@@ -1366,24 +1366,24 @@ def test_suites_name_an_empty_corpus_not_the_lengths(task, options, tmp_path, sm
 
     (tmp_path / "e.txt").write_text("\n")
     with pytest.raises(tasks.TaskError, match="has no documents") as info:
-        tasks.SUITES[task](
+        tasks.TASKS[task](
             None, smollm2_tokenizer, lengths=[64], corpus=str(tmp_path / "e.txt"), progress=False, **options
         )
     assert "shorter" not in str(info.value)
 
 
 def test_suite_rules_name_real_options():
-    """tasks/checks.py restates the suites' own checks: every rule must still name an option of its suite, and
-    a suite's defaults must pass its rules (so the pre-check never refuses what the suite accepts by
+    """tasks/checks.py restates the tasks' own checks: every rule must still name an option of its task, and
+    a task's defaults must pass its rules (so the pre-check never refuses what the task accepts by
     default)."""
     import inspect
 
     import tasks
-    from tasks.checks import RULES, check_suite_options
+    from tasks.checks import RULES, check_task_options
 
     for task, rules in RULES.items():
-        params = inspect.signature(tasks.SUITES[task]).parameters
+        params = inspect.signature(tasks.TASKS[task]).parameters
         assert set(rules) <= set(params), (task, set(rules) - set(params))
         defaults = {k: params[k].default for k in rules if params[k].default is not inspect.Parameter.empty}
         defaults = {k: (list(v) if isinstance(v, tuple) else v) for k, v in defaults.items()}
-        check_suite_options(task, tasks.SUITES[task], defaults)
+        check_task_options(task, tasks.TASKS[task], defaults)

@@ -132,11 +132,11 @@ def test_the_demo_paragraph_is_the_demo_config():
         assert f"`{entry if isinstance(entry, str) else entry['method']}`" in paragraph
     for factor in config["factors"]:
         assert f"{factor:g}" in paragraph
-    for suite, options in config["tasks"].items():
-        assert suite in paragraph
+    for task, options in config["tasks"].items():
+        assert task in paragraph
         for key in ("lengths", "depths"):
             for value in options.get(key, []):
-                assert f"{value:g}" in paragraph, (suite, key, value)
+                assert f"{value:g}" in paragraph, (task, key, value)
         if "trials" in options:
             assert f"{options['trials']} trial" in paragraph
         if "num_docs" in options:
@@ -158,7 +158,7 @@ def test_the_demo_paragraph_follows_a_changed_config():
     assert "`some/model` with `plain` (once, at factor 1: the factor does not apply)" in text
     assert "`yarn` (beta_fast=16) at factor 8, `pi` at factors 2 and 4, on the `pg19` corpus" in text
     assert (
-        "passkey at 4096 and 8192 tokens (depths 0.1 and 0.5, 1 trial); perplexity (the suite's defaults)"
+        "passkey at 4096 and 8192 tokens (depths 0.1 and 0.5, 1 trial); perplexity (the task's defaults)"
         in text
     )
 

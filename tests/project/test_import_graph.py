@@ -1,5 +1,5 @@
 """The import graph of ropebench's packages: layers point down only (extend <- tasks <- results; results reads
-records, never suites) and no module imports itself back through others. Lazy imports inside functions count:
+records, never tasks) and no module imports itself back through others. Lazy imports inside functions count:
 they are edges all the same. The tools on top, benchmarks/ and scripts/ (installed as `ropebench`), may import
 any layer; they are held to the same graph (no cycles), find their modules as packages (no `sys.path` edits)
 and import nothing heavy at module level, so that `--help` and an import are instant."""

@@ -1,7 +1,7 @@
 """The intervals mean what they say: seeded simulations from known populations.
 
 Perplexity cells: per-document log-perplexities ~ N(mu, sigma) (log-normal perplexities) and token counts
-drawn independently, so the population value the suite's estimator (exp of the token-weighted mean log-loss)
+drawn independently, so the population value the task's estimator (exp of the token-weighted mean log-loss)
 targets is exp(mu). A 95% interval must cover it 0.93-0.97 of the time wherever one is shown (4000
 replications: the standard error of a coverage near 0.95 is 0.0034). Paired tests: two settings with the same
 population on the same documents / prompts (a true null) may be called significant at most 6% of the time.

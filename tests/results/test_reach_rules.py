@@ -1,5 +1,5 @@
 """Effective length under every published rule (RULER's absolute bar, NoLiMa's 0.85 of the own short-context
-score, the baseline at the trained context), a summary and report driven by the metrics present (a suite the
+score, the baseline at the trained context), a summary and report driven by the metrics present (a task the
 results layer never heard of shows up), and theory's predicted reach beside the measured one. Expected values
 are computed by hand: Wilson's formula written out, Student's t from printed tables, Men et al.'s sum by brute
 force."""
@@ -16,7 +16,7 @@ import pytest
 
 import results
 from results.frame import normalize
-from results.synthetic import TRAINED, synthetic_records, synthetic_suite_records, synthetic_theory_records
+from results.synthetic import TRAINED, synthetic_records, synthetic_task_records, synthetic_theory_records
 
 ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
@@ -153,11 +153,11 @@ def test_perplexity_trained_rule_is_relative_to_the_baseline():
         results.effective_length(df, "perplexity", rule="short")
 
 
-# ----------------------------------------------------------------------------- a suite results never heard of
+# ----------------------------------------------------------------------------- a task results never heard of
 @pytest.fixture(scope="module")
 def needles():
     settings = (("plain", 1.0, {"trained_context": TRAINED}), ("yarn", 2.0, {"trained_context": TRAINED}))
-    return synthetic_suite_records("needles", settings=settings, trials=24)
+    return synthetic_task_records("needles", settings=settings, trials=24)
 
 
 def test_unknown_suite_shows_in_summary_with_every_rule(needles):
@@ -241,7 +241,7 @@ def test_predicted_reach_beside_the_measured(tmp_path):
     reach_table = md.split("**passkey reach (passkey/correct)", 1)[1].split("\n\n")[1]
     assert "| predicted reach (Men et al.) |" in reach_table.splitlines()[0] and "| ≥ 10000 |" in reach_table
     assert "## Theory beside measurement" in md and "smallest base for 8192 (Men et al.)" in md
-    assert "## theory" not in md  # theory rows are no suite
+    assert "## theory" not in md  # theory rows are no task
 
 
 # ------------------------------------------------------------------------------ the sweep records theory rows

@@ -136,7 +136,7 @@ def test_rates_without_units_use_newcombe():
     shown = results.compare(df, "classification", "accuracy", with_ci=True)
     lo, hi = newcombe(16, 20, 10, 20)  # yarn x2 0.8 vs plain 0.5 at 16384, 20 queries each
     assert lo > 0 and shown.loc[("yarn", 2.0), 16384] == f"0.300 [{lo:.3f}, {hi:.3f}] n=20 *"
-    # per-query rows, when a suite records them, are paired instead
+    # per-query rows, when a task records them, are paired instead
     paired = normalize(pd.DataFrame(synthetic_records("r", per_query=True)))
     row = (
         results.paired_differences(paired, "classification", "accuracy")
@@ -245,7 +245,7 @@ def test_summary_one_row_per_setting(synthetic_six_trial_frame):
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory, smollm2_tokenizer, tiny_llama_factory):
     """plain and yarn x2 on a random tiny Llama (trained context 128) through scripts/sweep.py: all three
-    suites."""
+    tasks."""
 
     model_dir = tmp_path_factory.mktemp("tiny")
     tok = smollm2_tokenizer
@@ -309,7 +309,7 @@ def test_real_sweep_perplexity_intervals_by_hand(real_sweep):
     assert len(docs) == 3
     t = results.table(df, "perplexity", "ppl", stat="mean")
     agg = df[(df["metric"] == "ppl") & df["doc"].isna() & (df["method"] == "yarn") & (df["length"] == 256)]
-    # the token-weighted estimate over the suite's per-document rows is the suite's own aggregate
+    # the token-weighted estimate over the task's per-document rows is the task's own aggregate
     assert t.loc["yarn", 256] == pytest.approx(float(agg["value"].iloc[0]), rel=1e-9)
     # t over the 3 documents' losses (2 degrees of freedom), exp'd back
     centre, half = (loss * tokens).sum() / tokens.sum(), _t_half(loss, tokens, 2)
@@ -356,7 +356,7 @@ def test_real_sweep_passkey_classification_and_reach(real_sweep):
     acc = df[(df["metric"] == "accuracy") & (df["method"] == "yarn") & df["doc"].isna()].iloc[0]
     per_query = df[(df["metric"] == "accuracy") & (df["method"] == "yarn") & df["doc"].notna()]
     assert len(per_query) == acc["n"] and per_query["value"].sum() == pytest.approx(acc["value"] * acc["n"])
-    cell = results.summarize(df, "classification", "accuracy").query("method == 'yarn'").iloc[0]
+    cell = results.estimates(df, "classification", "accuracy").query("method == 'yarn'").iloc[0]
     assert cell["n"] == acc["n"] and (cell["lo"], cell["hi"]) == pytest.approx(
         wilson(acc["value"] * acc["n"], acc["n"])
     )

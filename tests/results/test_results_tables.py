@@ -37,7 +37,7 @@ def test_perplexity_table_shape_and_values(synthetic_frame_with_error_cell):
     assert t.loc[("linear", 2.0), 16384] == pytest.approx(14.0 * 1.04)
     assert t.loc[("yarn", 4.0), 16384] == pytest.approx(14.0 * 1.08)
     # n counts documents (the unit of the interval); the estimate from the 3 per-document rows (token-weighted
-    # on the log scale) is the suite's aggregated row
+    # on the log scale) is the task's aggregated row
     n = results.table(synthetic_frame_with_error_cell, "perplexity", "ppl", stat="n")
     assert (n == 3).all().all()
     agg = synthetic_frame_with_error_cell[
@@ -111,15 +111,15 @@ T975 = {
 def test_t_interval_over_units_by_hand():
     values = [1.0, 2.0, 3.0, 4.0]
     frame = _frame([{"trial": i, "value": v} for i, v in enumerate(values)])
-    s = results.summarize(frame, "t", "m", by=["method"])
+    s = results.estimates(frame, "t", "m", by=["method"])
     assert s.loc[0, "mean"] == 2.5 and s.loc[0, "n"] == 4 and s.loc[0, "interval"] == "t"
     half = T975[3] * np.std(values, ddof=1) / math.sqrt(4)
     assert s.loc[0, "half"] == pytest.approx(half, rel=1e-4) and s.loc[0, "lo"] + s.loc[
         0, "half"
     ] == pytest.approx(2.5)
-    assert results.summarize(frame.sample(frac=1.0, random_state=2), "t", "m", by=["method"]).equals(s)
+    assert results.estimates(frame.sample(frac=1.0, random_state=2), "t", "m", by=["method"]).equals(s)
     for m in (1, 2):  # below 3 units: no interval, not a zero-width or a +-12.7 s.e. one
-        few = results.summarize(frame[frame["trial"] < m], "t", "m", by=["method"])
+        few = results.estimates(frame[frame["trial"] < m], "t", "m", by=["method"])
         assert math.isnan(few.loc[0, "half"]) and few.loc[0, "interval"] == "none" and few.loc[0, "n"] == m
 
 
@@ -129,7 +129,7 @@ def test_perplexity_interval_is_t_over_documents_token_weighted():
     docs = [("d0", 2.0, 100), ("d1", 3.0, 300), ("d2", 2.5, 50)]
     frame = _frame([{"metric": "ppl", "doc": d, "value": math.exp(loss), "n": n} for d, loss, n in docs])
     loss, n = np.array([d[1] for d in docs]), np.array([d[2] for d in docs], float)
-    s = results.summarize(frame, "t", "ppl", by=["method"])
+    s = results.estimates(frame, "t", "ppl", by=["method"])
     centre = (loss * n).sum() / n.sum()  # 2.7222...
     assert s.loc[0, "mean"] == pytest.approx(math.exp(centre), rel=1e-12) and s.loc[0, "interval"] == "t"
     half = T975[2] * 0.5 * math.sqrt(100**2 + 300**2 + 50**2) / 450  # s = 0.5 (losses 2, 3, 2.5)
@@ -140,14 +140,14 @@ def test_perplexity_interval_is_t_over_documents_token_weighted():
 
 def test_t_interval_over_several_aggregate_rows():
     frame = _frame([{"run": f"r{i}", "value": v} for i, v in enumerate([1.0, 2.0, 3.0, 4.0])])
-    s = results.summarize(frame, "t", "m", by=["method"])
+    s = results.estimates(frame, "t", "m", by=["method"])
     assert s.loc[0, "interval"] == "t" and s.loc[0, "n"] == 4
     assert s.loc[0, "half"] == pytest.approx(T975[3] * 1.2909944 / 2, rel=1e-4)
 
 
 def test_rates_known_only_as_totals_get_wilson(synthetic_frame_with_error_cell):
     # classification rows are aggregates: accuracy over n=20 queries -> Wilson(accuracy x 20, 20)
-    s = results.summarize(
+    s = results.estimates(
         synthetic_frame_with_error_cell, "classification", "accuracy", by=["method", "factor", "length"]
     )
     row = s[(s["method"] == "plain") & (s["length"] == 16384)].iloc[0]

@@ -238,7 +238,7 @@ def test_table_axes_raise_results_errors(perplexity_run_dir, kwargs, match):
     ):  # the call: was a KeyError
         results.table(df, "perplexity", "ppl", rows="nosuch")
     with pytest.raises(ResultsError, match="'length' is given twice"):
-        results.summarize(df, "perplexity", "ppl", by=("length", "length"))
+        results.estimates(df, "perplexity", "ppl", by=("length", "length"))
 
 
 # ---------------------------------------------------------------------------------------------- sweep pieces

@@ -1,5 +1,5 @@
 """Fixtures of the sweep, CLI and benchmark tests. The sweep as a subprocess (`sweep_cli`, `sweep_env`,
-`fake_suite_plugin`, `tiny_model_dir`) is in tests/conftest.py: tests/extend/ runs it too."""
+`fake_task_plugin`, `tiny_model_dir`) is in tests/conftest.py: tests/extend/ runs it too."""
 
 import pytest
 

@@ -1,11 +1,11 @@
-"""Reliability of the sweep's storage, replayed for real (subprocesses, fake suite, tiny random Llama):
+"""Reliability of the sweep's storage, replayed for real (subprocesses, fake task, tiny random Llama):
 
 - kill -9 inside the write of a multi-row cell (cut mid-line, and cut exactly at a line boundary);
 - a full disk (ENOSPC) in the middle of a write, by a fault-injecting writer;
 - two sweeps started at once on the same --out.
 
 Each ends with 0 rows lost (every cell's rows, once, with the right values) and 0 finished cells computed
-twice (the fake suite logs every call). Nothing about time is asserted.
+twice (the fake task logs every call). Nothing about time is asserted.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ METHODS = ["plain", "pi", "ntk", "yarn", "xpos"]
 
 
 @pytest.fixture(scope="module")
-def plugins(tmp_path_factory, fake_suite_plugin) -> tuple[Path, Path]:
-    """The fake suite's plugin and the fault injector's."""
+def plugins(tmp_path_factory, fake_task_plugin) -> tuple[Path, Path]:
+    """The fake task's plugin and the fault injector's."""
     fault = tmp_path_factory.mktemp("plugins") / "fault.py"
     fault.write_text(FAULT_PLUGIN)
-    return fake_suite_plugin, fault
+    return fake_task_plugin, fault
 
 
 def sweep_args(model_dir: Path, out: Path, fake: Path, *more) -> list[str]:
@@ -101,7 +101,7 @@ def rows_of(out: Path) -> list[dict]:
 
 
 def check_complete(out: Path) -> None:
-    """Every cell once, each with its three rows, values as the fake suite computes them."""
+    """Every cell once, each with its three rows, values as the fake task computes them."""
     import warnings
 
     import results

@@ -1,5 +1,5 @@
 """scripts/sweep.py: config + CLI overrides, method facts deciding the factors, cell keys, failure isolation,
-resume after kill -9, and an end-to-end run on a tiny random Llama (real perplexity suite) that a 2-process
+resume after kill -9, and an end-to-end run on a tiny random Llama (real perplexity task) that a 2-process
 accelerate launch must reproduce. Bad input (exit 2, one line) is tests/project/test_bad_inputs.py."""
 
 from __future__ import annotations
@@ -300,18 +300,18 @@ def test_grid_order_per_length_and_sharding():
 
 # ---------------------------------------------------------------------------------------------- machinery
 @pytest.fixture
-def fake_suite(monkeypatch, fake_suite_plugin):
-    """The fake suite registered in this process (and removed afterwards)."""
+def fake_task(monkeypatch, fake_task_plugin):
+    """The fake task registered in this process (and removed afterwards)."""
     import tasks
 
-    monkeypatch.setitem(tasks.SUITES, "fake", None)
-    exec(fake_suite_plugin.read_text(), {})  # noqa: S102 - the tests' own plugin file
+    monkeypatch.setitem(tasks.TASKS, "fake", None)
+    exec(fake_task_plugin.read_text(), {})  # noqa: S102 - the tests' own plugin file
     monkeypatch.setenv("_FAKE_CALLS", "0")  # restored (removed) after the test
-    return tasks.SUITES["fake"]
+    return tasks.TASKS["fake"]
 
 
 def test_failure_isolation_records_errors_and_continues(
-    tmp_path, tiny_model_dir, fake_suite, monkeypatch, capsys
+    tmp_path, tiny_model_dir, fake_task, monkeypatch, capsys
 ):
     monkeypatch.setenv("FAKE_FAIL_METHOD", "yarn")
     out = tmp_path / "run"
@@ -342,7 +342,7 @@ def test_failure_isolation_records_errors_and_continues(
     assert rc == 0 and {r["method"] for r in records(out)} == {"plain"} and not (out / "logs").exists()
 
 
-def test_fresh_deletes_only_what_ropebench_wrote(tmp_path, tiny_model_dir, fake_suite, capsys):
+def test_fresh_deletes_only_what_ropebench_wrote(tmp_path, tiny_model_dir, fake_task, capsys):
     out = tmp_path / "run"
     assert sweep_lib.main(fake_args(tiny_model_dir, out, "--methods", "plain", "pi", "--factors", "2")) == 0
     ours = {p.relative_to(out) for p in out.rglob("*") if p.is_file()}
@@ -372,7 +372,7 @@ def test_fresh_deletes_only_what_ropebench_wrote(tmp_path, tiny_model_dir, fake_
     capsys.readouterr()
 
 
-def test_stray_manifest_temp_is_cleaned_on_resume(tmp_path, tiny_model_dir, fake_suite):
+def test_stray_manifest_temp_is_cleaned_on_resume(tmp_path, tiny_model_dir, fake_task):
     out = tmp_path / "run"
     assert sweep_lib.main(fake_args(tiny_model_dir, out, "--methods", "plain")) == 0
     stray = out / ".manifest.json.4242.deadbeef.tmp"
@@ -381,13 +381,13 @@ def test_stray_manifest_temp_is_cleaned_on_resume(tmp_path, tiny_model_dir, fake
     assert not stray.exists() and json.loads((out / "manifest.json").read_text())["resumed"]
 
 
-def test_resume_after_kill_9(tmp_path, tiny_model_dir, fake_suite_plugin, sweep_cli, sweep_env):
+def test_resume_after_kill_9(tmp_path, tiny_model_dir, fake_task_plugin, sweep_cli, sweep_env):
     out, log, ready = tmp_path / "run", tmp_path / "calls.log", tmp_path / "ready"
     args = fake_args(
         tiny_model_dir,
         out,
         "--plugin",
-        fake_suite_plugin,
+        fake_task_plugin,
         "--methods",
         "plain",
         "pi",
@@ -570,7 +570,7 @@ def test_shipped_embedded_configs_resolve_to_their_grid(name, tmp_path, capsys):
 
 def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path, capsys):
     """--model or --corpus without --config inherits the demo's grid, but not its num_docs: 1 (n = 1, no
-    interval): each suite's num_docs below the suite's own default takes that default; -t TASK.num_docs and a
+    interval): each task's num_docs below the task's own default takes that default; -t TASK.num_docs and a
     --config file keep theirs; the grid printed first says so."""
     import inspect
 

@@ -162,7 +162,7 @@ def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch
     monkeypatch.setattr(kt, "token_nll", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
     kw = {"lengths": [200, 300], "num_docs": 1, "progress": False, "key_tokens": RANDOM}
     first = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
-    assert calls == [96] * 7 + [300 - 224]  # short windows only: the long context is the suite's own pass
+    assert calls == [96] * 7 + [300 - 224]  # short windows only: the long context is the task's own pass
     cached = list(fresh_cache.glob("*.json"))
     assert len(cached) == 1 and '"spans"' in cached[0].read_text()
     calls.clear()

@@ -203,7 +203,7 @@ def test_many_shot_shared_prefix_on_smollm2(smollm2, monkeypatch):
     """Real model, float32: many-shot scores with the demonstrations computed once equal the unshared ones
     (within 1e-4), so the predictions are the same; the queries after the first run only their own tokens."""
     from extend import prefix_cache
-    from tasks import suite as kit  # run_cells makes every suite's caches
+    from tasks import kit  # run_cells makes every task's caches
 
     model, tok = smollm2
     caches = []

@@ -101,7 +101,7 @@ def test_bad_parameters(tiny_model, tok, kw, match):
 
 
 def _answers(monkeypatch):
-    """Record every (prompt, answer) the suite generates."""
+    """Record every (prompt, answer) the task generates."""
     seen = {}
     real = passkey._generate
 
@@ -140,7 +140,7 @@ def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
     """The real model (float32) answers every prompt of a passkey grid the same with and without sharing, and
     sharing prefills fewer tokens."""
     from extend import prefix_cache
-    from tasks import suite as kit  # run_cells makes every suite's caches
+    from tasks import kit  # run_cells makes every task's caches
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 16)  # short prompts here: share even a short haystack

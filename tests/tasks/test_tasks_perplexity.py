@@ -137,7 +137,7 @@ def test_lm_head_never_sees_more_than_chunk_size_positions(tiny_model, tok, monk
 
 
 def test_records_follow_the_contract(tiny_model, tok):
-    recs = tasks.SUITES["perplexity"](tiny_model, tok, lengths=[64], num_docs=1, progress=False)
+    recs = tasks.TASKS["perplexity"](tiny_model, tok, lengths=[64], num_docs=1, progress=False)
     keys = {
         "task",
         "corpus",

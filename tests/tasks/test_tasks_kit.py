@@ -1,5 +1,5 @@
-"""The suite kit (tasks/suite.py): one declaration per suite, read by the pre-load checks, the sweep and the
-suite itself; the shared cell runner."""
+"""The task kit (tasks/kit.py): one declaration per task, read by the pre-load checks, the sweep and the
+task itself; the shared cell runner."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 
 import tasks
 from tasks import TaskError
-from tasks.suite import declare, positive, run_cells
+from tasks.kit import declare, positive, run_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _toy_suite():
+def _toy_task():
     @declare(
         "toy",
         options={"trials": positive},
@@ -30,12 +30,12 @@ def _toy_suite():
 
 
 def test_a_declared_suite_is_checked_everywhere_from_one_declaration(monkeypatch):
-    """Registered with one line, a suite's options are checked before the model loads (tasks.checks), at the
+    """Registered with one line, a task's options are checked before the model loads (tasks.checks), at the
     call itself (model None: never touched), and the sweep reads its tables and extra tokens."""
     from tasks.checks import check_task, extra_tokens
 
-    run = _toy_suite()
-    monkeypatch.setitem(tasks.SUITES, "toy", run)
+    run = _toy_task()
+    monkeypatch.setitem(tasks.TASKS, "toy", run)
     check_task("toy", {"trials": 2, "label": "y"})
     with pytest.raises(TaskError, match=r"toy option trials=0 must be a positive integer"):
         check_task("toy", {"trials": 0})
@@ -49,7 +49,7 @@ def test_a_declared_suite_is_checked_everywhere_from_one_declaration(monkeypatch
         run(None, None, lengths=[8], trials=-1)
     assert run(None, None, lengths=[8], trials=3) == [{"lengths": [8], "trials": 3}]
     assert extra_tokens("toy", {"trials": 2}) == 14
-    from ropebench.sweep_lib.summary import main_tables
+    from ropebench.sweep_lib.printout import main_tables
 
     assert ("toy", "hit", "toy hits") in main_tables() and (
         "passkey",
@@ -73,9 +73,9 @@ def test_a_declaration_naming_what_the_suite_lacks_fails_at_import():
 
 
 def test_every_builtin_suite_is_declared_and_its_defaults_pass():
-    from tasks.suite import spec_of
+    from tasks.kit import spec_of
 
-    for name, run in tasks.SUITES.items():
+    for name, run in tasks.TASKS.items():
         spec = spec_of(run)
         assert spec is not None and spec.name == name, name
         assert set(spec.options) <= set(spec.defaults), name
@@ -92,7 +92,7 @@ def test_plugin_suite_without_declaration_still_checked_by_its_signature(monkeyp
     def run(model, tokenizer, *, lengths, scale=1.0, seed=0, progress=True):
         return []
 
-    monkeypatch.setitem(tasks.SUITES, "plugin", run)
+    monkeypatch.setitem(tasks.TASKS, "plugin", run)
     check_task("plugin", {"scale": 2})
     with pytest.raises(TaskError, match="must be a number"):
         check_task("plugin", {"scale": "big"})

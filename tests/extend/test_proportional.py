@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 import transformers as T
-from test_patching import FAMILIES, build
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import extend
@@ -195,9 +194,9 @@ def test_the_range_ends_are_accepted(value):
 
 
 # ---- patched models ----
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_patched_model_runs_changes_and_undoes(family):
-    model = build(family)
+@pytest.mark.parametrize("family", sorted(extend.TESTED_FAMILIES))
+def test_patched_model_runs_changes_and_undoes(family, family_model_factory):
+    model = family_model_factory(family)
     ids = torch.randint(3, 128, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(ids).logits
