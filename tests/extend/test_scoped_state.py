@@ -207,8 +207,8 @@ def test_logit_temperature_is_reported_as_the_attention_modules_apply_it(tiny_ll
     [
         ("broken-length-test", lambda rope: rope.inv_freq[:-1], "shape"),
         ("broken-dtype-test", lambda rope: (rope.inv_freq * 1000).long(), "dtype"),
-        ("broken-values-test", lambda rope: -rope.inv_freq, "finite and positive"),
-        ("broken-nan-test", lambda rope: rope.inv_freq * float("nan"), "finite and positive"),
+        ("broken-values-test", lambda rope: -rope.inv_freq, "finite and non-negative"),
+        ("broken-nan-test", lambda rope: rope.inv_freq * float("nan"), "finite and non-negative"),
     ],
 )
 def test_a_method_with_malformed_frequencies_is_refused_naming_it(name, broken, problem, tiny_llama_factory):
