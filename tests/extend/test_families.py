@@ -12,6 +12,7 @@ import torch
 import transformers as T
 
 import extend
+from extend.forward import with_cache
 
 # Phi-3-vision-128k-instruct's published longrope lists (the Phi-3-mini-128k backbone, head_dim 96: 48 pairs).
 PHI3_LONG = [
@@ -499,7 +500,7 @@ def _cached_steps(model, ids, prompt):
     cache = T.DynamicCache(config=model.config)
     pieces = [ids[:, :prompt], *ids[:, prompt:].split(1, dim=1)]
     with torch.no_grad():
-        return torch.cat([model(p, past_key_values=cache, use_cache=True).logits for p in pieces], 1)
+        return torch.cat([model(p, use_cache=True, **with_cache(model, cache)).logits for p in pieces], 1)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from transformers.modeling_utils import AttentionInterface
 
 import extend
 from extend import remap_attention
+from extend.forward import with_cache
 
 SMALL = {
     "vocab_size": 128,
@@ -248,7 +249,7 @@ def generate_steps(model, ids, prompt, step=1):
         out = model(ids[:, :prompt], use_cache=True)
         past, steps = out.past_key_values, [out.logits]
         for t in range(prompt, ids.shape[1], step):
-            out = model(ids[:, t : t + step], past_key_values=past, use_cache=True)
+            out = model(ids[:, t : t + step], use_cache=True, **with_cache(model, past))
             past = out.past_key_values
             steps.append(out.logits)
     return torch.cat(steps, 1)
