@@ -1,31 +1,40 @@
-"""RULER-style retrieval (Hsieh et al. 2024, arXiv:2404.06654): several needles, distractors, variable tracking.
+"""RULER-style retrieval (Hsieh et al. 2024, arXiv:2404.06654): several needles, distractors, variable
+tracking.
 
-Variants (RULER's settings, as in lm-eval 0.4.13's `ruler` tasks; needles "One of the special magic numbers for
-<key> is: <7-digit number>.", keys adjective-noun words):
+Variants (RULER's settings, as in lm-eval 0.4.13's `ruler` tasks; needles "One of the special magic numbers
+for <key> is: <7-digit number>.", keys adjective-noun words):
 - `niah_multikey`: four keys, one queried; the other three are distractor needles (RULER niah_multikey_1);
 - `niah_multivalue`: one key with four values, all asked for;
 - `niah_multiquery`: four keys, all queried in one question (answers in the question's order);
-- `vt`: variable tracking, one chain "VAR A = 12345", "VAR B = VAR A ", ... of four hops; asked which variables
-  hold the value (RULER vt, without its in-context example).
-RULER's templates and answer prefixes (`gen_prefix`); the haystack as passkey's ("filler": "The grass is green.
-...", or sentences of a corpus), cut at word granularity so that the prompt plus what is generated or scored after
-it fits in L tokens (RULER's rule), at least 98% of it.
+- `vt`: variable tracking, one chain "VAR A = 12345", "VAR B = VAR A ", ... of four hops; asked which
+  variables hold the value (RULER vt, without its in-context example).
+RULER's templates and answer prefixes (`gen_prefix`); the haystack as passkey's ("filler": "The grass is
+green. ...", or sentences of a corpus), cut at word granularity so that the prompt plus what is generated or
+scored after it fits in L tokens (RULER's rule), at least 98% of it.
 
 Grid: length x depth x trial. A trial is one scene (keys, values, distractor depths, haystack), the same at
 every length and depth, so lengths and depths pair on the same needles. The queried needles go at `depth`
 (the first) and spread evenly over the rest of the haystack after it (vt: the chain in order); distractors at
 seeded depths of the trial. Prompts of one length share their haystack up to the shallowest needle and are
-run through the prefix cache (tasks.suite.run_cells): the haystack is prefilled once per cell, not once per prompt.
+run through the prefix cache (tasks.kit.run_cells): the haystack is prefilled once per cell, not once per
+prompt.
+
+`shared_haystack=True` (niah_multikey only): the trials share one haystack (trial 0's) and one set of
+max(4, trials) keys, whose needles sit together at `depth`, in key order; trial t asks key t, the others are
+its distractors. Prompts of a depth then differ only in the question, so a cell prefills its haystack once per
+depth, however deep the needles. The trials are not independent documents: they share the haystack, the
+needles and their place.
 
 Scoring (`scoring`: "likelihood", "generate" or "both"; every row per prompt, n = 1, with depth, trial and the
 variant as `doc` set: a prompt is one unit of the results layer's intervals and pairing):
 - generate: greedy, then RULER's `string_match_all` (lm-eval's common_utils): the prediction stripped, control
   characters made newlines; the share of the reference strings found in it, case-insensitive. Metrics
   `string_match_all` (that share) and `all_found` (0/1: every reference found).
-- likelihood: the true answer (" v1, v2, ..." after the answer prefix) against `candidates` wrong answers of the
-  same format: distractor values first (multikey: the other keys' values; multiquery: the values bound to the
-  wrong keys), then random ones. Metrics `answer_logprob` (mean log-probability per token of the true answer),
-  `answer_rank` (1 = best of 1 + candidates, ties in the answer's favour) and `answer_top1` (0/1: rank 1).
+- likelihood: the true answer (" v1, v2, ..." after the answer prefix) against `candidates` wrong answers of
+  the same format: distractor values first (multikey: the other keys' values; multiquery: the values bound to
+  the wrong keys), then random ones. Metrics `answer_logprob` (mean log-probability per token of the true
+  answer), `answer_rank` (1 = best of 1 + candidates, ties in the answer's favour) and `answer_top1` (0/1:
+  rank 1).
 Plus `prompt_tokens`.
 """
 
@@ -44,7 +53,7 @@ from .data import iter_corpus
 from .errors import TaskError
 from .passkey import MIX, cut_haystack, haystack_sentences
 from .scoring import continuation_logprobs
-from .suite import (
+from .kit import (
     choice,
     choices,
     declare,
@@ -159,9 +168,11 @@ NOUNS = (
 
 @dataclass(frozen=True)
 class Scene:
-    """One trial of a variant: what is hidden and asked. `needles` hold the queried ones first (`queried` of them,
-    in text order), then the distractors (at `distractor_depths`). `answers`: the strings the answer must contain
-    (RULER's `outputs`); `wrong`: wrong answers of the same format, for the likelihood ranking."""
+    """One trial of a variant: what is hidden and asked. `needles` hold the queried ones first (`queried` of
+    them, in text order), then the distractors (at `distractor_depths`). `answers`: the strings the answer
+    must contain (RULER's `outputs`); `wrong`: wrong answers of the same format, for the likelihood ranking.
+    `together` (shared_haystack): `needles` are every key's in key order, all at `depth`, whichever key is
+    asked."""
 
     variant: str
     needles: tuple[str, ...]
@@ -171,6 +182,9 @@ class Scene:
     answer_prefix: str
     answers: tuple[str, ...]
     wrong: tuple[tuple[str, ...], ...]
+    together: bool = (
+        False  # every needle at `depth`, in needle order (shared_haystack: the same in each trial)
+    )
 
 
 def answer_text(values) -> str:
@@ -251,6 +265,40 @@ def make_scene(variant: str, rng: random.Random, candidates: int) -> Scene:
     )
 
 
+def shared_scenes(rng: random.Random, trials: int, candidates: int) -> list[Scene]:
+    """The niah_multikey scenes of `shared_haystack`, drawn from `rng` alone: max(NEEDLES, trials) keys with
+    distinct values, one needle each, together in key order; trial t asks key t (wrong answers: the other
+    keys' values first, then random ones)."""
+    taken: set = set()
+    keys = _keys(rng, max(NEEDLES, trials))
+    values = _distinct(_number, rng, len(keys), taken)
+    needles = tuple(
+        NEEDLE.format(type_v="numbers", key=k, value=v) for k, v in zip(keys, values, strict=True)
+    )
+    question = NIAH_TEMPLATE.replace("Some", "A").replace("are all", "is").replace("are", "is")
+    question = question.replace("{type_v}", "number")  # RULER's singular wording, as make_scene's
+    scenes = []
+    for t in range(trials):
+        wrong = [(v,) for i, v in enumerate(values) if i != t][:candidates]
+        while len(wrong) < candidates:
+            wrong.append(tuple(_distinct(_number, rng, 1, taken)))
+        prefix = f"The special magic number for {keys[t]} mentioned in the provided text is"
+        scenes.append(
+            Scene(
+                "niah_multikey",
+                needles,
+                1,
+                (),
+                question.replace("{query}", keys[t]),
+                prefix,
+                (values[t],),
+                tuple(wrong),
+                together=True,
+            )
+        )
+    return scenes
+
+
 def _vt_scene(rng: random.Random, candidates: int) -> Scene:
     taken: set = set()
     names = _distinct(_variable, rng, HOPS + 1, taken)
@@ -272,14 +320,16 @@ def _vt_scene(rng: random.Random, candidates: int) -> Scene:
 
 def needle_depths(scene: Scene, depth: float) -> list[float]:
     """Depth of each needle: the queried ones from `depth` on, evenly over the rest of the haystack; then the
-    distractors' own."""
+    distractors' own. A `together` scene: every needle at `depth`."""
+    if scene.together:
+        return [depth] * len(scene.needles)
     step = (1.0 - depth) / scene.queried
     return [depth + k * step for k in range(scene.queried)] + list(scene.distractor_depths)
 
 
 def compose(scene: Scene, haystack: list[str], depth: float) -> tuple[str, str]:
-    """(user text, answer prefix): the needles at the sentence boundaries nearest their depths (as a share of the
-    haystack's characters), in needle order where several meet."""
+    """(user text, answer prefix): the needles at the sentence boundaries nearest their depths (as a share of
+    the haystack's characters), in needle order where several meet."""
     offsets, total = [0], 0
     for s in haystack:
         total += len(s) + 1
@@ -336,7 +386,8 @@ def string_match_all(prediction: str, references) -> float:
 
 
 def _reserve(tokenizer, scene: Scene, scoring: str, max_new_tokens: int | None) -> int:
-    """Tokens after the prompt: those generated and/or the longest answer scored (RULER: prompt + these <= L)."""
+    """Tokens after the prompt: those generated and/or the longest answer scored (RULER: prompt + these
+    <= L)."""
     encode = encoder(tokenizer)
     scored = max(len(encode(answer_text(a))) for a in (scene.answers, *scene.wrong))
     generated = max_new_tokens or NEW_TOKENS.get(scene.variant, 128)
@@ -351,6 +402,8 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     variants = options.get("variants", VARIANTS[:1])
     for variant in [variants] if isinstance(variants, str) else variants:
         scene = make_scene(variant, random.Random(0), options.get("candidates", 9))
+        if options.get("shared_haystack"):  # all the trials' needles in every prompt
+            scene = shared_scenes(random.Random(0), options.get("trials", 2), options.get("candidates", 9))[0]
         bare = len(prefix) + len(encoder(tokenizer)(plain_text(compose(scene, [], 0.0))))
         need = bare + _reserve(
             tokenizer, scene, options.get("scoring", "likelihood"), options.get("max_new_tokens")
@@ -361,6 +414,17 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
                 f"tokens without haystack, plus {need - bare} after it) — use lengths > {need}, e.g. "
                 "2048"
             )
+
+
+def _shared_needs_multikey(options: dict) -> str | None:
+    variants = options.get("variants", VARIANTS[:1])
+    variants = [variants] if isinstance(variants, str) else list(variants)
+    if options.get("shared_haystack") and variants != ["niah_multikey"]:
+        return (
+            f"option shared_haystack=True takes only variants=niah_multikey, not {variants} — "
+            "drop the other variants or shared_haystack"
+        )
+    return None
 
 
 @declare(
@@ -375,6 +439,7 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         "max_new_tokens": positive_or_none,
         "add_bos": optional_flag,
         "share_prefix": flag,
+        "shared_haystack": flag,
     },
     metrics={
         "answer_logprob": "likelihood: mean log-probability per token of the true answer",
@@ -389,6 +454,7 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         ("answer_top1", "retrieval: the true answer ranks first (likelihood)"),
         ("all_found", "retrieval: every reference in the greedy answer (generate)"),
     ),
+    together=_shared_needs_multikey,
     fits=fits,
     needs_tokenizer=lambda lengths, options: True,
 )
@@ -407,6 +473,7 @@ def run(
     max_new_tokens=None,
     add_bos=None,
     share_prefix=True,
+    shared_haystack=False,
     seed=0,
     progress=True,
 ) -> list[dict]:
@@ -428,15 +495,27 @@ def run(
     }
     if haystack == "corpus":
         common["haystack_corpus"] = corpus
+    if shared_haystack:  # recorded only when set: rows of the default runs keep their options
+        common["shared_haystack"] = True
     sentences = [
         haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
-        for trial in range(trials)
+        for trial in range(1 if shared_haystack else trials)
     ]
-    scenes = {
-        (v, t): make_scene(v, random.Random((seed * MIX + VARIANTS.index(v)) * MIX + t), candidates)
-        for v in variants
-        for t in range(trials)
-    }
+    if shared_haystack:  # checked: niah_multikey only; one draw (-1: no trial's seed) for all the trials
+        rng = random.Random((seed * MIX + VARIANTS.index("niah_multikey")) * MIX - 1)
+        scenes = {("niah_multikey", t): s for t, s in enumerate(shared_scenes(rng, trials, candidates))}
+        sentences = sentences * trials
+    else:
+        scenes = {
+            (v, t): make_scene(v, random.Random((seed * MIX + VARIANTS.index(v)) * MIX + t), candidates)
+            for v in variants
+            for t in range(trials)
+        }
+    # tokens after each prompt; shared_haystack: the most any trial needs, so that every trial cuts the same
+    # haystack
+    reserve = {key: _reserve(tokenizer, scene, scoring, max_new_tokens) for key, scene in scenes.items()}
+    if shared_haystack:
+        reserve = dict.fromkeys(reserve, max(reserve.values()))
 
     cells, where, build_secs = (
         {},
@@ -446,7 +525,7 @@ def run(
     for length in lengths:
         cells[length] = []
         for (variant, trial), scene in scenes.items():
-            budget = length - _reserve(tokenizer, scene, scoring, max_new_tokens)
+            budget = length - reserve[variant, trial]
             for depth in depths:
                 t0 = time.perf_counter()
                 cells[length].append(build_prompt(tokenizer, budget, scene, depth, sentences[trial], prefix))
@@ -462,7 +541,7 @@ def run(
 
     bar = tqdm(total=sum(map(len, cells.values())), desc=f"retrieval {scoring}", disable=not progress)
     # one cell per length (dynamic methods see the cell's length; RULER: prompt + what follows <= L); its
-    # prompts share the haystack up to the shallowest needle, prefilled once (tasks.suite.run_cells)
+    # prompts share the haystack up to the shallowest needle, prefilled once (tasks.kit.run_cells)
     scored = run_cells(model, cells, score, share_prefix=share_prefix, bar=bar)
     bar.close()
     records = []
@@ -493,8 +572,8 @@ def run(
 def score_prompt(
     model, tokenizer, ids: list[int], scene: Scene, scoring: str, max_new_tokens: int | None, cache, encode
 ) -> dict[str, float]:
-    """The metrics of one prompt: likelihood (the true answer among the wrong ones) and/or generate (greedy, RULER's
-    string match); both run on one prefilled prompt."""
+    """The metrics of one prompt: likelihood (the true answer among the wrong ones) and/or generate (greedy,
+    RULER's string match); both run on one prefilled prompt."""
     out = {}
     if scoring in ("likelihood", "both"):
         answers = [encode(answer_text(a)) for a in (scene.answers, *scene.wrong)]

@@ -1,11 +1,13 @@
-"""The RULER-style retrieval suite (tasks/retrieval.py): RULER's prompts and string match, the likelihood ranking
-checked against a plain forward, the grid and its pairing, prefix sharing, dynamic methods, bad input."""
+"""The RULER-style retrieval task (tasks/retrieval.py): RULER's prompts and string match, the likelihood
+ranking checked against a plain forward, the grid and its pairing, prefix sharing (and the shared haystack),
+dynamic methods, bad input."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -248,7 +250,7 @@ def test_generate_scoring_is_rulers_string_match(tiny, tok, monkeypatch):
 def test_prefix_sharing_same_numbers_fewer_tokens(tiny, tok, monkeypatch):
     """Prompts of a trial share the haystack up to the shallowest queried needle (distractors stay put): each
     prefix is prefilled once per cell — 3 depths from 0.6 on compute about (1 + 0.4 + 0.2) of 3 prompts."""
-    import tasks.suite as kit
+    import tasks.kit as kit
 
     caches = []
 
@@ -276,6 +278,71 @@ def test_prefix_sharing_same_numbers_fewer_tokens(tiny, tok, monkeypatch):
         assert a["metric"] == b["metric"] and a["value"] == pytest.approx(b["value"], abs=1e-4)
 
 
+def _asked(user: str) -> str:
+    return user.split("What is the special magic number for ")[1].removesuffix(
+        " mentioned in the provided text?"
+    )
+
+
+@pytest.mark.parametrize("trials", [2, 6])
+def test_shared_haystack_prompts_differ_only_in_the_question(trials):
+    """shared_haystack: one context for every trial, holding max(4, trials) needles with distinct keys
+    together at the depth; each trial asks its own key, and its answer is the value the context binds to that
+    key; the other keys' values are its first wrong answers."""
+    scenes = retrieval.shared_scenes(random.Random(5), trials, 9)
+    haystack = [f"Sentence {i}." for i in range(100)]
+    users = [retrieval.compose(s, haystack, 0.3)[0] for s in scenes]
+    contexts = {_context(u, RULER_SINGULAR) for u in users}
+    assert len(contexts) == 1  # the prompts differ only after the context: in the question
+    (context,) = contexts
+    bound = dict(re.findall(r"One of the special magic numbers for (\S+) is: (\d{7})\.", context))
+    assert len(bound) == max(4, trials) and len(set(bound.values())) == len(bound)
+    first, last = context.index("One of"), context.rindex("One of")
+    between = context[first:last]
+    assert "Sentence" not in between  # together, at one sentence boundary
+    assert abs(sum(f"Sentence {i}." in context[:first] for i in range(100)) - 30) <= 1
+    asked = [_asked(u) for u in users]
+    assert len(set(asked)) == trials
+    for user, key, scene in zip(users, asked, scenes, strict=True):
+        assert user == RULER_SINGULAR.format(context=context, query=key)
+        assert scene.answers == (bound[key],)
+        others = {v for k, v in bound.items() if k != key}
+        assert {w[0] for w in scene.wrong[: len(others)]} == others
+        assert len(set(scene.wrong)) == 9 and (bound[key],) not in scene.wrong
+
+
+def test_shared_haystack_one_prefill_same_numbers(tiny, tok, monkeypatch):
+    """Every trial of a cell shares the whole context: the cell computes about one prompt plus the questions;
+    the same rows as without sharing, and the rows say shared_haystack."""
+    import tasks.kit as kit
+
+    caches = []
+
+    class Counting(kit.PrefixCache):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k, min_shared=1)
+            caches.append(self)
+
+    monkeypatch.setattr(kit, "PrefixCache", Counting)
+    kw = {"lengths": [384], "depths": [0.1], "trials": 4, "candidates": 3, "progress": False}
+    shared = retrieval.run(tiny, tok, shared_haystack=True, **kw)
+    computed_shared = sum(c.computed for c in caches)
+    caches.clear()
+    alone = retrieval.run(tiny, tok, shared_haystack=True, share_prefix=False, **kw)
+    computed_alone = sum(c.computed for c in caches)
+    assert computed_shared < 0.4 * computed_alone, (computed_shared, computed_alone)
+    for a, b in zip(shared, alone, strict=True):
+        assert a["metric"] == b["metric"] and a["value"] == pytest.approx(b["value"], abs=1e-4)
+    assert {(r["trial"], r["depth"], r["doc"]) for r in shared} == {
+        (t, 0.1, "niah_multikey") for t in range(4)
+    }
+    assert all(r["task_options"]["shared_haystack"] is True for r in shared)
+    lengths = {r["value"] for r in shared if r["metric"] == "prompt_tokens"}
+    assert max(lengths) - min(lengths) <= 10  # one haystack cut: the prompts differ only in the asked key
+    default = retrieval.run(tiny, tok, **{**kw, "trials": 1})
+    assert all("shared_haystack" not in r["task_options"] for r in default)  # default rows unchanged
+
+
 def test_dynamic_method_each_length_its_own_cell(tiny, tok):
     """Under a length-dependent method a cell's rows do not depend on which other lengths ran with it."""
     kw = {"variants": ["niah_multikey"], "depths": [0.5], "trials": 1, "candidates": 2, "progress": False}
@@ -295,10 +362,12 @@ def test_dynamic_method_each_length_its_own_cell(tiny, tok):
         ({"candidates": 0}, "positive integer"),
         ({"depths": [1.5]}, "[0, 1]"),
         ({"variant": "vt"}, "unknown option 'variant'"),
+        ({"shared_haystack": True, "variants": ["niah_multikey", "vt"]}, "takes only variants=niah_multikey"),
+        ({"shared_haystack": 1}, "must be true or false"),
     ],
 )
 def test_bad_options_one_line_before_the_model(options, fragment, tok):
-    """Checked by the declaration: the suite refuses them without touching the model (None here)."""
+    """Checked by the declaration: the task refuses them without touching the model (None here)."""
     with pytest.raises(TaskError) as info:
         retrieval.run(None, tok, lengths=[1024], progress=False, **options)
     assert fragment in str(info.value) and "\n" not in str(info.value)
