@@ -39,8 +39,10 @@ def _report_args(rest: list[str]) -> list[str]:
 COMMANDS = {
     "run": (
         "benchmarks.run",
-        "ropebench vs the naive way and lm-eval -> benchmarks/BENCHMARKS.md (--quick: a smoke run; "
-        "--estimate: the plan only)",
+        (
+            "ropebench vs the naive way and lm-eval -> benchmarks/BENCHMARKS.md (--quick: a smoke run; "
+            "--estimate: the plan only)"
+        ),
         list,
     ),
     "prefix": (

@@ -28,8 +28,10 @@ def rows(runs) -> tuple[list[dict], dict]:
     n_pk = first["passkey"]["n"]
     out = [
         (
-            f"Many-shot classification, {first['many_shot']['n']} queries at {L} tokens: shared prefix vs "
-            "unshared, wall",
+            (
+                f"Many-shot classification, {first['many_shot']['n']} queries at {L} tokens: shared prefix "
+                "vs unshared, wall"
+            ),
             secs("many_shot", "shared"),
             secs("many_shot", "unshared"),
             ms,
@@ -45,8 +47,10 @@ def rows(runs) -> tuple[list[dict], dict]:
             same_pred and dmax <= 1e-4,
         ),
         (
-            f"Passkey grid, {len(first['depths'])} depths x {trials} trials ({n_pk} prompts) at {L}: shared "
-            "vs unshared, wall",
+            (
+                f"Passkey grid, {len(first['depths'])} depths x {trials} trials ({n_pk} prompts) at {L}: "
+                "shared vs unshared, wall"
+            ),
             secs("passkey", "shared"),
             secs("passkey", "unshared"),
             pk,

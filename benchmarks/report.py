@@ -115,8 +115,10 @@ def figure_rows(saved) -> tuple[list[dict], dict]:
     # 3. overhead over a bare decoder forward (paired: all measured in the bare child's one process)
     for figure, comparison, key in (
         (
-            f"Overhead over a bare `model.model(ids)` forward at {lmax} (patch, LM head, chunked loss, "
-            "bookkeeping)",
+            (
+                f"Overhead over a bare `model.model(ids)` forward at {lmax} (patch, LM head, chunked loss, "
+                "bookkeeping)"
+            ),
             lambda r: r["bare"]["seconds"],
             "overhead_body",
         ),
@@ -254,8 +256,10 @@ def header(saved) -> list[str]:
     )
     dtype_note = "extend.load's default on this CPU" if s.get("dtype_auto") else "set"
     return [
-        "# ropebench "
-        f"benchmarks{' (quick smoke run — tiny lengths, not the real figures)' if s.get('quick') else ''}",
+        (
+            "# ropebench "
+            f"benchmarks{' (quick smoke run — tiny lengths, not the real figures)' if s.get('quick') else ''}"
+        ),
         "",
         f"- Date: {saved['date']}",
         (

@@ -45,8 +45,7 @@ def _model(tiny: bool):
 
 def _side(model, tok, share: bool, kw: dict):
     """(seconds, tokens computed, rows) of one run."""
-    import tasks.kit as kit
-    from tasks import retrieval
+    from tasks import kit, retrieval
 
     made = []
     real = kit.PrefixCache

@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 from .common import check_lengths, encoder, prefix_options, record, special_prefix
 from .data import Document, iter_corpus
 from .errors import TaskError
-from .scoring import continuation_logprobs
 from .kit import choice, declare, flag, fraction_open, optional_choice, optional_flag, positive, run_cells
+from .scoring import continuation_logprobs
 
 ERAS = [
     (1790, 1860, "1790-1860"),

@@ -38,8 +38,8 @@ import yaml
 from . import classification, passkey, retrieval
 from .common import encoder, special_prefix
 from .errors import TaskError
-from .lm_eval_tasks import utils
 from .kit import largest_fitting
+from .lm_eval_tasks import utils
 
 OUT_DIR = Path(__file__).parent / "lm_eval_tasks"
 STATIC_FILES = ("_passkey_template_yaml", "_sotu_era_template_yaml", "_retrieval_template_yaml", "utils.py")

@@ -40,8 +40,8 @@ from .common import (
 from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
 from .key_tokens import PassExtras, check_before_load, option_problem, requested, sliding_problem
-from .scoring import token_nll
 from .kit import choice, declare, flag, optional_flag, positive, positive_or_none
+from .scoring import token_nll
 
 
 def _sliding_only(options: dict) -> str | None:

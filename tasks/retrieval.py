@@ -51,8 +51,6 @@ from tqdm.auto import tqdm
 from .common import check_lengths, encoder, prefix_options, record, special_prefix
 from .data import iter_corpus
 from .errors import TaskError
-from .passkey import MIX, cut_haystack, haystack_sentences
-from .scoring import continuation_logprobs
 from .kit import (
     choice,
     choices,
@@ -66,6 +64,8 @@ from .kit import (
     positive_or_none,
     run_cells,
 )
+from .passkey import MIX, cut_haystack, haystack_sentences
+from .scoring import continuation_logprobs
 
 VARIANTS = ("niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 SCORINGS = ("likelihood", "generate", "both")

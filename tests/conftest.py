@@ -81,13 +81,6 @@ def tiny_model(tok):
     return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model):
-    """The old name of `tiny_model`, kept only for tests/test_retrieval.py until it moves to tests/tasks/
-    (then rename its uses and delete this fixture)."""
-    return tiny_model
-
-
 def save_tiny_model_dir(out: Path) -> Path:
     """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer next to it."""
     import transformers

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from extend.forward import body, with_cache
     from extend.prefix_cache import native_gqa
 
-    model, tok = extend.load("smollm2-135m", device="cpu", dtype="float32")
+    model, _tok = extend.load("smollm2-135m", device="cpu", dtype="float32")
     extend.patch(model, "yarn", factor=2.0)
     L, a = LENGTH, args.prefix
     g = torch.Generator().manual_seed(0)

@@ -13,9 +13,9 @@ from .checks import check_registries
 from .config import ConfigError, raise_demo_num_docs
 from .dist import Dist
 from .plugins import import_plugins
+from .printout import print_outcome, print_plan
 from .resolve import check_writable
 from .run import WriteFailure, run_cells, say
-from .printout import print_outcome, print_plan
 
 
 def sweep(args, cfg: dict) -> int:

@@ -8,15 +8,12 @@ import contextlib
 import io
 import random
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 import extend
 from tasks import TaskError, retrieval
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # RULER's prompt pieces, copied from lm-eval 0.4.13 (tasks/ruler/niah_utils.py, prepare_niah.py, vt_utils.py):
 # the needle tasks' template and its singular form (RULER's replace rule applied by hand), needle and
@@ -132,7 +129,7 @@ def _full_forward_mean_logprob(model, ids, answer_ids) -> float:
     return sum(logp[len(ids) - 1 + k, t].item() for k, t in enumerate(answer_ids)) / len(answer_ids)
 
 
-def test_likelihood_scores_equal_a_plain_forward(tiny, tok, monkeypatch):
+def test_likelihood_scores_equal_a_plain_forward(tiny_model, tok, monkeypatch):
     """answer_logprob and answer_rank of every prompt, recomputed from a full forward of prompt + answer."""
     prompts = {}
     real = retrieval.score_prompt
@@ -144,7 +141,7 @@ def test_likelihood_scores_equal_a_plain_forward(tiny, tok, monkeypatch):
 
     monkeypatch.setattr(retrieval, "score_prompt", spy)
     rows = retrieval.run(
-        tiny,
+        tiny_model,
         tok,
         lengths=[320],
         variants=["niah_multikey", "vt"],
@@ -157,7 +154,7 @@ def test_likelihood_scores_equal_a_plain_forward(tiny, tok, monkeypatch):
     encode = retrieval.encoder(tok)
     for ids, (scene, out) in prompts.items():
         means = [
-            _full_forward_mean_logprob(tiny, list(ids), encode(retrieval.answer_text(a)))
+            _full_forward_mean_logprob(tiny_model, list(ids), encode(retrieval.answer_text(a)))
             for a in (scene.answers, *scene.wrong)
         ]
         assert out["answer_logprob"] == pytest.approx(means[0], abs=1e-4)
@@ -165,9 +162,9 @@ def test_likelihood_scores_equal_a_plain_forward(tiny, tok, monkeypatch):
         assert out["answer_top1"] == float(out["answer_rank"] == 1)
 
 
-def test_rows_and_grid(tiny, tok):
+def test_rows_and_grid(tiny_model, tok):
     rows = retrieval.run(
-        tiny,
+        tiny_model,
         tok,
         lengths=[256, 320],
         variants=["niah_multiquery"],
@@ -208,7 +205,7 @@ def _scene_of(row):
     )
 
 
-def test_generate_scoring_is_rulers_string_match(tiny, tok, monkeypatch):
+def test_generate_scoring_is_rulers_string_match(tiny_model, tok, monkeypatch):
     """Greedy answers stubbed: all references -> 1; one of four -> 0.25 (all_found 0)."""
     scenes = {}
 
@@ -230,7 +227,7 @@ def test_generate_scoring_is_rulers_string_match(tiny, tok, monkeypatch):
     monkeypatch.setattr(retrieval, "make_scene", spy)
     monkeypatch.setattr(retrieval, "greedy", fake_greedy)
     rows = retrieval.run(
-        tiny,
+        tiny_model,
         tok,
         lengths=[320],
         variants=["vt", "niah_multivalue"],
@@ -247,10 +244,10 @@ def test_generate_scoring_is_rulers_string_match(tiny, tok, monkeypatch):
     )
 
 
-def test_prefix_sharing_same_numbers_fewer_tokens(tiny, tok, monkeypatch):
+def test_prefix_sharing_same_numbers_fewer_tokens(tiny_model, tok, monkeypatch):
     """Prompts of a trial share the haystack up to the shallowest queried needle (distractors stay put): each
     prefix is prefilled once per cell — 3 depths from 0.6 on compute about (1 + 0.4 + 0.2) of 3 prompts."""
-    import tasks.kit as kit
+    from tasks import kit
 
     caches = []
 
@@ -268,10 +265,10 @@ def test_prefix_sharing_same_numbers_fewer_tokens(tiny, tok, monkeypatch):
         "candidates": 3,
         "progress": False,
     }
-    shared = retrieval.run(tiny, tok, share_prefix=True, **kw)
+    shared = retrieval.run(tiny_model, tok, share_prefix=True, **kw)
     computed_shared = sum(c.computed for c in caches)
     caches.clear()
-    alone = retrieval.run(tiny, tok, share_prefix=False, **kw)
+    alone = retrieval.run(tiny_model, tok, share_prefix=False, **kw)
     computed_alone = sum(c.computed for c in caches)
     assert computed_shared < 0.65 * computed_alone, (computed_shared, computed_alone)
     for a, b in zip(shared, alone, strict=True):
@@ -311,10 +308,10 @@ def test_shared_haystack_prompts_differ_only_in_the_question(trials):
         assert len(set(scene.wrong)) == 9 and (bound[key],) not in scene.wrong
 
 
-def test_shared_haystack_one_prefill_same_numbers(tiny, tok, monkeypatch):
+def test_shared_haystack_one_prefill_same_numbers(tiny_model, tok, monkeypatch):
     """Every trial of a cell shares the whole context: the cell computes about one prompt plus the questions;
     the same rows as without sharing, and the rows say shared_haystack."""
-    import tasks.kit as kit
+    from tasks import kit
 
     caches = []
 
@@ -325,10 +322,10 @@ def test_shared_haystack_one_prefill_same_numbers(tiny, tok, monkeypatch):
 
     monkeypatch.setattr(kit, "PrefixCache", Counting)
     kw = {"lengths": [384], "depths": [0.1], "trials": 4, "candidates": 3, "progress": False}
-    shared = retrieval.run(tiny, tok, shared_haystack=True, **kw)
+    shared = retrieval.run(tiny_model, tok, shared_haystack=True, **kw)
     computed_shared = sum(c.computed for c in caches)
     caches.clear()
-    alone = retrieval.run(tiny, tok, shared_haystack=True, share_prefix=False, **kw)
+    alone = retrieval.run(tiny_model, tok, shared_haystack=True, share_prefix=False, **kw)
     computed_alone = sum(c.computed for c in caches)
     assert computed_shared < 0.4 * computed_alone, (computed_shared, computed_alone)
     for a, b in zip(shared, alone, strict=True):
@@ -339,16 +336,16 @@ def test_shared_haystack_one_prefill_same_numbers(tiny, tok, monkeypatch):
     assert all(r["task_options"]["shared_haystack"] is True for r in shared)
     lengths = {r["value"] for r in shared if r["metric"] == "prompt_tokens"}
     assert max(lengths) - min(lengths) <= 10  # one haystack cut: the prompts differ only in the asked key
-    default = retrieval.run(tiny, tok, **{**kw, "trials": 1})
+    default = retrieval.run(tiny_model, tok, **{**kw, "trials": 1})
     assert all("shared_haystack" not in r["task_options"] for r in default)  # default rows unchanged
 
 
-def test_dynamic_method_each_length_its_own_cell(tiny, tok):
+def test_dynamic_method_each_length_its_own_cell(tiny_model, tok):
     """Under a length-dependent method a cell's rows do not depend on which other lengths ran with it."""
     kw = {"variants": ["niah_multikey"], "depths": [0.5], "trials": 1, "candidates": 2, "progress": False}
-    with extend.patched(tiny, "dynamic-ntk", factor=2):
-        together = retrieval.run(tiny, tok, lengths=[256, 1536], **kw)
-        alone = retrieval.run(tiny, tok, lengths=[256], **kw)
+    with extend.patched(tiny_model, "dynamic-ntk", factor=2):
+        together = retrieval.run(tiny_model, tok, lengths=[256, 1536], **kw)
+        alone = retrieval.run(tiny_model, tok, lengths=[256], **kw)
         unpatched_like = [r for r in together if r["length"] == 256]
     assert [r["value"] for r in unpatched_like] == pytest.approx([r["value"] for r in alone], abs=1e-5)
 
