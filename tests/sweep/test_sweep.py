@@ -150,7 +150,7 @@ def test_no_arguments_is_the_demo():
     assert cfg["config_file"] == str(C.DEMO_CONFIG)
     assert cfg["model"] == ["smollm2-135m"]
     assert [m["method"] for m in cfg["methods"]] == demo["methods"] and "plain" in demo["methods"]
-    assert set(cfg["tasks"]) == {"perplexity", "passkey", "classification"}
+    assert set(cfg["tasks"]) == set(demo["tasks"]) == {"perplexity", "passkey", "retrieval", "classification"}
     ppl = cfg["tasks"]["perplexity"]["lengths"]
     assert min(ppl) < 8192 < max(ppl)  # both sides of SmolLM2's trained context
     checks.check_registries(cfg)  # every name of the demo is valid (it raises otherwise) ...
