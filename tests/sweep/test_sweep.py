@@ -151,8 +151,10 @@ def test_no_arguments_is_the_demo():
     assert cfg["model"] == ["smollm2-135m"]
     assert [m["method"] for m in cfg["methods"]] == demo["methods"] and "plain" in demo["methods"]
     assert set(cfg["tasks"]) == set(demo["tasks"]) == {"perplexity", "passkey", "retrieval", "classification"}
-    ppl = cfg["tasks"]["perplexity"]["lengths"]
-    assert min(ppl) < 8192 < max(ppl)  # both sides of SmolLM2's trained context
+    lengths = [length for task in cfg["tasks"].values() for length in task["lengths"]]
+    assert min(lengths) < 8192 < max(lengths)  # both sides of SmolLM2's trained context
+    paired = cfg["tasks"]["passkey"]["lengths"] + cfg["tasks"]["retrieval"]["lengths"]
+    assert min(paired) > 8192  # the paired tests sit past it
     checks.check_registries(cfg)  # every name of the demo is valid (it raises otherwise) ...
     # ... and plain, whose factor does nothing (registry fact), runs once at factor 1
     factors = sorted(float(f) for f in demo["factors"])
