@@ -214,6 +214,19 @@ def _keys(rng: random.Random, count: int) -> list[str]:
     return rng.sample([f"{a}-{n}" for a in ADJECTIVES for n in NOUNS], count)
 
 
+def niah_question(query: str, *, plural: bool) -> tuple[str, str]:
+    """RULER's NIAH question and answer prefix for `query` (one key, or several joined); one answer takes
+    RULER's singular wording (on the template, before the query goes in)."""
+    if plural:
+        question = NIAH_TEMPLATE.replace("{type_v}", "numbers")
+        prefix = f"The special magic numbers for {query} mentioned in the provided text are"
+    else:
+        question = NIAH_TEMPLATE.replace("Some", "A").replace("are all", "is").replace("are", "is")
+        question = question.replace("{type_v}", "number")
+        prefix = f"The special magic number for {query} mentioned in the provided text is"
+    return question.replace("{query}", query), prefix
+
+
 def make_scene(variant: str, rng: random.Random, candidates: int) -> Scene:
     """The scene of one trial, drawn from `rng` alone (no hash(): the same in every process)."""
     if variant == "vt":
@@ -243,15 +256,7 @@ def make_scene(variant: str, rng: random.Random, candidates: int) -> Scene:
     while len(wrong) < candidates:
         wrong.append(tuple(_distinct(_number, rng, len(answers), taken)))
     query = ", ".join(keys[i] for i in asked[:-1]) + ", and " + keys[asked[-1]] if len(asked) > 1 else keys[0]
-    question = NIAH_TEMPLATE
-    if len(answers) == 1:  # RULER's singular wording (on the template, before the query goes in)
-        question = question.replace("Some", "A").replace("are all", "is").replace("are", "is")
-        question = question.replace("{type_v}", "number")
-        prefix = f"The special magic number for {query} mentioned in the provided text is"
-    else:
-        question = question.replace("{type_v}", "numbers")
-        prefix = f"The special magic numbers for {query} mentioned in the provided text are"
-    question = question.replace("{query}", query)
+    question, prefix = niah_question(query, plural=len(answers) > 1)
     depths = tuple(rng.random() for _ in distractors)
     return Scene(
         variant,
@@ -275,21 +280,19 @@ def shared_scenes(rng: random.Random, trials: int, candidates: int) -> list[Scen
     needles = tuple(
         NEEDLE.format(type_v="numbers", key=k, value=v) for k, v in zip(keys, values, strict=True)
     )
-    question = NIAH_TEMPLATE.replace("Some", "A").replace("are all", "is").replace("are", "is")
-    question = question.replace("{type_v}", "number")  # RULER's singular wording, as make_scene's
     scenes = []
     for t in range(trials):
         wrong = [(v,) for i, v in enumerate(values) if i != t][:candidates]
         while len(wrong) < candidates:
             wrong.append(tuple(_distinct(_number, rng, 1, taken)))
-        prefix = f"The special magic number for {keys[t]} mentioned in the provided text is"
+        question, prefix = niah_question(keys[t], plural=False)
         scenes.append(
             Scene(
                 "niah_multikey",
                 needles,
                 1,
                 (),
-                question.replace("{query}", keys[t]),
+                question,
                 prefix,
                 (values[t],),
                 tuple(wrong),
