@@ -1,0 +1,289 @@
+"""What a metric means, declared once by the task that writes it and carried by every record it writes.
+
+A task declares each of its metrics with a `Metric` (tasks/kit.py `declare(metrics=...)`); the sweep copies
+the declaration into every row of that metric (the ``meaning`` column, a JSON object), so a report of an old
+run or of a plugin task's rows needs neither the task's code nor a guess. Results read it through
+`declarations` and never decide a metric's treatment from its name or its values.
+
+Rows without a declaration (runs written before declarations existed, hand-made frames, lm-eval imports) get
+one explicit fallback, `fallback`: ropebench's own metric names keep the meaning their tasks declare today
+(`BUILT_IN`), every other metric is an undeclared mean (no direction, no bar, no reach). `undeclared_note`
+says so in one line.
+
+This module is light (no pandas, numpy or torch at import): tasks import it to declare.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+# How the values aggregate and which intervals apply:
+# - perplexity: exp of the token-weighted mean log over units (n = tokens behind a row); t interval on the log
+# - rate: 0/1 per unit; Wilson for a cell, Newcombe's paired interval + exact McNemar for paired differences
+# - mean, rank: arithmetic mean over units; t interval (a rank is never a rate, whatever its values)
+KINDS = ("perplexity", "rate", "mean", "rank")
+DIRECTIONS = ("higher", "lower", None)
+# headline: a summary value and a paired difference; detail: tables and plots only; reference: shown beside
+# its task's values, never compared (a chance rate)
+ROLES = ("headline", "detail", "reference")
+# Reach rules (results/reach.py): threshold (RULER's absolute bar), short (NoLiMa: a share of the
+# short-context score), trained (as good as the baseline at the trained context)
+REACH_RULES = ("threshold", "short", "trained")
+META_COLUMN = "meaning"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric's meaning.
+
+    kind: one of KINDS. direction: "higher" / "lower" is better, None when neither (a detail, a count).
+    unit: what one value is in ("perplexity", "fraction of prompts", "nats/token", "rank (1 = first)").
+    chance: the chance level when fixed; chance_metric: the name of a metric of the same task whose value is
+    the chance level of this one (classification's majority rate). reach: the reach rules that apply (a
+    non-empty tuple means the metric has a pass/fail bar). independent_unit: what one independent unit is
+    ("document", "trial", "haystack"); rows that share a unit carry the same ``cluster`` id and count once.
+    role: one of ROLES. lo, hi: the range every value must lie in (None: open). description: one line.
+    """
+
+    kind: str
+    direction: str | None = None
+    unit: str = ""
+    description: str = ""
+    chance: float | None = None
+    chance_metric: str | None = None
+    reach: tuple[str, ...] = ()
+    independent_unit: str = "document"
+    role: str = "headline"
+    lo: float | None = None
+    hi: float | None = None
+    declared: bool = field(default=True, compare=False)  # False only for the undeclared fallback
+
+    def __post_init__(self):
+        problem = self.problem()
+        if problem is not None:
+            raise ValueError(f"metric declaration {problem}")
+        object.__setattr__(self, "reach", tuple(self.reach))
+
+    def problem(self) -> str | None:
+        if self.kind not in KINDS:
+            return f"kind {self.kind!r} is not one of {', '.join(KINDS)}"
+        if self.direction not in DIRECTIONS:
+            return f"direction {self.direction!r} is not 'higher', 'lower' or None"
+        if self.role not in ROLES:
+            return f"role {self.role!r} is not one of {', '.join(ROLES)}"
+        bad = [r for r in self.reach if r not in REACH_RULES]
+        if bad:
+            return f"reach rule {bad[0]!r} is not one of {', '.join(REACH_RULES)}"
+        if self.reach and self.direction is None:
+            return "with reach rules needs a direction (which side of the bar passes)"
+        if "short" in self.reach and self.kind != "rate":
+            return "reach rule 'short' (NoLiMa) applies to rates only"
+        for name in ("chance", "lo", "hi"):
+            v = getattr(self, name)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            ):
+                return f"{name} {v!r} is not a finite number"
+        if self.lo is not None and self.hi is not None and self.lo > self.hi:
+            return f"range [{self.lo}, {self.hi}] is empty"
+        return None
+
+    @property
+    def has_bar(self) -> bool:
+        return bool(self.reach)
+
+    @property
+    def headline(self) -> bool:
+        return self.role == "headline"
+
+    @property
+    def reference(self) -> bool:
+        return self.role == "reference"
+
+    @property
+    def stat_kind(self) -> str:
+        """The statistics' kind: "log" (perplexity), "rate" or "mean" (mean and rank)."""
+        return {"perplexity": "log", "rate": "rate"}.get(self.kind, "mean")
+
+    def in_range(self, value: float) -> bool:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return True
+        return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON object the ``meaning`` column carries (``declared`` is implied)."""
+        out = asdict(self)
+        out.pop("declared")
+        out["reach"] = list(self.reach)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_record(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_record(cls, obj: Mapping[str, Any] | str) -> Metric:
+        """From a ``meaning`` column value (dict or JSON text); unknown keys are ignored (newer writers)."""
+        if isinstance(obj, str):
+            obj = json.loads(obj)
+        known = {k: v for k, v in obj.items() if k in cls.__dataclass_fields__ and k != "declared"}
+        known["reach"] = tuple(known.get("reach") or ())
+        return cls(**known)
+
+
+def _rate(description: str, *, reach=("threshold", "short", "trained"), unit="fraction of prompts", **kw):
+    return Metric("rate", "higher", unit, description, reach=reach, lo=0.0, hi=1.0, **kw)
+
+
+# The meaning ropebench's own tasks declare for their metrics: the fallback for their rows written before
+# declarations travelled with the records. Keep equal to the tasks' declarations (a test checks it).
+BUILT_IN: dict[tuple[str | None, str], Metric] = {
+    ("perplexity", "ppl"): Metric("perplexity", "lower", "perplexity", "perplexity", lo=1.0),
+    ("perplexity", "ppl_tail"): Metric(
+        "perplexity",
+        "lower",
+        "perplexity",
+        "perplexity of the tokens between the previous length and this one",
+        reach=("threshold", "trained"),
+        lo=1.0,
+    ),
+    ("perplexity", "longppl"): Metric("perplexity", "lower", "perplexity", "key-token perplexity", lo=1.0),
+    ("perplexity", "loss"): Metric(
+        "mean", "lower", "nats/token", "mean NLL per token", role="detail", lo=0.0
+    ),
+    ("perplexity", "loss_bin"): Metric(
+        "mean", "lower", "nats/token", "mean NLL of a position bin", role="detail"
+    ),
+    ("perplexity", "loss_fit_a"): Metric("mean", None, "nats/token", "a of a*p^-b+c", role="detail"),
+    ("perplexity", "loss_fit_b"): Metric("mean", None, "", "b of a*p^-b+c", role="detail"),
+    ("perplexity", "loss_fit_c"): Metric("mean", None, "nats/token", "c of a*p^-b+c", role="detail"),
+    ("passkey", "correct"): _rate(
+        "the greedy answer's first integer is the pass key", independent_unit="trial"
+    ),
+    ("passkey", "prompt_tokens"): Metric("mean", None, "tokens", "tokens of the prompt", role="detail"),
+    ("classification", "accuracy"): Metric(
+        "rate",
+        "higher",
+        "fraction of documents",
+        "label by summed log-likelihood",
+        chance_metric="chance",
+        lo=0.0,
+        hi=1.0,
+    ),
+    ("classification", "accuracy_norm"): Metric(
+        "rate",
+        "higher",
+        "fraction of documents",
+        "label by mean log-likelihood per token",
+        role="detail",
+        chance_metric="chance",
+        lo=0.0,
+        hi=1.0,
+    ),
+    ("classification", "macro_f1"): Metric("mean", "higher", "F1", "macro F1", role="detail", lo=0.0, hi=1.0),
+    ("classification", "macro_f1_norm"): Metric(
+        "mean", "higher", "F1", "macro F1 (mean log-likelihood)", role="detail", lo=0.0, hi=1.0
+    ),
+    ("classification", "chance"): Metric(
+        "rate", None, "fraction of documents", "majority-class rate", role="reference", lo=0.0, hi=1.0
+    ),
+    ("retrieval", "answer_logprob"): Metric(
+        "mean",
+        "higher",
+        "nats/token",
+        "mean log-probability per token of the true answer",
+        hi=0.0,
+        independent_unit="haystack",
+    ),
+    ("retrieval", "answer_rank"): Metric(
+        "rank",
+        "lower",
+        "rank (1 = first)",
+        "rank of the true answer among the candidates",
+        role="detail",
+        lo=1.0,
+        independent_unit="haystack",
+    ),
+    ("retrieval", "answer_top1"): _rate(
+        "the true answer ranks first among the candidates",
+        reach=("threshold", "trained"),
+        independent_unit="haystack",
+    ),
+    ("retrieval", "string_match_all"): Metric(
+        "mean",
+        "higher",
+        "fraction of references",
+        "RULER's score: share of the references in the answer",
+        lo=0.0,
+        hi=1.0,
+        independent_unit="haystack",
+    ),
+    ("retrieval", "all_found"): _rate(
+        "every reference is in the greedy answer", reach=("threshold", "trained"), independent_unit="haystack"
+    ),
+    ("retrieval", "prompt_tokens"): Metric("mean", None, "tokens", "tokens of the prompt", role="detail"),
+}
+UNDECLARED = Metric("mean", None, "", "undeclared: a plain mean", declared=False)
+
+
+def fallback(task: str | None, metric: str) -> Metric:
+    """The explicit fallback for rows without a declaration: `BUILT_IN` for ropebench's own (task, metric),
+    else `UNDECLARED` (a mean with no direction, bar or reach). Never decided by the values."""
+    found = BUILT_IN.get((task, metric))
+    return replace(found, declared=False) if found is not None else UNDECLARED
+
+
+def declarations(rows: Iterable[Mapping[str, Any]] | Any) -> dict[tuple[str, str], Metric]:
+    """(task, metric) -> Metric for every (task, metric) in `rows` (a DataFrame or an iterable of row dicts).
+
+    The first parseable ``meaning`` of a (task, metric) wins (rows of one metric carry the same one; rows of
+    different runs may differ only if the task changed, and then the newest wording is as good as any);
+    (task, metric) pairs without one get `fallback` (``declared=False``)."""
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
+        cols = [c for c in ("task", "metric", META_COLUMN) if c in rows.columns]
+        rows = rows[cols].drop_duplicates().to_dict("records")
+    out: dict[tuple[str, str], Metric] = {}
+    missing: set[tuple[str, str]] = set()
+    for r in rows:
+        key = (r.get("task"), r.get("metric"))
+        if key in out:
+            continue
+        raw = r.get(META_COLUMN)
+        if isinstance(raw, (str, Mapping)) and raw:
+            try:
+                out[key] = Metric.from_record(raw)
+                missing.discard(key)
+                continue
+            except (ValueError, TypeError):  # a malformed declaration counts as none
+                pass
+        missing.add(key)
+    for key in missing:
+        if key not in out:
+            out[key] = fallback(*key)
+    return out
+
+
+def meaning_of(rows: Any, task: str, metric: str) -> Metric:
+    """The declaration of one (task, metric) in `rows` (the fallback when it has none)."""
+    return declarations(rows).get((task, metric)) or fallback(task, metric)
+
+
+def undeclared_note(declared: Mapping[tuple[str, str], Metric]) -> str | None:
+    """One line naming the metrics that carried no declaration, or None when every one did."""
+    built_in = sorted(f"{t}/{m}" for (t, m), d in declared.items() if not d.declared and (t, m) in BUILT_IN)
+    other = sorted(f"{t}/{m}" for (t, m), d in declared.items() if not d.declared and (t, m) not in BUILT_IN)
+    parts = []
+    if built_in:
+        parts.append(f"{', '.join(built_in)} read with ropebench's built-in meaning")
+    if other:
+        parts.append(f"{', '.join(other)} treated as plain means (no direction, bar or reach)")
+    if not parts:
+        return None
+    return (
+        "Rows without a metric declaration (written before declarations, or by hand): "
+        + "; ".join(parts)
+        + "."
+    )
