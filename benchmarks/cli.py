@@ -70,6 +70,11 @@ COMMANDS = {
         "what LongPPL (key_tokens) and loss by position cost next to the bare perplexity pass",
         list,
     ),
+    "longppl-bias": (
+        "benchmarks.longppl_bias",
+        "LongPPL's evaluator bias: key tokens chosen by the unpatched model vs the split sample",
+        list,
+    ),
     "retrieval-sharing": (
         "benchmarks.retrieval_sharing",
         "the retrieval task with vs without haystack sharing (--tiny: a smoke run in seconds)",
@@ -78,6 +83,21 @@ COMMANDS = {
     "shape-check": (
         "benchmarks.shape_check",
         "sanity check of the core at 16k: each method's loss on the first vs the last 4k tokens",
+        list,
+    ),
+    "gpu": (
+        "benchmarks.gpu_check",
+        "the GPU check (issue 30): correctness on CUDA, long-context speed and memory (--cpu-sizes: CPU)",
+        list,
+    ),
+    "wheels": (
+        "benchmarks.wheels",
+        "gather the wheels the GPU machine's image lacks (Python 3.12) into .device-wheels/ (<= 56 MiB)",
+        list,
+    ),
+    "compute-floor": (
+        "benchmarks.compute_floor",
+        "the demo's forward FLOPs over this CPU's measured GEMM rate, and the demo's wall as a ratio to it",
         list,
     ),
 }

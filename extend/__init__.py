@@ -6,16 +6,37 @@ in place (and undo cleanly), plus model loading.
         with extend.fixed_length(model, prompt_len + new_tokens):   # one set of frequencies per call
             ...
     print(extend.inspect(model, "yarn", factor=2))                  # what the patch changes, per layer type
+
+The names load on first use (PEP 562), so `import extend.errors` (the error classes every layer shares) and
+`import results` stay free of torch and transformers; the first use of a name registers the built-in methods.
 """
 
-from . import frequency_methods as _frequency_methods  # noqa: F401  (registers the frequency methods)
-from . import remap as _remap_methods  # noqa: F401  (registers self-extend, rerope, dca)
+from importlib import import_module
+from typing import Any
+
 from .errors import ExtendError, RopebenchError
-from .families import TESTED_FAMILIES, UNSUPPORTED_FAMILIES
-from .inspector import inspect
-from .loading import ALIASES, embedded_gguf, load
-from .patching import Patch, current, fixed_length, length_dependent, patch, patched, trained_context
-from .registry import Rope, RopeBase, describe, methods, register
+
+# name -> the submodule that defines it
+_LAZY = {
+    "TESTED_FAMILIES": "families",
+    "UNSUPPORTED_FAMILIES": "families",
+    "inspect": "inspector",
+    "ALIASES": "loading",
+    "embedded_gguf": "loading",
+    "load": "loading",
+    "Patch": "patching",
+    "current": "patching",
+    "fixed_length": "patching",
+    "length_dependent": "patching",
+    "patch": "patching",
+    "patched": "patching",
+    "trained_context": "patching",
+    "Rope": "registry",
+    "RopeBase": "registry",
+    "describe": "registry",
+    "methods": "registry",
+    "register": "registry",
+}
 
 __all__ = [
     "ALIASES",
@@ -38,4 +59,31 @@ __all__ = [
     "patched",
     "register",
     "trained_context",
-]
+]  # every name above
+
+
+def load_builtin_methods() -> None:
+    """Register the built-in methods (importing their modules registers them; once, then a no-op).
+    import_module, not `from . import`: that would ask this module's __getattr__ again."""
+    import_module(".frequency_methods", __name__)
+    import_module(".remap", __name__)  # self-extend, rerope, dca
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # dunder probes (copy, pickle, doctest) are not names of ours
+        raise AttributeError(f"module 'extend' has no attribute {name!r}")
+    load_builtin_methods()  # every name below serves the registered methods
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # cache: later lookups skip __getattr__
+        return value
+    try:  # a submodule used as an attribute (`extend.loading.gguf_snapshot`) after a plain `import extend`
+        return import_module(f".{name}", __name__)
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module 'extend' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,5 +1,6 @@
 """ropebench's user-error classes. Every layer's error derives from RopebenchError,
-so a CLI catches one thing."""
+so a CLI catches one thing. This module imports nothing heavy (and `extend/__init__` loads its other names on
+first use), so every layer, results included, imports it without torch or transformers."""
 
 
 class RopebenchError(ValueError):

@@ -3,7 +3,7 @@ function; where transformers implements the method (a rope type of `ROPE_INIT_FU
 and write by hand only what it lacks (static NTK-aware scaling, dynamic YaRN, xPos).
 
 A method's docstring opens with a one-line summary, then `Formula:` and `Reference:` lines: the README's and
-docs/methods.md's method tables are generated from them (`python -m extend.docs --write`)."""
+docs/methods.md's method tables are generated from them (`python -m ropebench.docs --write`)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,41 @@ def _check_ramp(beta_fast: float, beta_slow: float) -> None:
         )
 
 
+def yarn_on_frequencies(
+    rope: RopeBase, factor: float, beta_fast: float, beta_slow: float, attention_factor: float | None
+) -> tuple[torch.Tensor, float]:
+    """YaRN (paper eq. 17-18) on the frequencies the method starts from when they are not theta's series
+    (RopeBase.start: the shipped ones under start_from="shipped", p-RoPE's): pair i turns
+    r_i = L theta_i / 2 pi times in the trained context L;
+    gamma = clamp((r_i - beta_slow) / (beta_fast - beta_slow), 0, 1);
+    theta_i' = (1 - gamma) theta_i / s + gamma theta_i. A stopped pair (theta_i = 0) stays stopped.
+    Attention factor 0.1 ln s + 1 (1 at s <= 1) unless given. Computed in float64, returned as float32."""
+    theta = rope.inv_freq.double()
+    rotations = rope.original_max_position_embeddings * theta / (2 * math.pi)
+    gamma = ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
+    inv_freq = (1 - gamma) * theta / factor + gamma * theta
+    if attention_factor is None:
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv_freq.to(torch.float32), float(attention_factor)
+
+
+def llama3_on_frequencies(
+    rope: RopeBase, factor: float, low_freq_factor: float, high_freq_factor: float
+) -> torch.Tensor:
+    """Llama 3.1's wavelength bands on the frequencies the method starts from (RopeBase.start), as
+    transformers' `llama3` computes them on theta's series (float32): wavelength > L/low_freq_factor:
+    theta_i/s; < L/high_freq_factor: theta_i; between: (1 - g) theta_i/s + g theta_i with g = (L/wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor). A stopped pair stays stopped."""
+    context = rope.original_max_position_embeddings
+    inv_freq = rope.inv_freq
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > context / low_freq_factor, inv_freq / factor, inv_freq)
+    smooth = (context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelength < context / high_freq_factor) * ~(wavelength > context / low_freq_factor)
+    return torch.where(medium, smoothed, scaled)
+
+
 SCALE_RULES = ("paper", "transformers")
 
 
@@ -82,7 +117,7 @@ def dynamic_scale(factor: float, seq_len: int, original: int, rule: str) -> floa
     return max(1.0, factor * seq_len / original - (factor - 1))
 
 
-@register("plain", uses_factor=False)
+@register("plain", uses_factor=False, on_frequencies=True)
 def plain(rope: RopeBase, *, factor: float):
     """No extension: the model as loaded, bit-identical (the baseline; its shipped RoPE scaling kept).
 
@@ -168,7 +203,7 @@ def dynamic_ntk(
     )
 
 
-@register("ntk-parts", min_factor=1.0, identity_at_one=True)
+@register("ntk-parts", min_factor=1.0, identity_at_one=True, on_frequencies=True)
 def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, beta_slow: Rotations = 1.0):
     """NTK-by-parts, no temperature.
 
@@ -178,15 +213,21 @@ def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, bet
 
     Per dimension, interpolate by s where the wavelength is long (fewer than beta_slow rotations in L), keep
     where short (more than beta_fast rotations), linear ramp between. No attention temperature (YaRN without
-    its 0.1 ln s + 1)."""
+    its 0.1 ln s + 1). On frequencies other than theta's series (the shipped ones a method starts
+    from under start_from="shipped", e.g. Llama 3.1's llama3 x8; p-RoPE's) the ramp counts their rotations,
+    eq. 17-18 as written: gamma = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1) with
+    r = L / wavelength (`yarn_on_frequencies`; transformers' ramp runs over pair indices between the bounds
+    rounded to whole pairs, which only theta's series has)."""
     _check_ramp(beta_fast, beta_slow)
+    if rope.start is not None:
+        return yarn_on_frequencies(rope, factor, beta_fast, beta_slow, 1.0)
     inv_freq, _ = transformers_rope(
         "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=1.0
     )
     return inv_freq, 1.0
 
 
-@register("yarn", min_factor=1.0, identity_at_one=True)
+@register("yarn", min_factor=1.0, identity_at_one=True, on_frequencies=True)
 def yarn(
     rope: RopeBase,
     *,
@@ -202,8 +243,15 @@ def yarn(
     Reference: Peng et al. 2023, arXiv:2309.00071
 
     NTK-by-parts frequencies (ramp between beta_fast=32 and beta_slow=1 rotations) and attention temperature
-    sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin. Delegates to transformers' `yarn`."""
+    sqrt(1/t) = 0.1 ln s + 1 applied to cos/sin. Delegates to transformers' `yarn`. On frequencies other
+    than theta's series (the shipped ones a method starts from under start_from="shipped", e.g. Llama 3.1's
+    llama3 x8; p-RoPE's) the ramp counts their rotations,
+    eq. 17-18 as written: gamma = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1) with
+    r = L / wavelength (`yarn_on_frequencies`; transformers' ramp runs over pair indices between the bounds
+    rounded to whole pairs, which only theta's series has)."""
     _check_ramp(beta_fast, beta_slow)
+    if rope.start is not None:
+        return yarn_on_frequencies(rope, factor, beta_fast, beta_slow, attention_factor)
     return transformers_rope(
         "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor
     )
@@ -216,6 +264,7 @@ def yarn(
     uses_factor=_factor_enters,
     reach=_any_length,
     record=("scale_rule",),
+    on_frequencies=True,
 )
 def dynamic_yarn(
     rope: RopeBase,
@@ -242,10 +291,12 @@ def dynamic_yarn(
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0
+    if rope.start is not None:
+        return yarn_on_frequencies(rope, scale, beta_fast, beta_slow, None)
     return transformers_rope("yarn", rope, scale, beta_fast=beta_fast, beta_slow=beta_slow)
 
 
-@register("llama3", min_factor=1.0, identity_at_one=True)
+@register("llama3", min_factor=1.0, identity_at_one=True, on_frequencies=True)
 def llama3(
     rope: RopeBase, *, factor: float, low_freq_factor: Positive = 1.0, high_freq_factor: Positive = 4.0
 ):
@@ -255,12 +306,16 @@ def llama3(
     Reference: Meta 2024, Llama 3.1
 
     Wavelengths longer than L/low_freq_factor are divided by s, shorter than L/high_freq_factor kept, smooth
-    interpolation between. Delegates to transformers' `llama3`."""
+    interpolation between. Delegates to transformers' `llama3`; on frequencies other than theta's series
+    (the shipped ones under start_from="shipped", p-RoPE's) the bands are the same formula on their
+    wavelengths (`llama3_on_frequencies`)."""
     if not high_freq_factor > low_freq_factor > 0:
         raise ExtendError(
             f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high_freq_factor} and "
             f"{low_freq_factor} — e.g. low_freq_factor=1, high_freq_factor=4"
         )
+    if rope.start is not None:
+        return llama3_on_frequencies(rope, factor, low_freq_factor, high_freq_factor), 1.0
     return transformers_rope(
         "llama3", rope, factor, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor
     )
@@ -348,11 +403,11 @@ def _describe_list(values) -> str:
     return f"{type(values).__name__} {values!r}"[:60]
 
 
-@register("proportional", uses_factor=False)
+@register("proportional", on_frequencies=True)
 def proportional(rope: RopeBase, *, factor: float, partial_rotary_factor: Fraction = 1.0):
-    """p-RoPE: only the fastest-turning fraction p of the rotary pairs rotates; the others carry no position.
+    """p-RoPE: only the fastest-turning fraction p of the rotary pairs turns (at theta_i / s), the rest stop.
 
-    Formula: theta_i for the first floor(p d/2) pairs (the highest frequencies), 0 (no rotation) for the
+    Formula: theta_i / s for the first floor(p d/2) pairs (the highest frequencies), 0 (no rotation) for the
     others; p = `partial_rotary_factor`
     Reference: Barbero et al. 2024, arXiv:2410.06205 (transformers' `proportional`)
 
@@ -361,21 +416,27 @@ def proportional(rope: RopeBase, *, factor: float, partial_rotary_factor: Fracti
     as semantic channels, which rotation makes unreliable over long contexts; p-RoPE stops rotating the lowest
     (those dims become NoPE) and keeps the model's own frequencies on the rest. p counts the model's rotary
     pairs (on a partial-rotary model, those of its rotary dims) as transformers' `proportional` rope type
-    counts head_dim's: floor(p d/2) pairs rotate. Gemma 4 ships p = 0.25 on its global layers; p = 1 (the
-    default, transformers' too) keeps every pair, i.e. the model's RoPE, bit-identical. p-RoPE has no scale:
-    `factor` is ignored (a sweep runs it once, at 1; transformers' own `factor` for this type, a linear
-    interpolation it does not declare, is not used). Delegates to transformers' `proportional` where
-    transformers has it."""
+    counts head_dim's: floor(p d/2) pairs rotate. Gemma 4 ships p = 0.25 on its global layers. `factor` s is
+    transformers' (5.x): every rotating pair's frequency is divided by s, i.e. position interpolation (`pi`)
+    on the pairs that still rotate, so p-RoPE with a factor is p-RoPE of a model whose positions are m/s; the
+    stopped pairs stay stopped. p = 1 (the default, transformers' too) at factor 1 is the model's RoPE,
+    bit-identical; p = 1 at factor s is `pi`. Delegates to transformers' `proportional` where transformers has
+    it; on frequencies other than theta's series (a shipped scaling under start_from="shipped") the first
+    floor(p d/2) of them rotate, divided by s."""
     kept = int(partial_rotary_factor * rope.dim // 2)  # transformers' count: int(p * head_dim // 2)
-    if kept == rope.dim // 2:
-        return rope.inv_freq, 1.0  # every pair rotates: the model's own tensor
-    if "proportional" in ROPE_INIT_FUNCTIONS:
+    if kept == rope.dim // 2 and factor == 1.0:
+        return rope.inv_freq, 1.0  # every pair rotates at factor 1: the model's own tensor
+    if rope.start is None and "proportional" in ROPE_INIT_FUNCTIONS:
         # transformers' head_dim is the model's rotary dim here, so the kept pairs are the model's frequencies
         on_rotary_dims = dataclasses.replace(rope, head_dim=rope.dim)
         inv_freq, _ = transformers_rope(
             "proportional", on_rotary_dims, None, partial_rotary_factor=partial_rotary_factor
         )
-        return inv_freq, 1.0
-    inv_freq = rope.inv_freq.clone()  # a transformers without `proportional` (added for Gemma 4)
+        # transformers' last step, `inv_freq /= factor` (float32): done here, as its config validation warns
+        # about a `factor` this type does not declare
+        return inv_freq / factor, 1.0
+    # the start frequencies (shipped ones), or a transformers without `proportional` (added for Gemma 4)
+    inv_freq = rope.inv_freq.clone()
     inv_freq[kept:] = 0.0
+    inv_freq /= factor
     return inv_freq, 1.0

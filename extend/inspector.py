@@ -63,11 +63,12 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
         )
     if method is None:
         return "\n".join(lines)
+    pretrained = rope_bases(model, rotary, start_from="pretrained")
     with patched(model, method, factor, **options) as handle:
         target = math.ceil(handle.options["trained_context"] * factor)
         dynamic = handle.length_dependent
         extended = handle.extended_layer_types
-        after, loaded = {}, {}
+        after, loaded, trained = {}, {}, {}
         for lt in handle.layer_types:  # dynamic methods: shown at factor x the trained context
             after[lt] = (
                 handle.frequencies(lt, target).inv_freq.detach().double().cpu(),
@@ -76,12 +77,16 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
             loaded[lt] = (
                 handle.loaded_frequencies(lt).double().cpu()
             )  # as loaded (its shipped frequencies, if any)
+            # what the model was trained with, from the start the patch takes (Liu et al.'s d_crit)
+            start = pretrained[lt].inv_freq if handle.options["start_from"] == "pretrained" else loaded[lt]
+            trained[lt] = start.double().cpu()
         changes = [f"    {c.name}: {c.description}" for c in handle.global_changes]
     opts = ", ".join(f"{k}={v}" for k, v in sorted(handle.options.items()))
     lines.append(f"{method} x{factor:g}: {opts}")
     for lt, (inv_freq, (scaling, logits)) in after.items():
         before = loaded[lt]
-        ratio = inv_freq / before
+        rotating = before != 0  # a stopped pair (p-RoPE) has no ratio
+        ratio = inv_freq[rotating] / before[rotating] if bool(rotating.any()) else torch.ones(1)
         changed = int((~torch.isclose(inv_freq, before, rtol=1e-6, atol=0)).sum())
         what = "extended" if lt in extended else "kept"
         temp = f"cos/sin x{scaling:.4g}"
@@ -97,10 +102,11 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
             "    "
             + theory.describe(
                 inv_freq.numpy(),
-                theta=handle.options["base_theta"],
+                theta=shipped[lt].theta,
                 dim=len(inv_freq) * 2,
                 trained_context=handle.options["trained_context"],
                 target=target,
+                trained_inv_freq=trained[lt].numpy(),
             )
         )
     if dynamic:

@@ -3,7 +3,8 @@
     ropebench lm-eval run --model ropebench \\
         --model_args pretrained=smollm2-135m,method=yarn,factor=2 --tasks ropebench_passkey_16k --limit 4
     ropebench lm-eval tasks          # prints the folder of ropebench's own lm-eval tasks
-    (`python -m extend.lm_eval ...` is the same command)
+    (`python -m extend.lm_eval ...`: the same CLI without ropebench's task folder, which the core does not
+    know: the `ropebench` command passes it, `main(argv, tasks_dir=...)`)
 
 - `RopebenchLM` (registered as lm-eval model ``ropebench``): an `HFLM` that loads through `extend.load`
   and patches the model with `extend.patch(model, method, factor, **options)`. `max_length` defaults to
@@ -11,7 +12,8 @@
   Loglikelihood requests (and so rolling perplexity) run the decoder body once and the LM head only on the
   scored positions, SCORE_BLOCK at a time: a 32k window never holds (32k x vocab) logits.
 - lm-eval 0.4.13 has no plugin discovery for models, hence the CLI shim `main()`: it registers the model,
-  checks ropebench model_args up front (one `error: ...` line, exit 2) and runs lm-eval's own CLI.
+  checks ropebench model_args up front (one `error: ...` line, exit 2) and runs lm-eval's own CLI. Offline,
+  tasks whose data is neither cached nor local are refused before the model loads (`unreachable_data`).
 - The scoring and generation overrides follow HFLM's private loop pieces; on an lm-eval outside
   `LM_EVAL_RANGE` the model keeps stock HFLM's loops (one warning) and still patches RoPE.
 
@@ -29,9 +31,12 @@ if (
 
     sys.exit(main())
 
+import argparse
 import ast
+import contextlib
 import importlib.metadata
 import inspect
+import io
 import json
 import logging
 import os
@@ -61,9 +66,6 @@ MODEL_NAME = "ropebench"
 DEFAULT_PRETRAINED = "smollm2-135m"
 # Positions per LM-head call when scoring (x vocab x 4 B of float32 log-probs: 128 MB for a 128k vocabulary).
 SCORE_BLOCK = 256
-# ropebench's lm-eval tasks, found next to this package (never through sys.path, where a user's own `tasks/`
-# folder in the working directory would come first).
-TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "lm_eval_tasks"
 # lm-eval releases whose HFLM internals the overrides below follow (Collator/get_cache/_batch_scheduler in
 # _loglikelihood_tokens, softmax_dtype, mixed_precision_dtype, _model_generate) and whose CLI main() drives
 # (lm_eval._cli, new in 0.4.10); verified on 0.4.13. pyproject.toml pins the same range (a test compares
@@ -567,11 +569,152 @@ class RopebenchLM(HFLM):
 # --- task folder -----------------------------------------------------------------------------------------
 
 
-def tasks_path() -> Path:
-    """The folder with ropebench's lm-eval tasks (for --include_path / TaskManager(include_path=...))."""
-    if not TASKS_DIR.is_dir():
-        raise ExtendError(f"{TASKS_DIR} is missing — generate it with `python -m tasks.lm_eval_export`")
-    return TASKS_DIR
+def checked_tasks_dir(tasks_dir) -> Path:
+    """The folder of ropebench's lm-eval tasks, as the caller passes it (the core never looks above itself:
+    `ropebench lm-eval` passes tasks.lm_eval_export.OUT_DIR)."""
+    if tasks_dir is None:
+        raise ExtendError(
+            "`python -m extend.lm_eval` knows no task folder of ropebench's — `ropebench lm-eval tasks` "
+            "prints it (in Python: tasks.lm_eval_export.OUT_DIR)"
+        )
+    if not Path(tasks_dir).is_dir():
+        raise ExtendError(f"{tasks_dir} is missing — generate it with `python -m tasks.lm_eval_export`")
+    return Path(tasks_dir)
+
+
+# --- data a task reads, checked before the model loads ----------------------------------------------------
+
+# Names `datasets.load_dataset` builds from local files (a `dataset_path` that is not a hub dataset).
+LOCAL_BUILDERS = {"", "json", "csv", "parquet", "text", "arrow", "pandas", "xml", "webdataset"}
+# lm-eval's RULER generators (`custom_dataset:`, with `dataset_path: ""`) fetch their data themselves: the
+# essay haystack is this hub dataset (lm_eval/tasks/ruler/prepare_niah.get_haystack("essay")).
+ESSAY_DATASET = "baber/paul_graham_essays"
+TRUE = ("1", "true", "yes", "on")
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set: nothing is downloaded, only caches are read."""
+    return any(os.environ.get(k, "").lower() in TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def dataset_cached(repo_id: str) -> bool:
+    """Whether a hub dataset is in the local caches `datasets.load_dataset` reads offline (its own, or the
+    hub's). The variables are read now, not when `datasets` was imported, so a caller may point them."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    own = os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE
+    hub = os.environ.get("HF_HUB_CACHE") or huggingface_hub.constants.HF_HUB_CACHE
+    return (Path(own) / repo_id.replace("/", "___")).is_dir() or (
+        Path(hub) / f"datasets--{repo_id.replace('/', '--')}"
+    ).is_dir()
+
+
+def _generator_source(spec: str) -> tuple[str, str]:
+    """The source of a `custom_dataset` generator as lm-eval's index keeps it unresolved,
+    'FOLDER/module.function', and of its module."""
+    module_path, _, function = spec.rpartition(".")
+    try:
+        module_source = Path(module_path + ".py").read_text()
+    except OSError:
+        return "", ""
+    for node in ast.parse(module_source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return ast.get_source_segment(module_source, node) or "", module_source
+    return "", module_source
+
+
+def data_needed(config: dict) -> list[str]:
+    """What an lm-eval task config fetches that may need the network: its hub dataset (`dataset_path`, not a
+    local builder or folder), or for a generator, the essay haystack or a web download."""
+    needs = []
+    path = str(config.get("dataset_path") or "")
+    if path not in LOCAL_BUILDERS and not Path(path).expanduser().exists():
+        needs.append(f"the hub dataset {path!r}")
+    spec = config.get("custom_dataset")
+    if isinstance(spec, str):
+        function, module = _generator_source(spec)
+        if 'type_haystack="essay"' in function:
+            needs.append(f"the hub dataset {ESSAY_DATASET!r}")
+        elif "requests.get(" in module and "get_qa_dataset" in function:
+            needs.append("a download from the web (its QA set)")
+    return needs
+
+
+def _leaf_configs(manager, name, seen: set) -> list[tuple[str, dict]]:
+    """(task name, config) of every task a name stands for: groups and tags expand to their members."""
+    from lm_eval.tasks._index import Kind
+
+    entry = manager._entry(name) if isinstance(name, str) else None
+    if isinstance(name, dict):  # an inline config or a YAML file's
+        return [(str(name.get("task", "?")), name)]
+    if entry is None or name in seen:
+        return []
+    seen.add(name)
+    if entry.kind is Kind.TAG:
+        members = sorted(entry.tags)
+    elif entry.kind is Kind.GROUP:
+        members = [m.get("task") if isinstance(m, dict) else m for m in (entry.cfg or {}).get("task", [])]
+    else:
+        return [(name, entry.cfg or {})]
+    return [leaf for member in members for leaf in _leaf_configs(manager, member, seen)]
+
+
+def unreachable_data(manager, tasks) -> dict[str, list[str]]:
+    """Offline: task name -> what it would fetch that is neither cached nor local (empty when online)."""
+    if not offline():
+        return {}
+    seen, found = set(), {}
+    for task in tasks or []:
+        for name, config in _leaf_configs(manager, task, seen):
+            needs = [n for n in data_needed(config) if not _cached(n)]
+            if needs:
+                found[name] = needs
+    return found
+
+
+def _cached(need: str) -> bool:
+    return need.startswith("the hub dataset ") and dataset_cached(need.split("'")[1])
+
+
+def refuse_unreachable_data(manager, tasks) -> None:
+    """One line naming each task that needs data out of reach offline, grouped by what it needs."""
+    missing = unreachable_data(manager, tasks)
+    if not missing:
+        return
+    by_need: dict[str, list[str]] = {}
+    for name, needs in missing.items():
+        for need in needs:
+            by_need.setdefault(need, []).append(name)
+    parts = [
+        f"{', '.join(sorted(names))} need{'s' if len(names) == 1 else ''} {need}"
+        for need, names in by_need.items()
+    ]
+    raise RopebenchError(
+        f"offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) and not cached: {'; '.join(parts)} — run them online "
+        f"(a hub dataset is cached for later offline runs), or leave those tasks out"
+    )
+
+
+@contextlib.contextmanager
+def data_checked_before_the_model():
+    """lm-eval loads the model before it builds its tasks, so a task whose data is out of reach used to fail
+    after the load with a long traceback. The check runs on the task manager lm-eval builds for the run
+    itself (indexing lm-eval's tasks twice costs seconds), right after it resolves the task names."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    original = EvaluatorConfig.process_tasks
+
+    def process_tasks(self, metadata=None):
+        manager = original(self, metadata)
+        refuse_unreachable_data(manager, self.tasks)
+        return manager
+
+    EvaluatorConfig.process_tasks = process_tasks
+    try:
+        yield
+    finally:
+        EvaluatorConfig.process_tasks = original
 
 
 def needs_snapshot(model_args: dict, metadata: dict | None) -> bool:
@@ -623,21 +766,43 @@ USAGE = """usage: ropebench lm-eval {run,ls,validate} [lm-eval arguments ...]
                                       (default smollm2-135m), for model_args/metadata tokenizer=
 
 Runs lm-eval's own CLI with the `ropebench` model registered; every lm-eval flag works. Without
---include_path, ropebench's task folder is included. (`python -m extend.lm_eval ...` is the same command.)
+--include_path, ropebench's task folder is included. (`python -m extend.lm_eval ...` is the same CLI
+without ropebench's task folder.) Offline, tasks whose data is not cached are refused before the model loads.
 Example:
   ropebench lm-eval run --model ropebench --model_args pretrained=smollm2-135m,method=yarn,factor=2 \\
       --tasks ropebench_passkey_16k --limit 4 --device cpu
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(parser) -> argparse.Namespace:
+    """lm-eval's own parsing (it inserts 'run' when no subcommand is given); its usage errors (argparse's
+    usage block and exit 2) become the project's one line."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = parser.parse_args()
+    except SystemExit as e:
+        if not e.code:  # --help: printed, done
+            raise
+        said = [line.split("error: ", 1)[1] for line in captured.getvalue().splitlines() if "error: " in line]
+        raise RopebenchError(
+            f"{said[-1] if said else 'bad arguments'} — `ropebench lm-eval --help` shows the commands, "
+            f"`ropebench lm-eval run --help` lm-eval's options"
+        ) from None
+    sys.stderr.write(captured.getvalue())
+    return args
+
+
+def main(argv: list[str] | None = None, *, tasks_dir=None) -> int:
+    """`ropebench lm-eval ...`: lm-eval's CLI with the `ropebench` model registered. `tasks_dir`: the folder
+    of ropebench's lm-eval tasks (included when the command names no --include_path), passed by the caller."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
     if argv[0] in ("tasks", "--print-tasks-path", "tokenizer"):
         try:
-            print(tasks_path() if argv[0] != "tokenizer" else tokenizer_source(*argv[1:2]))
+            print(checked_tasks_dir(tasks_dir) if argv[0] != "tokenizer" else tokenizer_source(*argv[1:2]))
         except RopebenchError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -658,16 +823,17 @@ def main(argv: list[str] | None = None) -> int:
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]
     try:
-        args = parser.parse_args()  # lm-eval's own parsing (inserts 'run' when no subcommand is given)
+        args = _parse(parser)
         if getattr(args, "command", None) == "run":
             if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
-                args.include_path = str(tasks_path())
+                args.include_path = None if tasks_dir is None else str(checked_tasks_dir(tasks_dir))
             if getattr(args, "model", None) == MODEL_NAME:
                 check_model_args(dict(args.model_args or {}))
                 if needs_snapshot(dict(args.model_args or {}), args.metadata):
                     check_task_names(args.tasks, args.include_path)  # before converting a GGUF's weights
                 args.metadata = with_task_tokenizer(dict(args.model_args or {}), args.metadata)
-        parser.execute(args)
+        with data_checked_before_the_model():
+            parser.execute(args)
     except RopebenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

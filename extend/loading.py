@@ -158,8 +158,11 @@ class DtypeChoice:
 
 
 def dtype_choice(device: str) -> DtypeChoice:
-    """bf16 on a GPU; on a CPU the faster of bf16 and fp32 (`cpu_dtype_choice`); fp32 elsewhere (mps)."""
+    """bf16 on a GPU that has it (Ampere and newer; fp32 on older ones: fp16 overflows at long contexts, xpos
+    refuses it); on a CPU the faster of bf16 and fp32 (`cpu_dtype_choice`); fp32 elsewhere (mps)."""
     if str(device).startswith("cuda"):
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return DtypeChoice(torch.float32, "GPU without native bfloat16 (before Ampere): float32")
         return DtypeChoice(torch.bfloat16, "GPU: bfloat16")
     if str(device) == "cpu":
         return cpu_dtype_choice()

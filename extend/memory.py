@@ -4,10 +4,13 @@ The estimate (bytes) adds what a long forward holds at its peak:
 - weights: embedding (+ LM head unless tied) and per layer attention + gated MLP projections;
 - KV cache: layers x 2 x kv heads x head_dim x L (generation and the prefix cache keep it);
 - activations of one layer: residual stream, q/k/v and the MLP's three projections for L positions;
-- attention: eager attention builds heads x L x L scores (and a float L x L mask); sdpa gets an L x L mask (a
-  boolean one and, measured on CPU, a float copy) where the model has sliding-window layers shorter than L
-  (plain causal sdpa needs no mask, so no L x L);
-  position-remapping methods attend blockwise (no L x L either);
+- attention: eager attention builds heads x L x L scores (and a float L x L mask), and softmaxes them in
+  float32 (transformers' eager_attention_forward, on every device); sdpa gets an L x L mask (a boolean one
+  and, measured on CPU, a float copy; CUDA's kernels convert a boolean mask to a float one too) where the
+  model has sliding-window layers shorter than L (plain causal sdpa needs no mask, so no L x L: CUDA's flash
+  and memory-efficient kernels, CPU's flash kernel); position-remapping methods attend blockwise (no L x L
+  either; off the CPU their float32 math path holds a query block x L score tile and its weights,
+  extend/remap_attention.py's attention_with_lse);
 - logits: the tasks score `chunk` positions x vocabulary at a time (float32).
 It is an order-of-magnitude guard (tests/extend/test_refuse_before_load.py compares it with a measured peak):
 a sweep that cannot fit is refused before the weights load, with the estimate and the largest length that
@@ -24,6 +27,7 @@ from .errors import ExtendError
 GB = 1024**3
 LOGIT_CHUNK = 1024  # positions per LM-head call in the tasks (perplexity chunk_size default)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+REMAP_BLOCK = 512  # extend.remap_attention.QUERY_BLOCK (not imported: that module imports transformers)
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,19 @@ def _needs_mask(config, length: int) -> bool:
 
 
 def estimate(
-    config, length: int, *, dtype: str = "float32", attn_implementation: str = "sdpa", blockwise: bool = False
+    config,
+    length: int,
+    *,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    blockwise: bool = False,
+    device: str | None = None,
+    kv_cache: bool = True,
 ) -> Estimate:
     """Peak memory of one forward of `length` tokens (see the module docstring). `blockwise`: the attention of
-    a position-remapping method (no L x L matrix)."""
+    a position-remapping method (no L x L matrix). `device`: where it runs (None: the CPU). `kv_cache`: the
+    forward keeps its keys and values (generation, the prefix cache; the default, as the sweep's tasks do);
+    False for a bare scoring pass such as the perplexity task's (`use_cache=False`)."""
     c = _text_config(config)
     size = DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
     hidden = _int(c, "hidden_size", "n_embd", "d_model")
@@ -78,13 +91,16 @@ def estimate(
     tied = bool(getattr(c, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
     attn_params = hidden * head_dim * (2 * heads + 2 * kv_heads)
     weights = (vocab * hidden * (1 if tied else 2) + layers * (attn_params + 3 * hidden * inter)) * size
-    kv = layers * 2 * kv_heads * head_dim * length * size
+    kv = layers * 2 * kv_heads * head_dim * length * size if kv_cache else 0
     activations = length * (4 * hidden + 2 * (heads + 2 * kv_heads) * head_dim + 3 * inter) * size
     square = length * length
     if blockwise:
-        attention = 0
+        # the CPU flash kernel holds nothing L-sized; the float32 math path elsewhere, scores + weights of a
+        # query block against every key
+        attention = 0 if str(device or "cpu") == "cpu" else 2 * heads * REMAP_BLOCK * length * 4
     elif attn_implementation == "eager":
-        attention = square * (2 * heads * size + size)  # scores + softmax per head, and a float mask
+        # scores + their softmax per head (the softmax in float32, cast back), and a float mask
+        attention = square * (heads * (2 * size + 4) + size)
     else:
         # a boolean mask, and sdpa's float copy of it on CPU
         # (measured: ~5 bytes per pair with a 2-layer model)
@@ -173,10 +189,10 @@ def check_fits(config, length: int, *, model: str, device: str | None = None, **
     room = available(device)
     if room is None:
         return
-    need = estimate(config, length, **kwargs)
+    need = estimate(config, length, device=device, **kwargs)
     if need.total <= room:
         return
-    fits = largest_fitting(config, room, **kwargs)
+    fits = largest_fitting(config, room, device=device, **kwargs)
     where = device or "cpu"
     raise ExtendError(
         f"length {length} on {model} needs {need.describe()} but {room / GB:.1f} GB is free on "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 
 import torch
@@ -39,6 +40,7 @@ from .shipped import (
     default_extended,
     global_type,
     pretrained_frequencies,
+    rotary_fraction,
     shipped_frequencies,
     shipped_ropes,
 )
@@ -67,9 +69,7 @@ def rope_bases(
     bases = {}
     for lt, info in shipped.items():
         params = config.rope_parameters[lt] if lt else config.rope_parameters
-        partial = float(
-            params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0)
-        )
+        partial = rotary_fraction(config, params)
         dim = int(head_dim * partial)
         prefix = f"{lt}_" if lt else ""
         buffer = getattr(rotary, f"{prefix}original_inv_freq", None)
@@ -78,13 +78,13 @@ def rope_bases(
         if not info.scaled:
             inv_freq = buffer  # the model's own tensor: factor-1 paths stay bit-identical
         else:  # the model ships scaled frequencies: its pretrained ones come from theta
-            inv_freq = pretrained_frequencies(info.theta, dim, buffer.device)
+            inv_freq = pretrained_frequencies(info.theta, dim, buffer.device, info.p_rope)
         if inv_freq.numel() != dim // 2:
             raise ExtendError(
                 f"not supported: {family(model)} — its rotary module has {inv_freq.numel()} "
                 f"frequencies, expected {dim // 2} for {dim} rotary dims"
             )
-        bases[lt] = RopeBase(info.theta, dim, head_dim, original, inv_freq, partial)
+        bases[lt] = RopeBase(info.theta, dim, head_dim, original, inv_freq, partial, info.pretrained_start())
     return bases
 
 
@@ -284,8 +284,8 @@ class PatchedRotary(nn.Module):
         )
         return Rope(inv_freq, scaling)
 
-    def method_rope(self, layer_type, seq_len) -> Rope:
-        base = self.bases[layer_type]
+    def method_rope(self, layer_type, seq_len, base: RopeBase | None = None) -> Rope:
+        base = base or self.bases[layer_type]
         rope = self.method(base, self.factor, seq_len=seq_len, **self.options)
         if self.method.identity_at_one and self.factor == 1.0:
             # The formula ran; at factor 1 it must give the unpatched frequencies. Use the model's own tensor
@@ -307,27 +307,22 @@ class PatchedRotary(nn.Module):
         scaled = self.shipped[layer_type].scaled
         self.method_factor[layer_type] = 1.0
         if layer_type in self.extended and self.method.name != "plain":
-            rope = self.method_rope(layer_type, seq_len)
-            self.method_factor[layer_type] = rope.attention_factor
-            if (
-                self.start_from == "shipped"
-                and scaled
-                and rope.inv_freq is not self.bases[layer_type].inv_freq
-            ):
-                # Stack: the method's effect on the pretrained frequencies, applied to the shipped ones.
+            if self.start_from == "shipped" and scaled:
+                # The method starts from the shipped frequencies (RopeBase.start): its wavelength rules count
+                # their rotations; a method that computes from theta stacks its per-pair ratio on them
+                # (registry.Method.__call__). Temperatures multiply.
                 ship = self.shipped_rope(layer_type, seq_len)
-                ratio = rope.inv_freq.to(ship.inv_freq.device) / self.bases[layer_type].inv_freq.to(
-                    ship.inv_freq.device
+                start = dataclasses.replace(
+                    self.bases[layer_type], inv_freq=ship.inv_freq, start=self.shipped[layer_type].label()
                 )
-                rope = Rope(
-                    ship.inv_freq * ratio,
-                    ship.attention_factor * rope.attention_factor,
-                    rope.xpos_zeta,
-                    rope.xpos_scale_base,
-                    rope.xpos_centre,
+                rope = self.method_rope(layer_type, seq_len, start)
+                self.method_factor[layer_type] = rope.attention_factor
+                rope = dataclasses.replace(
+                    rope, attention_factor=ship.attention_factor * rope.attention_factor
                 )
-            elif self.start_from == "shipped" and scaled:
-                rope = self.shipped_rope(layer_type, seq_len)
+            else:
+                rope = self.method_rope(layer_type, seq_len)
+                self.method_factor[layer_type] = rope.attention_factor
         elif self.start_from == "shipped":
             rope = self.shipped_rope(layer_type, seq_len)
         else:

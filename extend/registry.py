@@ -12,6 +12,7 @@ dynamic method ran by). `check_method` checks a (method, factor, options) triple
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import inspect
 import math
 import types
@@ -74,8 +75,20 @@ class RopeBase:
     dim: int  # rotary dimensions (head_dim * partial_rotary_factor)
     head_dim: int
     original_max_position_embeddings: int  # trained context
-    inv_freq: torch.Tensor  # the model's unscaled inverse frequencies, float32, shape (dim // 2,)
+    inv_freq: torch.Tensor  # the frequencies the method starts from, float32, shape (dim // 2,)
     partial_rotary_factor: float = 1.0
+    # None: inv_freq is theta's series theta^(-2i/d) (transformers' default). Else what they are instead:
+    # the frequencies the model ships, which a method starts from under start_from="shipped" (e.g.
+    # "llama3 x8"), or p-RoPE's with stopped pairs ("proportional p=0.25"). See Method.__call__.
+    start: str | None = None
+
+    def geometric(self) -> torch.Tensor:
+        """theta's series theta^(-2i/d), computed as transformers' default rope does: inv_freq when `start` is
+        None."""
+        if self.start is None:
+            return self.inv_freq
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).to(self.inv_freq.device, torch.float)
+        return 1.0 / (self.theta ** (exponents / self.dim))
 
 
 @dataclass(frozen=True)
@@ -107,13 +120,26 @@ class Method:
     # Options recorded in every patch's options even when left at their default (see check_options): a default
     # that sources disagree on (dynamic-ntk's scale_rule) must be visible in each row.
     record: tuple[str, ...] = ()
+    # True: the function computes from rope.inv_freq whatever they are (RopeBase.start), so its wavelength
+    # rules (YaRN's ramp, llama3's bands) count rotations of the frequencies it starts from. False (a plugin's
+    # default): it gets theta's series, and its per-pair ratio method(theta's)/theta's multiplies the start.
+    on_frequencies: bool = False
 
     def __call__(self, rope: RopeBase, factor: float, seq_len: int | None = None, **options) -> Rope:
         kwargs = dict(self.options_with_defaults(), **options)
         if self.dynamic:
             kwargs["seq_len"] = seq_len
-        out = self.fn(rope, factor=factor, **kwargs)
-        out = out if isinstance(out, Rope) else Rope(*out)
+        if rope.start is None or self.on_frequencies:
+            out = self.fn(rope, factor=factor, **kwargs)
+            out = out if isinstance(out, Rope) else Rope(*out)
+        else:  # stack: the method's per-pair effect on theta's series, applied to the start frequencies
+            geometric = rope.geometric()
+            out = self.fn(dataclasses.replace(rope, inv_freq=geometric, start=None), factor=factor, **kwargs)
+            out = out if isinstance(out, Rope) else Rope(*out)
+            ratio = out.inv_freq.to(rope.inv_freq.device) / geometric
+            # a stopped pair (p-RoPE: 0) stays stopped
+            stacked = torch.where(rope.inv_freq == 0, torch.zeros_like(ratio), rope.inv_freq * ratio)
+            out = dataclasses.replace(out, inv_freq=stacked)
         check_output(self.name, rope, out.inv_freq)
         return out
 
@@ -173,6 +199,7 @@ def register(
     uses_factor: bool | Callable[[dict], bool] = True,
     reach: Callable[[float, int, dict], float] | None = None,
     record: tuple[str, ...] = (),
+    on_frequencies: bool = False,
 ):
     """Decorator: add a method. The function takes `(rope: RopeBase, *, factor, [seq_len], **options)` and
     returns `(inv_freq, attention_factor)` or a `Rope` — or, with `remap=True`, a `extend.remap.Remap` (the
@@ -180,7 +207,9 @@ def register(
     `replace=True`. `uses_factor=False` (or a function of the options) marks a method whose factor does
     nothing or must stay 1; `reach(factor, context, options)` overrides the default reach factor x context;
     `record` names options a patch records even at their default (e.g. a rule whose default differs between
-    sources)."""
+    sources); `on_frequencies=True` says the function computes from `rope.inv_freq` whatever they are (the
+    shipped frequencies under start_from="shipped", p-RoPE's): else it gets theta's series and its per-pair
+    ratio multiplies the frequencies the patch starts from."""
 
     def decorate(fn):
         if not isinstance(name, str) or not name:
@@ -217,6 +246,7 @@ def register(
             uses_factor,
             reach,
             tuple(record),
+            bool(on_frequencies),
         )
         return fn
 
@@ -230,6 +260,10 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
+    from . import load_builtin_methods  # the built-ins first (a plugin may replace one): `extend` is lazy
+
+    load_builtin_methods()
+
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         obj = ep.load()
         if callable(obj) and ep.name not in _REGISTRY:

@@ -13,8 +13,9 @@ cos/sin from the model's own rotary module (so half/interleaved layouts, partial
 per-layer-type frequencies are respected; RoPE rotations compose; where the attention module slices partial
 rotary dims itself, as Phi and StableLM do, only those dims turn). Queries go in blocks of QUERY_BLOCK; for
 each block and piece the keys are cut into tiles that are wholly inside the piece (one unmasked call for the
-whole run), causal, or mixed (a tile-sized mask), each through the CPU flash-attention kernel, which returns
-the log-sum-exp used to merge the pieces. No L x L matrix is built: memory is O(L x block) at most.
+whole run), causal, or mixed (a tile-sized mask), each through the CPU flash-attention kernel (on CUDA, which
+lacks it, the same in float32 math: `attention_with_lse`), which returns the log-sum-exp used to merge the
+pieces. No L x L matrix is built: memory is O(L x block) at most.
 
 Falls through to the original attention function, unchanged (bit-identical), when every pair of the forward
 sees plain positions (sequences within the method's window), for layers that are not extended (Gemma3's
@@ -41,7 +42,28 @@ from .scoped import Change, Shared
 
 QUERY_BLOCK = 512  # queries per block, and the width of mixed key tiles
 SUPPORTED = ("sdpa", "eager")
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # CPU only: it has no CUDA kernel
+
+
+def attention_with_lse(
+    q, k, v, causal: bool, attn_mask=None, scale: float = 1.0, *, math: bool | None = None
+):
+    """(output in q's dtype, float32 log-sum-exp per query) of one (query block x key tile) call: the CPU
+    flash kernel on a CPU; on other devices (CUDA), where that kernel does not exist, the same in float32
+    math — a block x tile score matrix, never L x L. `math=True`: the math path anywhere (tests compare)."""
+    if not (q.device.type != "cpu" if math is None else math):
+        return _flash(q, k, v, 0.0, causal, attn_mask=attn_mask, scale=scale)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:  # a causal tile is square and aligned with its query block
+        upper = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(upper, float("-inf"))
+    if attn_mask is not None:
+        scores = scores + attn_mask.float()
+    lse = torch.logsumexp(scores, -1)
+    # rows with no key: 0 (the caller masks them)
+    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    return torch.matmul(weights, v.float()).to(q.dtype), lse
+
 
 # attention module -> its model's _State, for the modules of every remap-patched model in the process
 _STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -255,7 +277,7 @@ def _attend(
                     ~inside, float("-inf")
                 )
                 kind = "mixed"
-            o, lse = _flash(qb, kb, vb, 0.0, kind == "causal", attn_mask=mask, scale=scale)
+            o, lse = attention_with_lse(qb, kb, vb, kind == "causal", attn_mask=mask, scale=scale)
             if empty is not None:
                 lse = lse.masked_fill(empty, float("-inf"))
                 o = o.masked_fill(empty[..., None], 0.0)

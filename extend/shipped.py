@@ -3,13 +3,17 @@ context its shipped scaling reaches, each layer type's attention window, and its
 statelessly for a given length (transformers' own dynamic/longrope update depends on call history).
 
 Two starting points ("start_from", recorded with every patch):
-- "shipped" (default): methods stack on what the model ships (their effect multiplies the shipped frequencies)
-  with L the context the shipped scaling reaches (max_position_embeddings when the config raises it above the
+- "shipped" (default): methods start from the frequencies the model ships (wavelength rules count their
+  rotations; per-pair factors multiply them: registry.Method.__call__) with L the context the shipped scaling
+  reaches (max_position_embeddings when the config raises it above the
   pretraining context, else L_pretrained x factor); `plain` is the model unchanged (bit-identical).
 - "pretrained": methods start from the unscaled theta and the pretraining context L (original_max_position_
   embeddings; else the family's published pretraining context, PRETRAINING_CONTEXT; for `linear` without
   either max_position_embeddings / factor; else max_position_embeddings). `plain` is then the pretrained RoPE:
   shipped scaling removed.
+p-RoPE (`proportional`, Gemma 4) is how a model was pretrained, not a scaling: without a factor both starts
+are the model as loaded; with one, "pretrained" is p-RoPE at factor 1. Its stopped pairs stay stopped under
+every method.
 """
 
 from __future__ import annotations
@@ -47,16 +51,31 @@ class Shipped:
     pretrained_context: int
     shipped_context: int
     window: int | None  # attention window of this layer type (None: global attention)
+    p_rope: float | None = None  # p of a shipped `proportional` (p-RoPE: pairs past floor(p d/2) stopped)
 
     @property
     def scaled(self) -> bool:
+        """Does the model ship frequencies other than its pretrained ones? p-RoPE itself is how the model was
+        pretrained (Gemma 4): `proportional` is scaled only with a factor other than 1."""
+        if self.rope_type == "proportional":
+            return self.factor not in (None, 1.0)
         return self.rope_type != "default"
+
+    def pretrained_start(self) -> str | None:
+        """RopeBase.start of the pretrained frequencies: None when they are theta's series, else what they are
+        (p-RoPE's, whose stopped pairs stay stopped under every method)."""
+        if self.p_rope is not None and self.p_rope < 1:  # some pairs stopped
+            return f"proportional p={self.p_rope:g}"
+        return None
 
     @property
     def length_dependent(self) -> bool:  # transformers updates these per forward (dynamic_rope_update)
         return "dynamic" in self.rope_type or self.rope_type == "longrope"
 
     def label(self) -> str:
+        if self.rope_type == "proportional":
+            scale = f" x{self.factor:g}" if self.scaled else ""
+            return f"proportional p={self.p_rope if self.p_rope is not None else 1.0:g}{scale}"
         if not self.scaled:
             return "none"
         return f"{self.rope_type} x{self.factor:g}" if self.factor else self.rope_type
@@ -87,15 +106,17 @@ def _contexts(config, params: dict) -> tuple[int, int]:
     rope_type = params.get("rope_type", "default")
     factor = params.get("factor")
     published = PRETRAINING_CONTEXT.get(getattr(config, "model_type", None))
+    # p-RoPE without a factor is how the model was pretrained (Gemma 4), not a scaling
+    unscaled = rope_type == "default" or (rope_type == "proportional" and factor in (None, 1, 1.0))
     if params.get("original_max_position_embeddings"):
         pretrained = int(params["original_max_position_embeddings"])
-    elif published and rope_type != "default" and published < max_positions:
+    elif published and not unscaled and published < max_positions:
         pretrained = published
-    elif rope_type == "linear" and factor:  # linear fine-tunes often only raise max_position_embeddings
-        pretrained = max(1, round(max_positions / float(factor)))
+    elif rope_type in ("linear", "proportional") and factor:  # linear fine-tunes often only raise
+        pretrained = max(1, round(max_positions / float(factor)))  # max_position_embeddings
     else:
         pretrained = max_positions
-    if rope_type == "default":
+    if unscaled:
         return pretrained, pretrained
     # A config that raises max_position_embeddings states the reach (Llama 3.1/3.2, Gemma3, Phi-3 128k);
     # one that keeps the pretraining value (Qwen2.5 + yarn) reaches pretrained x factor.
@@ -132,6 +153,7 @@ def shipped_ropes(config) -> dict[str | None, Shipped]:
             pretrained,
             shipped,
             window_of(config, lt),
+            float(params.get("partial_rotary_factor", 1.0)) if rope_type == "proportional" else None,
         )
     if not out:
         raise ExtendError(
@@ -178,9 +200,23 @@ def shipped_frequencies(
     return inv_freq.to(torch.float32), float(attention)
 
 
-def pretrained_frequencies(theta: float, dim: int, device) -> torch.Tensor:
-    """The unscaled RoPE inverse frequencies theta^(-2i/d), computed as transformers' default rope does."""
-    return (1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))).to(device)
+def pretrained_frequencies(theta: float, dim: int, device, p_rope: float | None = None) -> torch.Tensor:
+    """The unscaled RoPE inverse frequencies theta^(-2i/d), computed as transformers' default rope does; with
+    `p_rope` (a shipped `proportional`'s p) the pairs from int(p d/2) on are 0, as transformers' p-RoPE at
+    factor 1 (the model was pretrained with them stopped: no method rebuilds their rotation)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if p_rope is not None:
+        inv_freq[int(p_rope * dim // 2) :] = 0.0
+    return inv_freq.to(device)
+
+
+def rotary_fraction(config, params: dict) -> float:
+    """The fraction of head_dim that carries RoPE: the layer type's (or config's) partial_rotary_factor — but
+    not for `proportional`, whose partial_rotary_factor is p-RoPE's p (transformers' p-RoPE spans head_dim,
+    the stopped pairs at frequency 0)."""
+    if (params.get("rope_type") or params.get("type")) == "proportional":
+        return 1.0
+    return float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0))
 
 
 def check_start_from(value) -> str:

@@ -5,9 +5,16 @@
   the smallest base b with B(m) >= 0 for every m < L is the base's lower bound for context L
   (`base_lower_bound`; head_dim 128: 4k -> 2.7e4, 8k -> 8.4e4, 32k -> 6.4e5). For any frequencies, patched
   ones included, `men_reach` is the first distance where B(m) < 0: the context the criterion allows.
+  Men et al. derive the bound for a base *trained* for a context; for patched frequencies the criterion is
+  only a prediction.
 - Liu et al. 2024, "Scaling Laws of RoPE-based Extrapolation" (arXiv:2310.05209): only the dimensions whose
   period 2 pi / theta_i fits in the training context T see every rotation in training; their count (in head
-  dimensions, two per pair) is the critical dimension (`critical_dimension`; Llama-2: 92 of 128).
+  dimensions, two per pair) is the critical dimension (`critical_dimension`; Llama-2: 92 of 128; SmolLM2-135M,
+  b = 1e5, d = 64, T = 8192: 40). It is fixed by pretraining: a patch does not change which dimensions were
+  trained. A setting that turns the model's RoPE into a base beta (`effective_base`; ntk x s:
+  b s^(d/(d-2))) then extrapolates up to T_extra = 2 pi beta^(d_crit/d) (`extrapolation_bound`: the period,
+  under the patched frequencies, of the first pair that did not turn fully in training; ntk x2 on SmolLM2:
+  13104 tokens).
 - YaRN (Peng et al. 2023, arXiv:2309.00071, eq. 17-18): the pairs between `beta_fast` and `beta_slow`
   rotations in the trained context are ramped (`yarn_ramp`).
 """
@@ -105,6 +112,33 @@ def critical_dimension(inv_freq, trained_context: int) -> int:
         return 2 * int(np.count_nonzero(2 * math.pi / theta <= trained_context))
 
 
+def extrapolation_bound(inv_freq, critical_dim: int) -> float:
+    """Liu et al. 2024: T_extra = 2 pi beta^(d_crit/d) for frequencies beta^(-2i/d), i.e. the period
+    2 pi / theta'_k of pair k = d_crit/2 (the first pair that did not turn fully in pretraining) under
+    these (patched) frequencies: defined for any frequencies. inf when that pair is stopped (theta' = 0) or
+    every pair is critical (nothing left to extrapolate on)."""
+    theta = np.asarray(inv_freq, dtype=np.float64).ravel()
+    k = int(critical_dim) // 2
+    if k >= theta.size or theta[k] <= 0:
+        return math.inf
+    return float(2 * math.pi / theta[k])
+
+
+def effective_base(inv_freq, critical_dim: int) -> float:
+    """The RoPE base beta of these (patched) frequencies as Liu et al.'s T_extra = 2 pi beta^(d_crit/d) uses
+    it: the base whose series beta^(-2i/d) turns pair k = d_crit/2 as these frequencies do,
+    beta = theta'_k^(-d/(2k)). For theta's series the base itself, for ntk x s b s^(d/(d-2)) (exactly: every
+    pair agrees); for other methods the base that gives the same T_extra. NaN when d_crit is 0 (no pair
+    trained), inf when pair k is stopped or every pair is critical."""
+    theta = np.asarray(inv_freq, dtype=np.float64).ravel()
+    k = int(critical_dim) // 2
+    if k == 0:
+        return math.nan
+    if k >= theta.size or theta[k] <= 0:
+        return math.inf
+    return float(theta[k] ** (-theta.size / k))
+
+
 def yarn_ramp(
     base: float, dim: int, trained_context: int, beta_fast: float = 32.0, beta_slow: float = 1.0
 ) -> tuple[int, int]:
@@ -121,23 +155,46 @@ def yarn_ramp(
     return low, high
 
 
-def describe(inv_freq, *, theta: float, dim: int, trained_context: int, target: int | None = None) -> str:
-    """One line of what the theory predicts for these (possibly patched) frequencies of a `dim`-dim rotary of
-    base `theta` trained at `trained_context`, for contexts up to `target` (default: the trained context)."""
+def describe(
+    inv_freq,
+    *,
+    theta: float,
+    dim: int,
+    trained_context: int,
+    target: int | None = None,
+    trained_inv_freq=None,
+) -> str:
+    """One line of what the theory predicts for these frequencies of a `dim`-dim rotary of base `theta`
+    trained at `trained_context`, for contexts up to `target` (default: the trained context).
+    `trained_inv_freq`: the frequencies the model was trained with, for a patched setting (`inv_freq` then
+    the patched ones): Liu et al.'s d_crit comes from them, T_extra and the effective base from the patched
+    ones. Without it (the model as it is) the line also gives the properties of the model and its context:
+    Men et al.'s lower bound on the base of a model trained for that context, and YaRN's ramp."""
     target = int(target or trained_context)
     reach = men_reach(inv_freq, 4 * target)
-    low, high = yarn_ramp(theta, dim, trained_context)
     holds = f"every m < {4 * target}" if reach == 4 * target else f"m < {reach}"
     verdict = "meets" if reach >= target else "short of"
-    if target > BOUND_MAX_CONTEXT:
+    critical = critical_dimension(inv_freq if trained_inv_freq is None else trained_inv_freq, trained_context)
+    beta, bound = effective_base(inv_freq, critical), extrapolation_bound(inv_freq, critical)
+    line = (
+        f"theory: sum_i cos(m theta_i) >= 0 (Men et al.'s criterion) for {holds}, {verdict} {target}; "
+        f"critical dimension d_crit (Liu et al., fixed by pretraining at {trained_context}) {critical} "
+        f"of {dim}; "
+        f"effective base {beta:.3g}, extrapolation bound T_extra = 2 pi base^(d_crit/d) = "
+        + (f"{bound:.0f} tokens" if math.isfinite(bound) else "unbounded")
+    )
+    if trained_inv_freq is not None:
+        return line
+    if trained_context > BOUND_MAX_CONTEXT:
         smallest = (
-            f"not computed above {BOUND_MAX_CONTEXT} tokens (extend.theory.base_lower_bound({dim}, {target}))"
+            f"not computed above {BOUND_MAX_CONTEXT} tokens "
+            f"(extend.theory.base_lower_bound({dim}, {trained_context}))"
         )
     else:
-        bound = base_lower_bound(dim, target)
-        smallest = f"is {bound:.3g}" if math.isfinite(bound) else f"above {MAX_BASE:.0e} (none found)"
+        found = base_lower_bound(dim, trained_context)
+        smallest = f"{found:.3g}" if math.isfinite(found) else f"above {MAX_BASE:.0e} (none found)"
+    low, high = yarn_ramp(theta, dim, trained_context)
     return (
-        f"theory: sum_i cos(m theta_i) >= 0 (Men et al.) for {holds}, {verdict} {target}; the smallest base "
-        f"that meets {target} {smallest} (theta {theta:g}); critical dimension (Liu et al.) "
-        f"{critical_dimension(inv_freq, trained_context)} of {dim}; YaRN ramp pairs {low}..{high}"
+        f"{line}; lower bound on the base of a model trained for {trained_context} (Men et al.) {smallest} "
+        f"(theta {theta:g}); YaRN ramp pairs {low}..{high}"
     )

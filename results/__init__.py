@@ -2,7 +2,8 @@
 
 Results never know which task made a row: everything works on the row schema in ``SCHEMA``.
 The store is imported eagerly (the sweep needs only it); pandas/seaborn parts load on first use so a
-sweep process does not pay for matplotlib.
+sweep process does not pay for matplotlib. Nothing here loads torch or transformers: reading results works
+without the model stack (tests/project/test_import_graph.py runs it with both blocked).
 """
 
 from importlib import import_module

@@ -1,6 +1,7 @@
 """``compare``: each setting against a baseline method on the same documents / prompts, with a paired
-interval (paired t over documents; Newcombe's paired score interval for 0/1 outcomes) and a mark where the
-difference is significant (see :class:`results.stats.Paired`)."""
+interval (paired t over documents; Newcombe's paired score interval for 0/1 outcomes; over clusters, with an
+exact sign-flip test, where rows share an independent unit) and a mark where the difference is significant
+(see :class:`results.stats.Paired`). A metric is treated as its declaration says (results/meaning.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .stats import Paired, metric_kind, paired_interval, unpaired_rate_interval
+from .meaning import Metric
+from .stats import Paired, paired_clusters, paired_interval, unpaired_rate_interval
 from .store import ResultsError
 from .tables import (
     _as_list,
@@ -20,8 +22,10 @@ from .tables import (
     cell_interval,
     fmt_interval,
     is_unit,
+    meaning_for,
     select,
     unit_key,
+    unit_labels,
 )
 
 SIGNIFICANT_MARK = "*"
@@ -29,30 +33,76 @@ SIGNIFICANT_MARK = "*"
 
 def _units(rows: pd.DataFrame) -> pd.DataFrame:
     u = rows[is_unit(rows) & rows["value"].notna()]
-    return u.assign(_key=unit_key(u)).drop_duplicates("_key", keep="last")
+    u = u.assign(_key=unit_key(u)).drop_duplicates("_key", keep="last")
+    return u.assign(_unit=unit_labels(u))
 
 
-def _pair(rows: pd.DataFrame, base: pd.DataFrame, metric: str, how: str, seed: int) -> Paired:
-    """One setting's cell against the baseline's cell: paired over shared units when both have per-unit rows,
-    else (rates known only as totals) Newcombe's unpaired interval, else the bare contrast of the
-    estimates."""
+def _stat_kind(meaning: Metric, values: np.ndarray) -> str:
+    """The declared statistics' kind; a declared rate whose per-unit values are not all 0/1 (a plugin's
+    per-unit fraction) is paired as a mean: McNemar's test counts 0/1 outcomes only."""
+    kind = meaning.stat_kind
+    return "mean" if kind == "rate" and not np.isin(values, (0.0, 1.0)).all() else kind
+
+
+def paired_cells(
+    rows: pd.DataFrame,
+    base: pd.DataFrame,
+    metric: str,
+    how: str,
+    *,
+    seed: int = 0,
+    meaning: Metric | None = None,
+) -> Paired:
+    """One setting's cell against another's (the baseline's) on the same units, as ``meaning`` says (default:
+    the rows' declaration). Both with per-unit rows: paired over the shared units — by cluster id where rows
+    share one (`results.stats.paired_clusters`: n = clusters, rows = questions), else row by row; only totals
+    of a rate: Newcombe's unpaired interval; else the bare contrast of the estimates."""
+    meaning = meaning or meaning_for(pd.concat([rows, base]), metric=metric)
+    unit = meaning.independent_unit
     ua, ub = _units(rows), _units(base)
     if len(ua) and len(ub):
+        values = np.concatenate([ua["value"].to_numpy(float), ub["value"].to_numpy(float)])
+        kind = _stat_kind(meaning, values)
+        if ua["_unit"].duplicated().any() or ub["_unit"].duplicated().any():
+            return paired_clusters(
+                kind,
+                ua["value"].to_numpy(float),
+                ua["_unit"].to_numpy(object),
+                ub["value"].to_numpy(float),
+                ub["_unit"].to_numpy(object),
+                None if kind == "rate" else ua["n"].fillna(1).to_numpy(float),
+                None if kind == "rate" else ub["n"].fillna(1).to_numpy(float),
+                how=how,
+                seed=seed,
+                unit=unit,
+            )
         m = ua.merge(ub[["_key", "value", "n"]], on="_key", suffixes=("", "_base")).sort_values("_key")
-        kind = metric_kind(
-            metric, np.concatenate([m["value"].to_numpy(float), m["value_base"].to_numpy(float)])
-        )
         wa = None if kind == "rate" else m["n"].fillna(1).to_numpy(float)
         wb = None if kind == "rate" else m["n_base"].fillna(1).to_numpy(float)
         return paired_interval(
-            kind, m["value"].to_numpy(float), m["value_base"].to_numpy(float), wa, wb, how=how, seed=seed
+            kind,
+            m["value"].to_numpy(float),
+            m["value_base"].to_numpy(float),
+            wa,
+            wb,
+            how=how,
+            seed=seed,
+            unit=unit,
         )
-    a, b = cell_interval(rows, metric, seed=seed), cell_interval(base, metric, seed=seed)
+    a = cell_interval(rows, metric, seed=seed, meaning=meaning)
+    b = cell_interval(base, metric, seed=seed, meaning=meaning)
     if how == "delta" and a.method == b.method == "wilson":
         return unpaired_rate_interval(a.estimate * a.n, a.n, b.estimate * b.n, b.n)
     with np.errstate(divide="ignore", invalid="ignore"):
         est = a.estimate / b.estimate if how == "ratio" else a.estimate - b.estimate
-    return Paired(float(est), math.nan, math.nan, min(a.n, b.n), 0, "none", 1.0 if how == "ratio" else 0.0)
+    null = 1.0 if how == "ratio" else 0.0
+    return Paired(float(est), math.nan, math.nan, min(a.n, b.n), 0, "none", null, unit=unit)
+
+
+def default_how(meaning: Metric) -> str:
+    """Perplexities compare as ratios (a method's perplexity relative to the baseline's), all else as
+    differences."""
+    return "ratio" if meaning.kind == "perplexity" else "delta"
 
 
 def paired_differences(
@@ -68,21 +118,20 @@ def paired_differences(
     **where: Any,
 ) -> pd.DataFrame:
     """Long form of :func:`compare`: one row per (rows x cols) cell with ``estimate`` (difference or ratio to
-    the baseline), ``lo``/``hi`` (95%), ``n`` (pairs), ``informative`` (pairs that differ), ``interval``
-    (how it was computed), ``p`` (the exact McNemar p-value for paired 0/1 outcomes, else NaN),
-    ``significant`` (interval excludes 0 — 1 for ratios — with at least 6 differing pairs, and McNemar's
-    p < 0.05 where it applies), ``how`` and ``baseline``. The baseline's own rows carry the null value and
-    ``interval="baseline"``.
+    the baseline), ``lo``/``hi`` (95%), ``n`` (pairs of independent units: clusters where rows share one),
+    ``rows`` (paired rows behind them), ``unit`` (the declared independent unit), ``informative`` (pairs that
+    differ), ``interval`` (how it was computed), ``p`` (the exact test's p-value: McNemar for paired 0/1
+    outcomes, the sign-flip test over clusters; else NaN), ``significant`` (interval excludes 0 — 1 for
+    ratios — with at least 6 differing pairs, and the exact test's p < 0.05 where there is one), ``how`` and
+    ``baseline``. The baseline's own rows carry the null value and ``interval="baseline"``.
     """
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     if "method" not in rows_l:
         raise ResultsError("compare needs 'method' in rows — call compare(..., rows='method')")
     sub = select(df, task, metric, units=True, **where)
     keys = _auto_rows(sub, rows_l, cols_l) + cols_l
-    unit_values = sub.loc[is_unit(sub), "value"].dropna().to_numpy(float)
-    how = how or (
-        "ratio" if metric_kind(metric, unit_values if len(unit_values) else None) == "log" else "delta"
-    )
+    meaning = meaning_for(sub, task, metric)
+    how = how or default_how(meaning)
     if how not in ("ratio", "delta"):
         raise ResultsError(f"unknown comparison {how!r} — use how='ratio' or how='delta'")
     groups = {k if isinstance(k, tuple) else (k,): g for k, g in sub.groupby(keys, dropna=False, sort=True)}
@@ -116,7 +165,7 @@ def paired_differences(
         elif base_key is None:
             res = Paired(math.nan, math.nan, math.nan, 0, 0, "no baseline cell", null)
         else:
-            res = _pair(g, groups[base_key], metric, how, seed)
+            res = paired_cells(g, groups[base_key], metric, how, seed=seed, meaning=meaning)
         out.append(
             {
                 **dict(zip(keys, key)),
@@ -124,6 +173,8 @@ def paired_differences(
                 "lo": res.lo,
                 "hi": res.hi,
                 "n": res.n,
+                "rows": res.rows,
+                "unit": res.unit,
                 "informative": res.informative,
                 "interval": res.method,
                 "p": res.p,
@@ -154,9 +205,11 @@ def compare(
     ``how``: "ratio" (value / baseline; the default for perplexities) or "delta" (value - baseline; the
     default otherwise). Numeric pivot by default (baseline rows 1.0 / 0). ``with_ci=True``: strings
     "estimate [lo, hi] n=pairs" over the shared units (a paired t on per-document log ratios for
-    perplexities, from 3 pairs; Newcombe's paired score interval for 0/1 outcomes), ending in " *" when the
-    interval excludes the null (0, or 1 for ratios), at least 6 pairs differ and, for 0/1 outcomes, the exact
-    McNemar test gives p < 0.05; rates known only as totals get Newcombe's unpaired interval. See
+    perplexities, from 3 pairs; Newcombe's paired score interval for 0/1 outcomes; where rows share a cluster,
+    a t over the clusters' contrasts and "n=clusters (rows rows)"), ending in " *" when the interval excludes
+    the null (0, or 1 for ratios), at least 6 pairs (clusters) differ and the exact test where there is one
+    (McNemar for 0/1 outcomes, the sign-flip test over clusters) gives p < 0.05; rates known only as totals
+    get Newcombe's unpaired interval. See
     :func:`paired_differences` for the long form.
     """
     long = paired_differences(df, task, metric, baseline, rows=rows, cols=cols, how=how, seed=seed, **where)
@@ -165,14 +218,27 @@ def compare(
         c
         for c in long.columns
         if c
-        not in ("estimate", "lo", "hi", "n", "informative", "interval", "p", "significant", "how", "baseline")
+        not in (
+            "estimate",
+            "lo",
+            "hi",
+            "n",
+            "rows",
+            "unit",
+            "informative",
+            "interval",
+            "p",
+            "significant",
+            "how",
+            "baseline",
+        )
     ]
     rows_l = [k for k in keys if k not in cols_l]
     if with_ci:
         long["cell"] = [
             "baseline"
             if r.interval == "baseline"
-            else fmt_interval(r.estimate, r.lo, r.hi, r.n if r.n else None, digits)
+            else fmt_interval(r.estimate, r.lo, r.hi, r.n if r.n else None, digits, r.rows)
             + (f" {SIGNIFICANT_MARK}" if r.significant else "")
             for r in long.itertuples()
         ]

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from .store import (
 )
 
 FLOAT_COLUMNS = ("factor", "depth", "value", "seconds")
-INT_COLUMNS = ("length", "trial", "n", "seed")
+INT_COLUMNS = ("length", "trial", "distance", "n", "seed")
 STR_COLUMNS = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error")
+ID_COLUMNS = ("cluster",)  # text ids; an integer id (a plugin's) reads as its digits, never "3.0"
+MEANING = "meaning"  # the metric's declaration as canonical JSON text (results/meaning.py)
 # The identity of one measured value: two rows equal on all of these are copies of the same number.
 KEY_COLUMNS = (
     "run",
@@ -119,11 +122,38 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
             df[col] = num
     for col in STR_COLUMNS:
         df[col] = pd.Series([None if _isna(v) else str(v) for v in df[col]], index=df.index, dtype="object")
+    for col in ID_COLUMNS:
+        df[col] = pd.Series([_id_text(v) for v in df[col]], index=df.index, dtype="object")
+    df[MEANING] = pd.Series([_meaning_text(v) for v in df[MEANING]], index=df.index, dtype="object")
     extras = sorted(
         c for c in df.columns if c not in SCHEMA and c not in BOOKKEEPING and not c.startswith("_")
     )
     tail = [c for c in ("written",) if c in df.columns]
     return df[list(SCHEMA) + extras + tail]
+
+
+def _id_text(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if _isna(v):
+        return None
+    if isinstance(v, float) and v.is_integer():  # pandas widens an integer column holding None to floats
+        return str(int(v))
+    return str(v)
+
+
+def _meaning_text(v: Any) -> str | None:
+    """A declaration as canonical JSON text (sorted keys, compact), so rows of one metric compare equal; text
+    that is not JSON is kept as it is (results.meaning reads it as no declaration)."""
+    if isinstance(v, Mapping):
+        return json.dumps(dict(v), sort_keys=True, separators=(",", ":"))
+    if not isinstance(v, str) or not v.strip():
+        return None
+    try:
+        parsed = json.loads(v)
+    except json.JSONDecodeError:
+        return v
+    return json.dumps(parsed, sort_keys=True, separators=(",", ":")) if isinstance(parsed, dict) else v
 
 
 def _isna(v: Any) -> bool:

@@ -151,6 +151,9 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
         lo=1.0,
     ),
     ("perplexity", "longppl"): Metric("perplexity", "lower", "perplexity", "key-token perplexity", lo=1.0),
+    ("perplexity", "longppl_key_tokens"): Metric(
+        "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
+    ),
     ("perplexity", "loss"): Metric(
         "mean", "lower", "nats/token", "mean NLL per token", role="detail", lo=0.0
     ),
@@ -163,7 +166,9 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
     ("passkey", "correct"): _rate(
         "the greedy answer's first integer is the pass key", independent_unit="trial"
     ),
-    ("passkey", "prompt_tokens"): Metric("mean", None, "tokens", "tokens of the prompt", role="detail"),
+    ("passkey", "prompt_tokens"): Metric(
+        "mean", None, "tokens", "tokens of the prompt", role="detail", independent_unit="trial"
+    ),
     ("classification", "accuracy"): Metric(
         "rate",
         "higher",
@@ -224,7 +229,49 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
     ("retrieval", "all_found"): _rate(
         "every reference is in the greedy answer", reach=("threshold", "trained"), independent_unit="haystack"
     ),
-    ("retrieval", "prompt_tokens"): Metric("mean", None, "tokens", "tokens of the prompt", role="detail"),
+    ("retrieval", "prompt_tokens"): Metric(
+        "mean", None, "tokens", "tokens of the prompt", role="detail", independent_unit="haystack"
+    ),
+    # RoPE theory the sweep sets beside the measurements (task "theory", scripts/sweep_lib/run.py): one value
+    # per setting, shown in the report's theory section only, never compared
+    # (the description is the label the report shows; critical_dimension and base_lower_bound are properties
+    # of the model and its trained context, the same for every setting of a model: shown once)
+    ("theory", "men_reach"): Metric(
+        "mean",
+        None,
+        "tokens",
+        "first distance where sum_i cos(m theta_i) < 0 under the patched frequencies (Men et al.'s "
+        "criterion), tokens",
+        role="reference",
+        lo=0.0,
+    ),
+    ("theory", "effective_base"): Metric(
+        "mean",
+        None,
+        "RoPE base",
+        "effective RoPE base beta of the patched frequencies (ntk x s: b s^(d/(d-2)); Liu et al.)",
+        role="reference",
+        lo=0.0,
+    ),
+    ("theory", "extrapolation_bound"): Metric(
+        "mean", None, "tokens", "extrapolation bound T_extra (Liu et al.), tokens", role="reference", lo=0.0
+    ),
+    ("theory", "critical_dimension"): Metric(
+        "mean",
+        None,
+        "head dimensions",
+        "critical dimension d_crit (Liu et al.), fixed by pretraining",
+        role="reference",
+        lo=0.0,
+    ),
+    ("theory", "base_lower_bound"): Metric(
+        "mean",
+        None,
+        "RoPE base",
+        "lower bound on the base of a model trained for this context (Men et al.)",
+        role="reference",
+        lo=0.0,
+    ),
 }
 UNDECLARED = Metric("mean", None, "", "undeclared: a plain mean", declared=False)
 

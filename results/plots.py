@@ -1,4 +1,7 @@
-"""Standard pictures (seaborn, PNG): perplexity vs length, passkey heatmaps, classification accuracy.
+"""Standard pictures (seaborn, PNG): perplexity vs length, passkey heatmaps, classification accuracy, any
+declared metric vs length (:func:`plot_metric`) and vs the needle's distance from the question
+(:func:`plot_by_distance`). What a plot draws (log axis, direction, chance line) comes from the metric's
+declaration (:mod:`results.meaning`), never from its name.
 
 Figures are built with ``matplotlib.figure.Figure`` + the Agg canvas, never pyplot, so plotting changes
 no global backend state and works headless. Each function returns a :class:`Plot` holding the rows that
@@ -21,6 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, NullLocator, StrMethodFormatter
 
+from .meaning import meaning_of
 from .overview import short_model
 from .reach import trained_context_of
 from .store import ResultsError
@@ -133,6 +137,10 @@ def _points(
     return pd.DataFrame(out)
 
 
+def _has_band(data: pd.DataFrame) -> bool:
+    return bool((data["lo"].notna() & data["hi"].notna()).any()) if len(data) else False
+
+
 def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
     order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
     sns.lineplot(
@@ -201,9 +209,11 @@ def plot_perplexity(
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel(f"{metric} (log scale, lower is better)")
     n = _n_range(data)
+    # promise a band only when one is drawn (none below 3 documents)
+    band = ", band: 95% t interval" if _has_band(data) else ", no band (too few documents for an interval)"
     ax.set_title(
-        f"Perplexity vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
-        f"{n} documents, band: 95% t interval"
+        f"{metric} vs length — {short_model(model)}\ncorpus: {short_model(corpus)} · {_factors(sub)} · "
+        f"{n} documents{band}"
     )
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title=None, fontsize=9)
@@ -266,8 +276,8 @@ def plot_passkey(
     for ax in axes[len(labels) :]:
         ax.set_visible(False)
     fig.suptitle(
-        f"Passkey retrieval (correct / trials, colour: %) — {short_model(model)}\nhaystack: {corpus} · "
-        f"{_factors(sub)}",
+        f"{task} {metric} (correct / trials, colour: %) — {short_model(model)}\n"
+        f"haystack: {short_model(corpus)} · {_factors(sub)}",
         y=1 - 0.1 / height,
     )
     fig.subplots_adjust(
@@ -321,7 +331,8 @@ def plot_classification(
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel(f"{metric} (higher is better)")
     ax.set_title(
-        f"Classification {metric} vs length — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · "
+        f"Classification {metric} vs length — {short_model(model)}\n"
+        f"corpus: {short_model(corpus)} · {_factors(sub)} · "
         f"{_n_range(data)} queries, band: 95% interval"
     )
     ax.grid(True, alpha=0.3)
@@ -401,7 +412,7 @@ def plot_loss_by_position(
     ax.set_xlabel("token position (log scale; half-octave bins)")
     ax.set_ylabel("mean loss (nats/token, lower is better)")
     ax.set_title(
-        f"Loss by position — {short_model(model)}\ncorpus: {corpus} · {_factors(sub)} · dashed: "
+        f"Loss by position — {short_model(model)}\ncorpus: {short_model(corpus)} · {_factors(sub)} · dashed: "
         f"a·p^-b + c fitted within the trained context"
     )
     ax.grid(True, which="major", alpha=0.3)
@@ -424,3 +435,109 @@ def _loss_fits(df: pd.DataFrame, task: str, sub: pd.DataFrame, **where: Any) -> 
         if set(params.index) == set("abc"):
             out[label] = (float(params["a"]), float(params["b"]), float(params["c"]))
     return out
+
+
+def _direction_text(meaning) -> str:
+    return {"higher": ", higher is better", "lower": ", lower is better"}.get(meaning.direction, "")
+
+
+def _chance_level(df: pd.DataFrame, task: str, meaning, **where: Any) -> pd.Series | None:
+    """The declared chance level by length: a number, or a reference metric of the same task."""
+    if meaning.chance is not None:
+        return pd.Series({0: float(meaning.chance)})
+    if not meaning.chance_metric:
+        return None
+    try:
+        ch = select(df, task, meaning.chance_metric, **where)
+    except ResultsError:
+        return None
+    return ch.groupby("length")["value"].mean().sort_index() if len(ch) else None
+
+
+def plot_metric(
+    df: pd.DataFrame, path: str | os.PathLike, *, task: str, metric: str, seed: int = 0, **where: Any
+) -> Plot:
+    """Any declared metric vs length, one line per method (x factor), its 95% interval as a band where there
+    is one, the chance level dashed where declared; a log axis for perplexities."""
+    sub = _subset(df, task, metric, "plot_metric", **where)
+    model = _single(sub, "model", "plot_metric")
+    corpus = _single(sub, "corpus", "plot_metric")
+    meaning = meaning_of(sub, task, metric)
+    data = _points(df, task, metric, sub, seed, **where)
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    _line_plot(ax, data, "value")
+    if meaning.kind == "perplexity":
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    _length_axis(ax, data["length"])
+    chance = _chance_level(df, task, meaning, **where)
+    if chance is not None and len(chance):
+        ax.axhline(float(chance.mean()), color="0.3", linestyle="--", linewidth=1.2, label="chance")
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel(f"{metric} ({meaning.unit or 'value'}{_direction_text(meaning)})")
+    band = ", band: 95% interval" if _has_band(data) else ""
+    unit = meaning.independent_unit
+    ax.set_title(
+        f"{task}: {metric} vs length — {short_model(model)}\n"
+        + (f"corpus: {short_model(corpus)} · " if corpus is not None else "")
+        + f"{_factors(sub)} · {_n_range(data)} {unit}s{band}"
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(title=None, fontsize=9)
+    fig.tight_layout()
+    return Plot(_save(fig, path), data, fig, extra={"chance": None if chance is None else chance.to_dict()})
+
+
+def plot_by_distance(
+    df: pd.DataFrame, path: str | os.PathLike, *, task: str, metric: str, seed: int = 0, **where: Any
+) -> Plot:
+    """A metric vs the needle's distance from the question (the rows' ``distance``, tokens), one line per
+    method (x factor), pooled over the tested lengths; its 95% interval as a band where there is one."""
+    sub = _subset(df, task, metric, "plot_by_distance", **where)
+    if "distance" not in sub.columns or sub["distance"].isna().all():
+        raise ResultsError(f"plot_by_distance: no {task}/{metric} rows record a distance — nothing to plot")
+    model = _single(sub, "model", "plot_by_distance")
+    corpus = _single(sub, "corpus", "plot_by_distance")
+    meaning = meaning_of(sub, task, metric)
+    rows = select(df, task, metric, units=True, **where)
+    rows = rows[rows["distance"].notna() & rows["model"].isin(sub["model"].unique())].copy()
+    rows["label"] = _label_series(rows)
+    out = []
+    for (label, distance), g in rows.groupby(["label", "distance"], dropna=False):
+        ci = cell_interval(g, metric, seed=seed)
+        out.append(
+            {
+                "label": label,
+                "distance": int(distance),
+                "value": ci.estimate,
+                "lo": ci.lo,
+                "hi": ci.hi,
+                "n": ci.n,
+            }
+        )
+    data = pd.DataFrame(out).rename(columns={"distance": "length"})
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    _line_plot(ax, data, "value")
+    data = data.rename(columns={"length": "distance"})
+    _length_axis(ax, data["distance"])
+    chance = _chance_level(df, task, meaning, **where)
+    if chance is not None and len(chance):
+        ax.axhline(float(chance.mean()), color="0.3", linestyle="--", linewidth=1.2, label="chance")
+    lengths = sorted({int(x) for x in rows["length"].dropna()})
+    pooled = (
+        f"at {lengths[0]} tokens" if len(lengths) == 1 else f"pooled over lengths {lengths[0]}–{lengths[-1]}"
+    )
+    ax.set_xlabel("needle distance from the question (tokens)")
+    ax.set_ylabel(f"{metric} ({meaning.unit or 'value'}{_direction_text(meaning)})")
+    band = ", band: 95% interval" if _has_band(data) else ""
+    ax.set_title(
+        f"{task}: {metric} by needle distance — {short_model(model)}\n"
+        + (f"corpus: {short_model(corpus)} · " if corpus is not None else "")
+        + f"{_factors(sub)} · {pooled}{band}"
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(title=None, fontsize=9)
+    fig.tight_layout()
+    return Plot(_save(fig, path), data, fig)

@@ -1,20 +1,24 @@
 """``effective_length``: how far each model x method x factor really reaches, claiming only tested lengths.
 
 A length *passes* only when the bound of its 95% interval on the unfavourable side clears a real bar; it
-*fails* when the estimate itself misses the bar; otherwise it is *not established* (the interval straddles the
-bar: n too small, or no interval at all). Lengths are read in ascending order and the walk stops at the first
-length that does not pass, so a lucky longer length is never counted. The rules (``RULES``, by metric kind and
-rule name; a rule is one small function), the three published ways to state an effective length:
-- 0/1 rates (passkey ``correct``, any task's 0/1 metric), ``rule="threshold"`` (RULER's absolute bar, Hsieh
-  et al. 2024): the Wilson lower bound is at or above ``threshold`` (default 0.8).
+*fails* only when the bound on the favourable side misses it (symmetric in evidence: 11/16, Wilson
+[0.444, 0.858], neither passes nor fails a bar of 0.8); otherwise it is *not established*. Lengths are read in
+ascending order and the walk stops at the first length that does not pass, so a lucky longer length is never
+counted. Which metrics have a reach, and under which rules, is what their declaration says
+(:class:`results.meaning.Metric` ``reach``; never guessed from a name or the values). The rules (``RULES``,
+by the statistics' kind and rule name; a rule is one small function), the three published ways to state an
+effective length:
+- 0/1 rates, ``rule="threshold"`` (RULER's absolute bar, Hsieh et al. 2024): the Wilson lower bound is at
+  or above ``threshold`` (default 0.8).
 - 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
   own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
-  at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must itself
-  be established: its Wilson lower bound at least ``MIN_BAR``, else no reach is claimed.
+  at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must be a
+  short length, at most ``short_length`` (default: a quarter of the trained context; NoLiMa's are 250-1K
+  tokens), and established: its Wilson lower bound at least ``MIN_BAR``; else no reach is claimed.
 - 0/1 rates, ``rule="trained"``: at or above the baseline method's Wilson lower bound at the trained context —
   when that bound is itself at least ``MIN_BAR`` (the floor); a baseline that does not do the task at its
   trained context sets no bar, and no reach is claimed.
-- perplexities (``ppl_tail``), ``rule="threshold"``: the upper bound of the paired ratio to the setting's own
+- perplexities, ``rule="threshold"``: the upper bound of the paired ratio to the setting's own
   value at the trained context (the longest tested length not beyond it; same documents) is within
   ``tolerance`` (default +10%); ``rule="trained"``: the same bound against the baseline method's value at the
   trained context. There is no "short" rule for perplexities: with less context a perplexity is higher, so a
@@ -38,11 +42,11 @@ from typing import Any
 
 import pandas as pd
 
-from .stats import Interval, Paired, metric_kind, metric_spec, paired_interval
+from .meaning import Metric, declarations
+from .stats import Interval, Paired, paired_interval
 from .store import ResultsError, atomic_write_text
 from .tables import IDENTITY, cell_interval, is_unit, select, unit_key
 
-PREFERRED_METRICS = ("ppl_tail", "ppl", "correct", "accuracy", "exact_match")
 RULE_NAMES = ("threshold", "short", "trained")
 # NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
 NOLIMA_FRACTION = 0.85
@@ -53,43 +57,51 @@ THEORY_TASK = "theory"
 # not retrieve more often than not even there, and "as good as the baseline" would claim every length
 # (0/16 -> bar 0).
 MIN_BAR = 0.5
+# NoLiMa's base is a short-context score (250-1K tokens): by default at most this share of the trained context
+SHORT_SHARE = 0.25
 PASS, FAIL, OPEN = "pass", "failed", "not established"
 NOT_ESTABLISHED = "not established (n too small)"
 
 
+def rules_of(meaning: Metric) -> list[str]:
+    """The reach rules a declaration names that its kind supports, in ``RULE_NAMES`` order."""
+    return [r for r in RULE_NAMES if r in meaning.reach and (meaning.stat_kind, r) in RULES]
+
+
 def reach_metrics(df: pd.DataFrame, task: str) -> list[str]:
-    """The metrics of ``task`` with a pass/fail bar (see :func:`results.stats.metric_spec`): every 0/1 rate,
-    and one perplexity — ``ppl_tail`` when recorded (the tokens since the previous length: where a
-    method breaks)."""
+    """The metrics of ``task`` whose declaration names reach rules, in the order the rows first name them."""
     rows = df[(df["task"] == task) & (df["status"].isna() | (df["status"] == "ok"))]
-    found = {"log": [], "rate": []}
-    for metric, g in rows.groupby("metric", sort=True):
-        spec = metric_spec(metric, g.loc[is_unit(g), "value"].dropna().to_numpy(float))
-        if spec.has_bar and spec.kind in found:
-            found[spec.kind].append(str(metric))
-    rank = {m: i for i, m in enumerate(PREFERRED_METRICS)}
-    logs = sorted(found["log"], key=lambda m: (rank.get(m, len(rank)), m))
-    rates = sorted(found["rate"], key=lambda m: (rank.get(m, len(rank)), m))
-    return logs[:1] + rates
+    meant = declarations(rows)
+    return [str(m) for m in dict.fromkeys(rows["metric"].dropna()) if rules_of(meant[(task, m)])]
 
 
 def default_metric(df: pd.DataFrame, task: str) -> str:
-    have = set(df.loc[df["task"] == task, "metric"].dropna())
-    for m in PREFERRED_METRICS:
-        if m in have:
-            return m
+    """The task's first metric with declared reach rules."""
     candidates = reach_metrics(df, task)
     if candidates:
         return candidates[0]
+    have = sorted(set(df.loc[df["task"] == task, "metric"].dropna()))
     raise ResultsError(
-        f"no metric for an effective length in task {task!r} (have: {', '.join(sorted(have))}) — "
-        f"pass metric=... naming a 0/1 rate or a perplexity"
+        f"no metric of task {task!r} declares reach rules (have: {', '.join(have)}) — pass metric=... "
+        f"naming one that does"
     )
 
 
 def rules_for(kind: str) -> list[str]:
-    """The rules that apply to a metric kind, in ``RULE_NAMES`` order."""
+    """The rules a statistics kind ("rate", "log") supports, in ``RULE_NAMES`` order."""
     return [r for r in RULE_NAMES if (kind, r) in RULES]
+
+
+def check_trained_context(given: Any) -> None:
+    """A trained context given by hand is a positive int (or {model: positive int})."""
+    values = given.values() if isinstance(given, Mapping) else [given]
+    for v in values:
+        if v is None and not isinstance(given, Mapping):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != int(v):
+            raise ResultsError(
+                f"trained_context must be a positive number of tokens, got {v!r} — e.g. trained_context=8192"
+            )
 
 
 def _recorded(rows: pd.DataFrame, column: str) -> set[int]:
@@ -183,17 +195,19 @@ def _no_reference(tc: int | None, metric: str) -> str:
 
 
 def at_least(ci: Interval | Paired, bar: float) -> str:
-    """A rate's verdict: its lower bound clears the bar, its estimate misses it, or neither (n too small)."""
+    """A rate's verdict: passes when its lower bound clears the bar, fails when its upper bound misses it,
+    else not established (the interval holds the bar, or there is none)."""
     if math.isfinite(ci.lo) and ci.lo >= bar:
         return PASS
-    return FAIL if ci.estimate < bar else OPEN
+    return FAIL if math.isfinite(ci.hi) and ci.hi < bar else OPEN
 
 
 def at_most(ci: Interval | Paired, bar: float) -> str:
-    """A ratio's verdict: its upper bound stays within the bar, its estimate exceeds it, or neither."""
+    """A ratio's verdict: passes when its upper bound stays within the bar, fails when its lower bound
+    exceeds it, else not established."""
     if math.isfinite(ci.hi) and ci.hi <= bar:
         return PASS
-    return FAIL if ci.estimate > bar else OPEN
+    return FAIL if math.isfinite(ci.lo) and ci.lo > bar else OPEN
 
 
 def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
@@ -245,6 +259,7 @@ class Setting:
     tolerance: float
     baseline: str
     seed: int
+    short_length: int | None = None
 
 
 @dataclass
@@ -287,6 +302,18 @@ def _rate_trained(s: Setting) -> Verdicts:
 def _rate_short(s: Setting) -> Verdicts:
     short = min(s.cells)
     base = s.cells[short][1]
+    if s.short_length is None:
+        return Verdicts(
+            "not computed: no short length to take NoLiMa's base at (trained context unknown: pass "
+            "trained_context=... or short_length=...)"
+        )
+    if short > s.short_length:
+        return Verdicts(
+            f"not computed: NoLiMa's base needs a length ≤ {s.short_length} (a quarter of the trained "
+            f"context); the shortest tested is {short} — add a length ≤ {s.short_length}",
+            reference_length=short,
+            reference_value=base.estimate,
+        )
     if len(s.cells) < 2:  # the base length passes by definition: alone it would claim itself
         return Verdicts(
             f"not computed: one tested length ({short}) is only the short-context base — test a "
@@ -374,6 +401,7 @@ def effective_length(
     trained_context: int | Mapping | None = None,
     baseline: str = "plain",
     seed: int = 0,
+    short_length: int | None = None,
     **where: Any,
 ) -> pd.DataFrame:
     """One row per model x method x factor x options x corpus: ``effective_length`` (a tested length, or NA),
@@ -393,9 +421,14 @@ def effective_length(
     without them), ``predicted_limit`` the longest distance it was checked to (a ``predicted_reach`` equal to
     it means "at least").
     Rows: per model, the baseline first. ``trained_context``: an int or {model: int}; default: what the rows
-    record (see the module doc).
+    record (see the module doc). ``short_length``: the longest length NoLiMa's base may be taken at
+    (default: a quarter of the trained context).
+
+    Which rules apply is the metric's declaration (``meaning``; see :mod:`results.meaning`): a metric that
+    declares no reach, or not this rule, is a ResultsError.
     """
     check_rules(threshold, tolerance)
+    check_trained_context(trained_context)
     metric = metric or default_metric(df, task)
     if rule not in RULE_NAMES:
         raise ResultsError(f"unknown rule {rule!r} — use rule='threshold', 'short' (NoLiMa) or 'trained'")
@@ -403,18 +436,17 @@ def effective_length(
     sub = sub[sub["length"].notna()]
     if sub.empty:
         raise ResultsError(f"no {task}/{metric} rows with a length — an effective length needs lengths")
-    kind = metric_kind(
-        metric, sub.loc[is_unit(sub), "value"].dropna().to_numpy(float) if is_unit(sub).any() else None
-    )
-    if kind == "mean":
+    meaning = declarations(sub)[(task, metric)]
+    kind = meaning.stat_kind
+    if not rules_of(meaning):
         raise ResultsError(
-            f"{task}/{metric} is neither a 0/1 rate nor a perplexity — pass metric=... naming one"
+            f"{task}/{metric} declares no reach rules (a {meaning.kind}"
+            + ("" if meaning.declared else ", undeclared")
+            + ") — pass metric=... naming a metric that declares some"
         )
-    if (kind, rule) not in RULES:
+    if rule not in rules_of(meaning):
         raise ResultsError(
-            f"rule {rule!r} is for 0/1 rates: a perplexity at a shorter length is higher for want of "
-            f"context, so a ratio to it would flatter every length — use rule='threshold' or "
-            f"'trained' for {task}/{metric}"
+            f"{task}/{metric} does not declare rule {rule!r} — use one of: {', '.join(rules_of(meaning))}"
         )
     predicted = predicted_reach(df)
     setting_cols = list(IDENTITY)
@@ -430,6 +462,7 @@ def effective_length(
         }
         tc = trained_context_of(setting_rows(df, info), trained_context, info["model"])
         ref_len = max((L for L in cells if tc and L <= tc), default=None)
+        short = short_length or (int(tc * SHORT_SHARE) if tc else None)
         row = {
             **info,
             "metric": metric,
@@ -449,7 +482,7 @@ def effective_length(
             "fail_n": pd.NA,
         }
         v = RULES[(kind, rule)](
-            Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed)
+            Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed, short)
         )
         row.update(
             rule=v.rule,

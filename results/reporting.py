@@ -1,11 +1,17 @@
-"""``report``: one markdown report over run directories — tables inline, plots linked, failures listed.
+"""``report``: one markdown report over run directories — what the run shows first, then the evidence.
 
-Writes ``<out>/report.md``, ``<out>/tables/*.{md,csv,tex}`` and ``<out>/plots/*.png``.
+Writes ``<out>/report.md``, ``<out>/tables/*.{md,csv,tex}`` and ``<out>/plots/*.png``. report.md opens with a
+headline (at most ``HEADLINE_LINES`` lines, from the significant paired differences and the established
+reaches, each with its n in independent units and its p), then the summary (informative columns only, one
+footnote line for the rest), the paired differences, the reach rules the grid supports, theory, one section
+per task with its tables and plots, the legend, and the failed cells. Every treatment comes from the metrics'
+declarations (:mod:`results.meaning`), never from their names or values.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -18,30 +24,55 @@ import pandas as pd
 
 from .comparisons import compare, paired_differences
 from .frame import load
+from .meaning import declarations, undeclared_note
 from .overview import (
-    PREDICTED,
+    MAX_COLUMNS,
+    Quantities,
+    Quantity,
+    distance_text,
+    left_out,
+    legend_lines,
     measured_tasks,
+    metrics_of,
     quantities,
     reach_column,
-    rules_caption,
+    setting_label,
     short_model,
     summary,
 )
-from .plots import plot_classification, plot_loss_by_position, plot_passkey, plot_perplexity
+from .plots import (
+    plot_by_distance,
+    plot_loss_by_position,
+    plot_metric,
+    plot_passkey,
+    plot_perplexity,
+)
 from .reach import (
-    MIN_BAR,
     NOLIMA_FRACTION,
     THEORY_TASK,
     check_rules,
     effective_length,
     load_theory,
-    predicted_claim,
     recorded_contexts,
-    rules_for,
+    rules_of,
 )
-from .stats import MIN_T_UNITS
-from .store import REPORT_INDEX, ResultsError, atomic_write_text, is_ropebench_dir
-from .tables import fmt_interval, fmt_number, select, table, to_csv, to_latex, to_markdown
+from .stats import MIN_INFORMATIVE_PAIRS, MIN_T_UNITS, PAIRED_CLUSTERS, PAIRED_RATES, PAIRED_T, t975
+from .store import REPORT_INDEX, ResultsError, atomic_write_text, check_path_text, is_ropebench_dir
+from .tables import (
+    IDENTITY,
+    fmt_interval,
+    fmt_number,
+    is_unit,
+    out_of_range,
+    select,
+    table,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
+
+HEADLINE_LINES = 5
+BASELINE = "plain"
 
 
 def _slug(*parts: Any) -> str:
@@ -95,7 +126,7 @@ class _Report:
     def add_table(
         self, name: str, caption: str, shown: pd.DataFrame, numeric: pd.DataFrame | None = None
     ) -> None:
-        """md/tex from the display table (may hold "mean ± ci" strings), csv from the numeric one."""
+        """md/tex from the display table (may hold "mean [lo, hi]" strings), csv from the numeric one."""
         stem = self.tables / name
         to_markdown(shown, stem.with_suffix(".md"), caption=caption)
         to_latex(shown, stem.with_suffix(".tex"), caption=caption, label=f"tab:{name}")
@@ -127,9 +158,9 @@ def _where(model, corpus) -> dict:
     return {k: v for k, v in (("model", model), ("corpus", corpus)) if v is not None}
 
 
-def _with_chance_row(t: pd.DataFrame, chance: pd.Series) -> pd.DataFrame:
+def _with_chance_row(t: pd.DataFrame, chance: pd.Series, name: str) -> pd.DataFrame:
     names = list(t.index.names)
-    key = tuple("chance (majority)" if n == "method" else "" for n in names)
+    key = tuple(f"{name} (chance)" if n == "method" else "" for n in names)
     row = pd.DataFrame(
         [[fmt_number(chance.get(c)) if c in chance.index else "–" for c in t.columns]],
         columns=t.columns,
@@ -140,202 +171,306 @@ def _with_chance_row(t: pd.DataFrame, chance: pd.Series) -> pd.DataFrame:
     return pd.concat([t, row])
 
 
-def _perplexity(r: _Report, ok: pd.DataFrame, tc: dict, manifests: list[dict], seed: int) -> None:
-    metrics = set(ok.loc[ok["task"] == "perplexity", "metric"])
-    metric = "ppl" if "ppl" in metrics else min(metrics)
-    r.md += ["## Perplexity", ""]
-    r.add_table(
-        f"perplexity_{metric}",
-        f"Perplexity ({metric}) by method and length — lower is better; "
-        f"[95% interval]: t over documents on the log scale (token-weighted; none below "
-        f"{MIN_T_UNITS} documents), n = documents",
-        table(ok, "perplexity", metric, with_ci=True, seed=seed),
-        table(ok, "perplexity", metric),
+# -- what the report computes once and every section reads ---------------------------------------------------
+class _Evidence:
+    """The quantities, paired differences to the baseline and reach verdicts of the run."""
+
+    def __init__(self, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float):
+        self.ok, self.tc, self.seed = ok, tc, seed
+        self.threshold, self.tolerance = threshold, tolerance
+        self.qs: Quantities = quantities(ok)
+        self.diffs: dict[Quantity, pd.DataFrame] = {}
+        for q in self.qs.values:
+            try:
+                self.diffs[q] = paired_differences(ok, q.task, q.metric, BASELINE, seed=seed)
+            except ResultsError:  # no baseline rows for this task: no differences
+                pass
+        self.reach: dict[tuple[Quantity, str], pd.DataFrame | str] = {}
+        for q in self.qs.reaches:
+            for rule in rules_of(q.meaning):
+                try:
+                    self.reach[(q, rule)] = effective_length(
+                        ok,
+                        q.task,
+                        q.metric,
+                        threshold=threshold,
+                        tolerance=tolerance,
+                        trained_context=tc,
+                        rule=rule,
+                        seed=seed,
+                    )
+                except ResultsError as e:
+                    self.reach[(q, rule)] = str(e)
+
+
+def _p_value(row: pd.Series) -> float:
+    """The test's p: McNemar's where recorded; for a paired t, two-sided from its interval (t on n - 1
+    degrees of freedom; on the log scale for a ratio)."""
+    p = row.get("p")
+    if p is not None and not pd.isna(p):
+        return float(p)
+    if row.get("interval") != PAIRED_T:
+        return math.nan
+    n, est, lo, hi = row.get("n"), row["estimate"], row["lo"], row["hi"]
+    if pd.isna(n) or int(n) < 2 or not (math.isfinite(lo) and math.isfinite(hi)):
+        return math.nan
+    ratio = row.get("how") == "ratio"
+    if ratio and not (lo > 0 and hi > 0 and est > 0):
+        return math.nan
+    centre, half = (math.log(est), math.log(hi / lo) / 2) if ratio else (est, (hi - lo) / 2)
+    if half <= 0:
+        return math.nan
+    from scipy.stats import t as student
+
+    se = half / t975(int(n) - 1)
+    return float(2 * student.sf(abs(centre) / se, int(n) - 1))
+
+
+def _fmt_p(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
+
+
+def _units_text(n: Any, rows: Any, unit: str) -> str:
+    """ "6 trials", or "6 questions on 1 haystack" when rows share a unit."""
+    n = int(n)
+    text = f"{n} {unit}{'' if n == 1 else 's'}"
+    if rows is not None and not pd.isna(rows) and int(rows) > n:
+        text = f"{int(rows)} rows on {text}"
+    return text
+
+
+def _setting_rows(ok: pd.DataFrame, q: Quantity, row: pd.Series) -> pd.DataFrame:
+    """The unit rows of the cell a paired-difference row describes."""
+    rows = select(ok, q.task, q.metric, units=True)
+    for col in [*IDENTITY, "length"]:
+        if col in row.index and col in rows.columns and not pd.isna(row[col]):
+            rows = rows[rows[col].astype(str) == str(row[col])]
+    return rows[is_unit(rows)]
+
+
+def _setting_name(ok: pd.DataFrame, q: Quantity, row: pd.Series) -> str:
+    """ "yarn ×2": the factor from the row, else from the cell's rows (a comparison by method alone)."""
+    factor = row.get("factor")
+    if factor is None or pd.isna(factor):
+        rows = _setting_rows(ok, q, row)
+        factor = rows["factor"].iloc[0] if len(rows) else None
+    return setting_label(row["method"], factor)
+
+
+def _count(rows: pd.DataFrame) -> str:
+    return f"{int(rows['value'].sum())}/{len(rows)}"
+
+
+def _difference_line(ev: _Evidence, q: Quantity) -> str | None:
+    """The longest length where settings differ significantly from the baseline, in one sentence."""
+    d = ev.diffs.get(q)
+    if d is None or d.empty:
+        return None
+    sig = d[d["significant"] & (d["method"] != BASELINE)]
+    if sig.empty:
+        return None
+    L = sig["length"].max()
+    at = sig[sig["length"] == L]
+    null = at["how"].iloc[0] == "ratio"
+    better = (at["estimate"] < (1.0 if null else 0.0)) == (q.meaning.direction == "lower")
+    if q.meaning.direction is None:
+        verb, at_side = "differ from", at
+    else:
+        side = at[better] if better.any() else at[~better]
+        verb, at_side = ("beat" if better.any() else "trail"), side
+    names = [_setting_name(ev.ok, q, r) for _, r in at_side.iterrows()]
+    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    first = at_side.iloc[0]
+    base_row = first.copy()
+    base_row["method"], base_row["factor"] = BASELINE, pd.NA
+    dist = distance_text(_setting_rows(ev.ok, q, first))
+    where = f"at {int(L)} tokens" + (f" with the {dist}" if dist else "")
+    counts = [_setting_rows(ev.ok, q, r) for _, r in at_side.iterrows()]
+    if q.kind == "rate" and all(len(c) for c in counts):  # 0/1 outcomes per unit: k/n on each side
+        base = _setting_rows(ev.ok, q, base_row.drop(labels=["factor", "options"], errors="ignore"))
+        values = " and ".join(_count(c) for c in counts) + f" vs {_count(base[base['method'] == BASELINE])}"
+    else:
+        what = "ratio" if null else "difference"
+        values = "; ".join(
+            f"{what} {fmt_interval(r['estimate'], r['lo'], r['hi'])}" for _, r in at_side.head(2).iterrows()
+        )
+    ps = [p for p in (_p_value(r) for _, r in at_side.iterrows()) if math.isfinite(p)]
+    test = {PAIRED_RATES: "McNemar", PAIRED_T: "paired t", PAIRED_CLUSTERS: "sign-flip"}.get(
+        first["interval"], first["interval"]
     )
-    if "ppl_tail" in metrics:
-        r.add_table(
-            "perplexity_ppl_tail",
-            "Perplexity of only the tokens between the previous length and this "
-            "one — lower is better; shows where a method breaks (n = documents when per-document rows "
-            "exist, else scored tokens: then no interval)",
-            table(ok, "perplexity", "ppl_tail", with_ci=True, seed=seed),
-            table(ok, "perplexity", "ppl_tail"),
-        )
-    for model, corpus in _groups(select(ok, "perplexity", metric)):
-        r.add_plot(
-            _slug("perplexity", short_model(model), corpus),
-            f"perplexity vs length, {short_model(model)}, {corpus}",
-            plot_perplexity,
-            ok,
-            metric=metric,
-            trained_context=tc.get(model),
-            seed=seed,
-            **_where(model, corpus),
-        )
-    if "longppl" in metrics:
-        r.add_table(
-            "perplexity_longppl",
-            "Key-token perplexity (LongPPL: the tokens whose loss the long context "
-            "lowers; docs/tasks.md) — lower is better; n = documents when per-document rows exist",
-            table(ok, "perplexity", "longppl", with_ci=True, seed=seed),
-            table(ok, "perplexity", "longppl"),
-        )
-    for model, corpus in _groups(select(ok, "perplexity", "loss_bin")) if "loss_bin" in metrics else []:
-        r.add_plot(
-            _slug("loss_by_position", short_model(model), corpus),
-            f"loss by position, {short_model(model)}, {corpus}",
-            plot_loss_by_position,
-            ok,
-            trained_context=tc.get(model),
-            **_where(model, corpus),
-        )
+    if ps:
+        p_text = f", {test} " + _fmt_p(max(ps)).replace("=", "≤" if len(ps) > 1 else "=")
+    else:
+        p_text = f", {first['interval']} interval excludes {1 if null else 0}"
+    n = _units_text(first["n"], first.get("rows"), first.get("unit") or q.meaning.independent_unit)
+    return f"{who} {verb} {BASELINE} on {q.task} {q.metric} {where}: {values} (n = {n}{p_text})."
 
 
-def _passkey(r: _Report, ok: pd.DataFrame, seed: int) -> None:
-    r.md += ["## Passkey retrieval", ""]
-    r.add_table(
-        "passkey_accuracy",
-        "Passkey accuracy by method and length (over depths and trials) [95% Wilson interval], n = prompts",
-        table(ok, "passkey", "correct", with_ci=True, seed=seed),
-        table(ok, "passkey", "correct"),
+def _reach_line(ev: _Evidence, q: Quantity, rule: str) -> str | None:
+    e = ev.reach.get((q, rule))
+    if not isinstance(e, pd.DataFrame) or e["effective_length"].notna().sum() == 0:
+        return None
+    claims = [
+        f"{setting_label(r['method'], r['factor'])} {r['claim']}"
+        for _, r in e.iterrows()
+        if r["claim"] not in ("–",) and not str(r["claim"]).startswith("not established")
+    ]
+    est = e[e["effective_length"].notna()].iloc[0]
+    n = (
+        ""
+        if pd.isna(est["at_n"])
+        else f" (n = {_units_text(est['at_n'], None, q.meaning.independent_unit)} per length)"
     )
-    for model, corpus in _groups(select(ok, "passkey", "correct")):
-        r.add_plot(
-            _slug("passkey", short_model(model), corpus),
-            f"passkey heatmap, {short_model(model)}, {corpus}",
-            plot_passkey,
-            ok,
-            **_where(model, corpus),
+    bar = _rule_short(q.kind, rule, ev.threshold, ev.tolerance)
+    return f"{reach_column(q, rule)} ({bar}): {', '.join(claims)}{n}."
+
+
+def _rule_short(kind: str, rule: str, threshold: float, tolerance: float) -> str:
+    if kind == "log":
+        whose = "its own" if rule == "threshold" else f"{BASELINE}'s"
+        return f"ratio to {whose} value at the trained context ≤ {1 + tolerance:g}"
+    return {
+        "threshold": f"Wilson lower bound ≥ {threshold:g}",
+        "short": f"≥ {NOLIMA_FRACTION:g} × own short-context rate",
+        "trained": f"≥ {BASELINE}'s lower bound at the trained context",
+    }[rule]
+
+
+def _headline(ev: _Evidence) -> list[str]:
+    """At most ``HEADLINE_LINES`` lines: the significant differences first, then the established reaches;
+    or one line saying nothing is, and what the run would need."""
+    diffs = [line for q in ev.qs.values if (line := _difference_line(ev, q))]
+    reaches = [line for (q, rule) in ev.reach if (line := _reach_line(ev, q, rule))]
+    lines = diffs[:3] + reaches[:2]  # the differences first; the reaches fill in
+    lines = (lines + diffs[3:] + reaches[2:])[:HEADLINE_LINES]
+    if lines:
+        return [f"- {line}" for line in lines]
+    most = max((int(d["informative"].max()) for d in ev.diffs.values() if len(d)), default=0)
+    return [
+        (
+            f"Nothing is significant and no reach is established: a paired difference needs at least "
+            f"{MIN_INFORMATIVE_PAIRS} independent units that differ between the settings (this run has at "
+            f"most {most}); more documents, trials or haystacks per length would decide it."
         )
+    ]
 
 
-def _classification(r: _Report, ok: pd.DataFrame, seed: int) -> None:
-    r.md += ["## Long-document classification", ""]
-    metrics = set(ok.loc[ok["task"] == "classification", "metric"])
-    if "accuracy" in metrics:
-        shown = table(ok, "classification", "accuracy", with_ci=True, seed=seed)
-        caption = "Classification accuracy by method and length [95% Wilson interval], n = queries"
-        if "chance" in metrics:
-            chance = select(ok, "classification", "chance").groupby("length")["value"].mean()
-            shown = _with_chance_row(shown, chance)
-            caption += " (last row: majority-class chance)"
-        r.add_table("classification_accuracy", caption, shown, table(ok, "classification", "accuracy"))
-    for metric in sorted(metrics & {"macro_f1", "accuracy_norm", "macro_f1_norm"}):
-        # written to tables/ only: without per-query predictions these have no interval to print
-        t = table(ok, "classification", metric)
-        stem = r.tables / f"classification_{metric}"
-        to_markdown(t.map(fmt_number), stem.with_suffix(".md"))
-        to_csv(t, stem.with_suffix(".csv"))
-        r.written += [stem.with_suffix(".md"), stem.with_suffix(".csv")]
-    extra = sorted(metrics & {"macro_f1", "accuracy_norm", "macro_f1_norm"})
-    if extra:
-        r.md += [
-            "Also in tables/ (no interval: the task records them only aggregated): "
-            + ", ".join(f"[{m}](tables/classification_{m}.csv)" for m in extra),
-            "",
-        ]
-    if "accuracy" in metrics:
-        for model, corpus in _groups(select(ok, "classification", "accuracy")):
-            r.add_plot(
-                _slug("classification", short_model(model), corpus),
-                f"classification accuracy, {short_model(model)}, {corpus}",
-                plot_classification,
-                ok,
-                **_where(model, corpus),
-            )
-
-
-def _summary(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
+# -- sections ------------------------------------------------------------------------------------------------
+def _summary(r: _Report, ev: _Evidence) -> None:
     r.md += ["## Summary", ""]
     try:
-        shown = summary(ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed)
-        numeric = summary(
-            ok, trained_context=tc, threshold=threshold, tolerance=tolerance, seed=seed, with_ci=False
-        )
+        kw = {"trained_context": ev.tc, "threshold": ev.threshold, "tolerance": ev.tolerance, "seed": ev.seed}
+        shown = summary(ev.ok, **kw)
+        numeric = summary(ev.ok, with_ci=False, **kw)
     except ResultsError as e:
         r.md += [f"_No summary: {e}_", ""]
         return
     r.add_table(
         "summary",
-        "One row per setting: value [95% interval] n. Perplexity: t over documents on the "
-        f"log scale (no interval below {MIN_T_UNITS} documents, or when recorded only aggregated: n = "
-        "scored tokens); 0/1 rates: Wilson; other means: t over units. "
-        + rules_caption(threshold, tolerance)
-        + ". * = paired difference to plain at that length "
-        "significant (interval excludes no-difference, ≥ 6 differing pairs, exact McNemar p < 0.05 for 0/1 "
-        "outcomes) — see the next sections",
+        "One row per setting: value [95% interval] n (independent units), * = significant paired difference "
+        f"to {BASELINE}, reach = effective length (legend below)",
         shown,
         numeric,
     )
+    dropped = left_out(shown)
+    if dropped:
+        r.md += ["Not in the summary: " + _footnote(dropped) + ".", ""]
+    note = undeclared_note(declarations(ev.ok))
+    if note:
+        r.md += [note, ""]
+    flagged = _out_of_range(ev.ok)
+    if flagged:
+        r.md += [flagged, ""]
 
 
-def _differences(r: _Report, ok: pd.DataFrame, seed: int) -> None:
-    r.md += ["## Differences to plain (paired, same documents / prompts)", ""]
-    for q in quantities(ok).values:
-        task, metric = q.task, q.metric
-        caption = (
-            f"{task}/{metric}: ratio to plain on the same documents — below 1 is better"
-            if q.kind == "log"
-            else f"{task}/{metric} minus plain on the same documents / prompts"
-        )
+def _footnote(dropped: list[tuple[str, str]]) -> str:
+    """The left-out columns grouped by why: "a, b (why); c (why)"; those that did not fit named once."""
+    room = [c for c, why in dropped if why.startswith("no room")]
+    parts = [f"{c} ({why})" for c, why in dropped if not why.startswith("no room")]
+    if room:
+        parts.append(f"{', '.join(room)} (no room in {MAX_COLUMNS} columns: in their task's section)")
+    return "; ".join(parts)
+
+
+def _out_of_range(ok: pd.DataFrame) -> str | None:
+    """One line naming the values that break their metric's declared range (None when every value fits)."""
+    bad = out_of_range(ok)
+    if bad is None or len(bad) == 0:
+        return None
+    parts = []
+    for (t, m), g in bad.groupby(["task", "metric"], sort=True):
+        vals = ", ".join(f"{v:g}" for v in sorted(set(g["value"].astype(float)))[:3])
+        parts.append(f"{t}/{m} ({len(g)} row{'s' if len(g) != 1 else ''}: {vals})")
+    return "Out of range: " + "; ".join(parts) + " — outside the metric's declared range; check the task."
+
+
+def _differences(r: _Report, ev: _Evidence) -> None:
+    r.md += [f"## Differences to {BASELINE} (paired, same documents / prompts)", ""]
+    for q in ev.qs.values:
+        if q not in ev.diffs:
+            continue
         try:
-            if "plain" not in set(select(ok, task, metric)["method"]):
-                continue
-            shown = compare(ok, task, metric, "plain", with_ci=True, seed=seed)
-            numeric = compare(ok, task, metric, "plain", seed=seed)
+            shown = compare(ev.ok, q.task, q.metric, BASELINE, with_ci=True, seed=ev.seed)
+            numeric = compare(ev.ok, q.task, q.metric, BASELINE, seed=ev.seed)
         except ResultsError:
             continue
-        kinds = set(paired_differences(ok, task, metric, "plain", seed=seed)["interval"]) - {"baseline"}
-        contrast = "log ratios" if q.kind == "log" else "differences"
-        how = {
-            "paired t": (
-                f"paired t over the shared units' {contrast} (from {MIN_T_UNITS}), n = pairs; "
-                "* = excludes no-difference with ≥ 6 differing pairs"
-            ),
-            "paired score + McNemar": (
-                "Newcombe's paired score interval, n = pairs; * = excludes 0 and the "
-                "exact McNemar test gives p < 0.05"
-            ),
-            "newcombe (unpaired)": (
-                "Newcombe, unpaired: no per-query rows recorded, n = queries; * = excludes 0"
-            ),
-            "none": "none: a single unit",
-        }
+        better = {"higher": " — above 0 is better", "lower": " — below 0 is better"}.get(
+            q.meaning.direction, ""
+        )
+        if q.kind == "log":
+            better = better.replace("0", "1")
+            caption = f"{q.task}/{q.metric}: ratio to {BASELINE} on the same units{better}"
+        else:
+            caption = f"{q.task}/{q.metric} minus {BASELINE} on the same units{better}"
+        kinds = sorted(set(ev.diffs[q]["interval"]) - {"baseline"})
+        unit = q.meaning.independent_unit
+        where = distance_text(select(ev.ok, q.task, q.metric, units=True))
+        caption += f"; {where}" if where else ""
         r.add_table(
-            f"{task}_{metric}_vs_plain",
-            f"{caption}: estimate [95% interval: " + "; ".join(how.get(k, k) for k in sorted(kinds)) + "]",
+            f"{q.task}_{q.metric}_vs_{BASELINE}",
+            f"{caption}; n = {unit}s (independent units) [95% interval: {', '.join(kinds)}]",
             shown,
             numeric,
         )
 
 
-def _reach(r: _Report, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float) -> None:
+def _reach(r: _Report, ev: _Evidence) -> set[tuple[str, str]]:
+    """The reach tables the grid supports; one line for the others. Returns the (kind, rule) pairs shown."""
     r.md += ["## Effective context length", ""]
-    for q in quantities(ok).reaches:  # every metric with a pass/fail bar, under every rule that applies
-        for rule in rules_for(q.kind):
-            _reach_table(r, ok, q, rule, tc, seed, threshold, tolerance)
+    shown_rules: set[tuple[str, str]] = set()
+    unsupported = []
+    for (q, rule), e in ev.reach.items():
+        name = reach_column(q, rule)
+        if isinstance(e, str):
+            unsupported.append(f"{name}: {e}")
+            continue
+        claims = e["claim"].astype(str)
+        if (claims == "–").all():
+            unsupported.append(f"{name}: {e['rule'].iloc[0].removeprefix('not computed: ')}")
+            continue
+        if claims.str.startswith("not established").all() or (claims == "–").all():
+            unsupported.append(
+                f"{name}: not established in any setting "
+                f"(needs more {q.meaning.independent_unit}s per length)"
+            )
+            continue
+        _reach_table(r, q, rule, e, ev)
+        shown_rules.add((q.kind, rule))
+    if not shown_rules:
+        r.md += ["No reach rule is supported by this grid.", ""]
+    if unsupported:
+        r.md += ["Not shown: " + "; ".join(unsupported) + ".", ""]
+    return shown_rules
 
 
-def _reach_table(
-    r: _Report, ok: pd.DataFrame, q, rule: str, tc: dict, seed: int, threshold: float, tolerance: float
-) -> None:
-    caption = f"{reach_column(q, rule)} ({q.task}/{q.metric}) — " + _rule_caption(
-        q.kind, rule, threshold, tolerance
+def _reach_table(r: _Report, q: Quantity, rule: str, e: pd.DataFrame, ev: _Evidence) -> None:
+    unit = q.meaning.independent_unit
+    caption = (
+        f"{reach_column(q, rule)} ({q.task}/{q.metric}) — value [95% interval] n = {unit}s at the reach and "
+        "where the walk stopped"
     )
-    try:
-        e = effective_length(
-            ok,
-            q.task,
-            q.metric,
-            threshold=threshold,
-            tolerance=tolerance,
-            trained_context=tc,
-            rule=rule,
-            seed=seed,
-        )
-    except ResultsError as err:
-        r.md += [f"_{caption}: not computed ({err})_", ""]
-        return
+    where = distance_text(select(ev.ok, q.task, q.metric, units=True))
+    caption += f"; {where}" if where else ""
     shown = pd.DataFrame(
         {
             "model": e["model"].map(short_model),
@@ -354,108 +489,244 @@ def _reach_table(
                 fmt_interval(v, lo, hi, n if not pd.isna(n) else None) if not pd.isna(v) else "–"
                 for v, lo, hi, n in zip(e["fail_value"], e["fail_lo"], e["fail_hi"], e["fail_n"])
             ],
-            "first failure": [str(int(x)) if not pd.isna(x) else "–" for x in e["first_failure"]],
             "rule": e["rule"],
         }
     )
-    if e["predicted_reach"].notna().any():  # theory beside measurement
-        shown[PREDICTED] = [
-            predicted_claim(v, lim) for v, lim in zip(e["predicted_reach"], e["predicted_limit"])
-        ]
     if shown["model"].nunique() == 1:
         shown = shown.drop(columns="model")
+    if shown["rule"].nunique() == 1:  # the same bar for every setting: said in the caption
+        caption += f"; bar: {shown['rule'].iloc[0]}"
+        shown = shown.drop(columns="rule")
     shown = shown.set_index([c for c in ("model", "method", "factor") if c in shown.columns])
     r.add_table(f"reach_{q.task}_{q.metric}_{rule}", caption, shown, e)
 
 
-def _rule_caption(kind: str, rule: str, threshold: float, tolerance: float) -> str:
-    """The bar of one reach table, in words; the statistic shown at the reach and where the walk stopped."""
-    if kind == "log":
-        whose = "its own" if rule == "threshold" else "plain's"
-        return (
-            f"bar: the upper bound of the paired ratio to {whose} value at the trained context ≤ "
-            f"{1 + tolerance:g}; ratio [95% paired t interval] at the reach / where it stopped"
-        )
-    return {
-        "threshold": f"bar (absolute, as RULER): Wilson lower bound ≥ {threshold:g}",
-        "short": (
-            f"bar (NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's own rate at its "
-            f"shortest tested length, when that rate's lower bound is ≥ {MIN_BAR:g} (else no reach)"
-        ),
-        "trained": (
-            f"bar: plain's own Wilson lower bound at the trained context, when that is ≥ {MIN_BAR:g} "
-            "(else no bar, no reach)"
-        ),
-    }[rule] + "; rate [95% Wilson interval]"
-
-
 def _theory(r: _Report, ok: pd.DataFrame) -> None:
-    """The sweep's theory rows, one line per setting: Men et al.'s predicted reach of the patched frequencies
-    and the smallest base for the trained context, Liu et al.'s critical dimension — beside the measured
-    reaches above."""
+    """The sweep's theory rows, one line per setting, each column labelled by its declaration's description;
+    never in the summary, never compared."""
     rows = ok[ok["task"] == THEORY_TASK]
     if rows.empty:
         return
+    meant = declarations(rows)
     keys = ["model", "method", "factor", "options"]
-    latest = rows.drop_duplicates([*keys, "metric"], keep="last").set_index(keys)
-    shown = pd.DataFrame(index=latest.index.unique())
-    reach = latest[latest["metric"] == "men_reach"]
-    if len(reach):
-        limits = reach["task_options"].map(
-            lambda o: json.loads(o).get("limit") if isinstance(o, str) else None
-        )
-        shown[PREDICTED] = pd.Series(
-            [predicted_claim(v, lim) for v, lim in zip(reach["value"], limits)], index=reach.index
-        )
-    bases = [
-        json.loads(o).get("base_theta", "–") if isinstance(o, str) else "–"
-        for o in shown.index.get_level_values("options")
-    ]
-    if any(b != "–" for b in bases):
-        shown["RoPE base"] = bases
-    bound = latest[latest["metric"] == "base_lower_bound"]
-    for L in sorted(bound["length"].dropna().unique()):
-        at = bound[bound["length"] == L]["value"]
-        shown[f"smallest base for {int(L)} (Men et al.)"] = at.map(lambda v: f"{v:.3g}")
-    crit = latest[latest["metric"] == "critical_dimension"]["value"]
-    if len(crit):
-        shown["critical dimension (Liu et al.)"] = crit.map(lambda v: str(int(v)))
+    latest = rows.drop_duplicates([*keys, "metric", "length"], keep="last")
+    shown = pd.DataFrame(index=pd.MultiIndex.from_frame(latest[keys].drop_duplicates()))
+    for metric in metrics_of(latest, THEORY_TASK):
+        at = latest[latest["metric"] == metric]
+        lengths = sorted(at["length"].dropna().unique())
+        for L in lengths or [None]:
+            part = at if L is None else at[at["length"] == L]
+            label = meant[(THEORY_TASK, metric)].description or metric
+            if len(lengths) > 1:
+                label += f" @ {int(L)}"
+            shown[label] = pd.Series(
+                [_theory_value(v, o) for v, o in zip(part["value"], part["task_options"])],
+                index=pd.MultiIndex.from_frame(part[keys]),
+            )
     shown = shown.fillna("–").reset_index()
     shown["model"] = shown["model"].map(short_model)
-    shown["options"] = shown["options"].map(_method_options)
-    drop = [c for c in ("model", "options") if shown[c].nunique() == 1]
-    shown = shown.drop(columns=drop).set_index([k for k in keys if k not in drop])
-    r.md += ["## Theory beside measurement", ""]
+    shown["method"] = [setting_label(m, f) for m, f in zip(shown["method"], shown["factor"])]
+    several = len(shown) > 1  # with one setting every column is "the same": keep them in the table
+    same = [c for c in shown.columns if c != "method" and several and shown[c].astype(str).nunique() == 1]
+    note = [f"{c} = {shown[c].iloc[0]}" for c in same if c not in ("model", "factor", "options")]
+    drop = [*same, *(c for c in ("factor", "options") if c not in same)]
+    if not several:
+        drop += [c for c in ("model",) if c not in drop]
+    shown = shown.drop(columns=drop).set_index([c for c in ("model", "method") if c not in drop])
+    r.md += ["## Theory (not measurements)", ""]
     r.add_table(
         "theory",
-        "What RoPE theory predicts from each setting's frequencies as patched (dynamic methods at "
-        "factor × the trained context): "
-        + PREDICTED
-        + " = the first relative distance m with Σ_i cos(m θ_i) "
-        "< 0 (Men et al. 2024, arXiv:2405.14591; ≥: held up to the distance checked, 4 × the longest tested "
-        "length), the smallest base for which the criterion holds up to the trained context, and the "
-        "critical dimension of Liu et al. 2024 (arXiv:2310.05209) — compare with the measured reaches above",
+        "What RoPE theory says about each setting's frequencies as patched. Men et al. (2024, "
+        "arXiv:2405.14591) bound the base a model needs when it is *trained* for a context: a bound for a "
+        "base trained for that context, not a training-free prediction of what a patched model retrieves "
+        "(≥: held up to the distance checked). Liu et al. (2024, arXiv:2310.05209): the extrapolation "
+        "bound of the critical dimension fixed by pretraining",
         shown,
     )
+    if note:
+        r.md += ["The same for every setting: " + "; ".join(note) + ".", ""]
 
 
-def _method_options(text: str) -> str:
-    """The method's own options (not what the patch resolved: trained context, base, ...)."""
-    resolved = {"start_from", "trained_context", "base_theta", "shipped_rope", "temperature", "layer_types"}
+def _theory_value(value: Any, task_options: Any) -> str:
+    """ "3616", "≥ 65536" when the value reached the limit it was checked to, "2.05e+05" for a large float."""
+    if pd.isna(value):
+        return "–"
     try:
-        opts = json.loads(text) if isinstance(text, str) else {}
-    except ValueError:
-        return str(text)
-    return ", ".join(f"{k}={v}" for k, v in sorted(opts.items()) if k not in resolved)
+        limit = json.loads(task_options).get("limit") if isinstance(task_options, str) else None
+    except (ValueError, AttributeError):
+        limit = None
+    v = float(value)
+    text = str(int(v)) if v == int(v) and abs(v) < 1e6 else f"{v:.3g}"
+    return f"≥ {text}" if isinstance(limit, (int, float)) and v >= limit else text
 
 
-def _other(r: _Report, ok: pd.DataFrame, task: str) -> None:
+def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
+    """A task's tables (headline metrics with intervals; detail metrics in tables/ only) and its plots, all
+    from the declarations."""
+    ok = ev.ok
     r.md += [f"## {task}", ""]
-    for metric in sorted(ok.loc[ok["task"] == task, "metric"].dropna().unique()):
-        sub = select(ok, task, metric)
-        cols = "length" if sub["length"].notna().any() else None
-        shown = table(ok, task, metric, cols=cols, with_ci=True)
-        r.add_table(_slug(task, metric), f"{task}: {metric}", shown, table(ok, task, metric, cols=cols))
+    shown = [q for q in [*ev.qs.values, *ev.qs.reaches] if q.task == task]
+    shown = list(dict.fromkeys(shown))
+    references = {q.metric: q for q in ev.qs.references if q.task == task}
+    for q in shown:
+        _metric_table(r, ok, q, references, ev.seed)
+    _withheld_longppl(r, ok, task)
+    details = [q for q in ev.qs.details if q.task == task]
+    for q in details:
+        t = table(ok, task, q.metric)
+        stem = r.tables / _slug(task, q.metric)
+        to_markdown(t.map(fmt_number), stem.with_suffix(".md"))
+        to_csv(t, stem.with_suffix(".csv"))
+        r.written += [stem.with_suffix(".md"), stem.with_suffix(".csv")]
+    if details:
+        r.md += [
+            "Details (tables/ only): "
+            + ", ".join(f"[{q.metric}](tables/{_slug(task, q.metric)}.csv)" for q in details),
+            "",
+        ]
+    for q in shown:
+        _metric_plots(r, ev, q)
+    for q in details:  # a per-position detail (rows with a bin start in ``depth``): loss by position
+        if q.meaning.direction == "lower" and select(ok, task, q.metric)["depth"].notna().any():
+            for model, corpus in _groups(select(ok, task, q.metric)):
+                r.add_plot(
+                    _slug("loss_by_position", task, short_model(model), short_model(corpus)),
+                    f"{q.metric} by position, {short_model(model)}",
+                    plot_loss_by_position,
+                    ok,
+                    task=task,
+                    metric=q.metric,
+                    trained_context=ev.tc.get(model),
+                    **_where(model, corpus),
+                )
+            break
+
+
+def _metric_table(r: _Report, ok: pd.DataFrame, q: Quantity, references: dict, seed: int) -> None:
+    d = q.meaning
+    better = {"higher": "higher is better", "lower": "lower is better"}.get(d.direction, "no direction")
+    how = {
+        "log": f"t over units on the log scale, none below {MIN_T_UNITS}",
+        "rate": "Wilson",
+        "mean": f"t over units, none below {MIN_T_UNITS}",
+    }[q.kind]
+    caption = (
+        f"{q.task}/{q.metric}: {d.description or q.metric} ({d.unit or 'value'}; {better}) by method and "
+        f"length [95% interval: {how}], n = {d.independent_unit}s"
+    )
+    shown = table(ok, q.task, q.metric, with_ci=True, seed=seed)
+    ref = references.get(d.chance_metric) if d.chance_metric else None
+    if ref is not None:
+        chance = select(ok, q.task, ref.metric).groupby("length")["value"].mean()
+        shown = _with_chance_row(shown, chance, ref.metric)
+        caption += f" (last row: {ref.metric})"
+    dist = distance_text(select(ok, q.task, q.metric, units=True))
+    if dist:
+        caption += f"; {dist}"
+    r.add_table(_slug(q.task, q.metric), caption, shown, table(ok, q.task, q.metric))
+
+
+def _metric_plots(r: _Report, ev: _Evidence, q: Quantity) -> None:
+    """Per model and corpus: perplexities vs length (log axis), rates with depths as a heatmap, any other
+    metric vs length; and vs the needle's distance where the rows record one."""
+    ok = ev.ok
+    sub = select(ok, q.task, q.metric)
+    for model, corpus in _groups(sub):
+        where = _where(model, corpus)
+        tag = (short_model(model), short_model(corpus))
+        if q.meaning.kind == "perplexity":
+            r.add_plot(
+                _slug(q.task, q.metric, *tag),
+                f"{q.metric} vs length, {tag[0]}",
+                plot_perplexity,
+                ok,
+                task=q.task,
+                metric=q.metric,
+                trained_context=ev.tc.get(model),
+                seed=ev.seed,
+                **where,
+            )
+        elif q.kind == "rate" and sub["depth"].notna().any() and not _has_distance(sub):
+            r.add_plot(
+                _slug(q.task, q.metric, "heatmap", *tag),
+                f"{q.task} {q.metric} by depth and length, {tag[0]}",
+                plot_passkey,
+                ok,
+                task=q.task,
+                metric=q.metric,
+                **where,
+            )
+        else:
+            r.add_plot(
+                _slug(q.task, q.metric, *tag),
+                f"{q.task} {q.metric} vs length, {tag[0]}",
+                plot_metric,
+                ok,
+                task=q.task,
+                metric=q.metric,
+                seed=ev.seed,
+                **where,
+            )
+        if _has_distance(select(ok, q.task, q.metric, units=True)):
+            r.add_plot(
+                _slug(q.task, q.metric, "by_distance", *tag),
+                f"{q.task} {q.metric} by needle distance, {tag[0]}",
+                plot_by_distance,
+                ok,
+                task=q.task,
+                metric=q.metric,
+                seed=ev.seed,
+                **where,
+            )
+
+
+def _has_distance(rows: pd.DataFrame) -> bool:
+    return "distance" in rows.columns and rows["distance"].notna().any()
+
+
+# LongPPL's key-token count (helper metric of the perplexity task, docs/tasks.md): LongPPL is written only
+# where enough key tokens back it; the report says where it was withheld
+KEY_TOKENS = "longppl_key_tokens"
+
+
+def _withheld_longppl(r: _Report, ok: pd.DataFrame, task: str) -> None:
+    rows = ok[(ok["task"] == task) & (ok["metric"] == KEY_TOKENS)]
+    if rows.empty:
+        return
+    have = ok[(ok["task"] == task) & (ok["metric"] == "longppl")]
+    lines = []
+    for (method, factor, L), g in rows.groupby(["method", "factor", "length"], dropna=False, sort=True):
+        written = have[(have["method"] == method) & (have["factor"] == factor) & (have["length"] == L)]
+        if len(written):
+            continue
+        units = g[is_unit(g)]
+        k = int((units if len(units) else g)["value"].sum())
+        docs = len(units) if len(units) else int(g["n"].fillna(1).iloc[0])
+        minimum = _recorded_option(g, ("min_key_tokens", "key_tokens_min"))
+        bar = f" (below the minimum of {minimum})" if minimum else " (below the declared minimum)"
+        documents = f"{docs} document{'s' if docs != 1 else ''}"
+        who = setting_label(method, factor)
+        lines.append(f"LongPPL withheld at {int(L)}: {k} key tokens in {documents}{bar}, for {who}.")
+    r.md += [*lines, ""] if lines else []
+
+
+def _recorded_option(rows: pd.DataFrame, names: tuple[str, ...]) -> Any:
+    for text in rows["task_options"].dropna().unique() if "task_options" in rows.columns else []:
+        try:
+            opts = json.loads(text) if isinstance(text, str) else {}
+        except ValueError:
+            continue
+        for source in (opts, opts.get("key_tokens") if isinstance(opts.get("key_tokens"), dict) else {}):
+            for n in names:
+                if isinstance(source.get(n), (int, float)):
+                    return source[n]
+    return None
+
+
+def _legend(r: _Report, ev: _Evidence, rules: set[tuple[str, str]]) -> None:
+    r.md += ["## Legend", ""]
+    r.md += [f"- {line}" for line in legend_lines(rules, ev.threshold, ev.tolerance, BASELINE)]
+    r.md += [""]
 
 
 def _failures(df: pd.DataFrame) -> list[str]:
@@ -464,6 +735,7 @@ def _failures(df: pd.DataFrame) -> list[str]:
         return ["## Failed cells", "", "None.", ""]
     cols = ["run", "cell", "model", "method", "factor", "task", "length", "error"]
     cells = bad.drop_duplicates(subset=["run", "cell"])[cols].copy()
+    cells["model"] = cells["model"].map(lambda m: short_model(m) if not pd.isna(m) else m)
     cells["factor"] = cells["factor"].map(lambda f: "" if pd.isna(f) else f"{f:g}")
     cells["error"] = cells["error"].fillna("").map(lambda s: s.splitlines()[0][:160] if s else "")
     t = cells.set_index(["run", "cell"])
@@ -485,15 +757,16 @@ def report(
     the dashed line in perplexity plots and is the reference of the summary and the effective lengths;
     without it each setting's rows decide (the patch's resolved ``trained_context``, which follows
     ``original_max_position_embeddings``), and only for rows that record none the manifest's (the model
-    config's). The report opens with :func:`results.summary`, then the paired differences to plain, the
-    effective lengths, and per-task tables with n and 95% intervals (closed-form: ``seed`` changes nothing).
+    config's). The report opens with a headline of at most five lines, then :func:`results.summary`, the
+    paired differences to plain, the effective lengths the grid supports, theory, and per-task tables and
+    plots with n and 95% intervals (closed-form: ``seed`` changes nothing).
     """
     check_rules(threshold, tolerance)
     paths = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(p) for p in run_dirs]
     if not paths:
         raise ResultsError("no run directory given — pass a run directory or a list of them")
     df = load(paths)  # bad records are named first; then where the report may go
-    theory = load_theory(paths)  # the sweep's predicted reach, kept beside the records
+    theory = load_theory(paths)  # the sweep's theory rows, kept beside the records
     if len(theory):
         df = pd.concat([df, theory], ignore_index=True)
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent)
@@ -515,11 +788,16 @@ def _write_report(
 ) -> None:
     manifests = _manifests(paths)
     ok = df[df["status"].isna() | (df["status"] == "ok")]
+    tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
+    tc = {m: v for m, v in tc.items() if v}
+    tasks = measured_tasks(ok)
+    ev = _Evidence(ok, tc, seed, threshold, tolerance) if tasks else None
+    r.md += ["# ropebench report", ""]
+    if ev is not None:
+        r.md += [*_headline(ev), ""]
     r.md += [
-        "# ropebench report",
-        "",
         f"Runs: {', '.join(sorted(map(str, df['run'].dropna().unique())))}  ",
-        f"Models: {', '.join(sorted(map(str, df['model'].dropna().unique())))}  ",
+        f"Models: {', '.join(sorted({short_model(m) for m in df['model'].dropna().unique()}))}  ",
         f"Rows: {len(df)} ({int((df['status'] == 'error').sum())} error rows)  ",
     ]
     for m in manifests:
@@ -533,22 +811,15 @@ def _write_report(
             + "  "
         )
     r.md.append("")
-    tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
-    tc = {m: v for m, v in tc.items() if v}
-    if measured_tasks(ok):  # table-driven: any task's metrics (see results.stats.METRICS) appear in all three
-        _summary(r, ok, tc, seed, threshold, tolerance)
-        _differences(r, ok, seed)
-        _reach(r, ok, tc, seed, threshold, tolerance)
+    rules: set[tuple[str, str]] = set()
+    if ev is not None:
+        _summary(r, ev)
+        _differences(r, ev)
+        rules = _reach(r, ev)
         _theory(r, ok)
-    for task in measured_tasks(ok):
-        if task == "perplexity":
-            _perplexity(r, ok, tc, manifests, seed)
-        elif task == "passkey" and "correct" in set(ok.loc[ok["task"] == task, "metric"]):
-            _passkey(r, ok, seed)
-        elif task == "classification":
-            _classification(r, ok, seed)
-        else:
-            _other(r, ok, task)
+        for task in tasks:
+            _task_section(r, ev, task)
+        _legend(r, ev, rules)
     r.md += _failures(df)
     atomic_write_text(r.out / "report.md", "\n".join(r.md))
 
@@ -560,6 +831,7 @@ REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
 def check_report_dir(out: Path) -> None:
     """The report goes into a new or empty directory, or one ropebench made (a run directory, an earlier
     report's): like the sweep's --out and --fresh, it never writes into a directory of the user's."""
+    check_path_text(out, "report directory")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ResultsError(f"report directory {out} is not a directory — pass a new directory (--out DIR)")
     if out.is_dir() and any(out.iterdir()) and not is_ropebench_dir(out):

@@ -12,7 +12,19 @@
 A percentile bootstrap over 4-8 documents covers the truth 0.77-0.87 of the time instead of 0.95, and a paired
 bootstrap rejects a true null ~15% of the time at 8 pairs; tests/results/test_interval_calibration.py
 simulates the intervals used here instead. Every interval is closed-form: the same rows give the same interval
-anywhere.
+anywhere (the one sampled quantity, the sign-flip p beyond 16 clusters, is seeded).
+
+Honest units: rows that share one independent unit (a ``cluster`` id: the questions asked about one
+haystack) are not independent, so every interval and test here counts clusters. A cell: the clusters'
+statistics (means; token-weighted log means for perplexities) with a t interval over clusters, and for 0/1
+outcomes Wilson's interval at the effective number of clusters (Kish: (sum n_j)^2 / sum n_j^2; a cluster's
+mean is bounded by [0, 1], so its variance is at most p(1 - p) and Wilson on k clusters is conservative,
+exact when the questions of a cluster always agree). A paired difference: the clusters' contrasts (the
+difference of the two settings' cluster statistics, or their log ratio), a t interval over them and an exact
+sign-flip test (under no difference each cluster's contrast is as likely negative as positive); marked
+significant only when both agree and at least ``MIN_INFORMATIVE_PAIRS`` clusters differ.
+tests/results/test_cluster_units.py simulates both at intra-cluster correlation 0.5. Rows without a cluster
+are each their own unit, and a cell whose units are all single rows gets the per-row methods above.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from .store import ResultsError
 
 Z95 = 1.959963984540054
 # Student's t 0.975 quantiles for 1..10 degrees of freedom; beyond, the Cornish-Fisher expansion
@@ -35,73 +49,13 @@ MIN_INFORMATIVE_PAIRS = 6
 ALPHA = 0.05
 PAIRED_T = "paired t"
 PAIRED_RATES = "paired score + McNemar"
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """How the summary and report treat a metric. A metric not in ``METRICS`` gets its kind's defaults (see
-    :func:`metric_spec`), so a new task's metrics show up without an entry here."""
-
-    kind: str  # "log" (perplexity-like: geometric, token-weighted), "rate" (0/1 outcomes), "mean"
-    headline: bool = True  # a summary value (@ longest; log metrics also @ trained) and a paired difference
-    reach: bool | None = None  # has a pass/fail bar, so effective lengths (None: rates and log metrics do)
-    reference: bool = False  # shown beside its task's values, not compared (a chance rate)
-
-    @property
-    def has_bar(self) -> bool:
-        return self.kind in ("rate", "log") if self.reach is None else self.reach
-
-
-# Metrics whose treatment differs from their kind's default: duplicates, details and references stay out of
-# the summary. Every other metric a task records (say a new task's "rank1" or "logprob") needs no entry.
-METRICS: dict[str, MetricSpec] = {
-    "ppl": MetricSpec(
-        "log"
-    ),  # a task's reach uses one perplexity: ppl_tail when recorded (see results.reach)
-    "ppl_tail": MetricSpec("log", headline=False, reach=True),
-    "longppl": MetricSpec("log", reach=False),
-    "loss": MetricSpec("mean", headline=False),  # log(ppl): the same numbers
-    "loss_bin": MetricSpec("mean", headline=False),
-    "loss_fit_a": MetricSpec("mean", headline=False),
-    "loss_fit_b": MetricSpec("mean", headline=False),
-    "loss_fit_c": MetricSpec("mean", headline=False),
-    "correct": MetricSpec("rate"),
-    # accuracies are graded against chance, not passed or failed: no reach (a retrieved answer has one)
-    "accuracy": MetricSpec("rate", reach=False),
-    "exact_match": MetricSpec("rate"),
-    "acc": MetricSpec("rate", reach=False),
-    "acc_norm": MetricSpec("rate", reach=False),
-    "accuracy_norm": MetricSpec("rate", headline=False, reach=False),  # recorded aggregated only: no pairs
-    "macro_f1": MetricSpec("mean", headline=False),
-    "macro_f1_norm": MetricSpec("mean", headline=False),
-    "chance": MetricSpec("rate", headline=False, reach=False, reference=True),
-    "prompt_tokens": MetricSpec("mean", headline=False),
-}
-RATE_METRICS = frozenset(name for name, spec in METRICS.items() if spec.kind == "rate")
-
-
-def metric_kind(metric: str, values: np.ndarray | None = None) -> str:
-    """``"log"`` (perplexities: geometric, token-weighted), ``"rate"`` (0/1 outcomes) or ``"mean"``."""
-    name = str(metric)
-    if name in METRICS:
-        return METRICS[name].kind
-    if name.startswith("ppl") or name.endswith("perplexity"):
-        return "log"
-    # one value of 1.0 could be anything: only several 0/1 values make an unnamed metric a rate
-    if values is not None and len(values) >= 2 and np.isin(values, (0.0, 1.0)).all():
-        return "rate"
-    return "mean"
-
-
-def metric_spec(metric: str, unit_values: np.ndarray | None = None) -> MetricSpec:
-    """``METRICS[metric]``, else the defaults of its kind (from the name, else from the per-unit values):
-    rates and log metrics are headline values with a bar; a mean is a headline value only when per-unit rows
-    exist (without them it has no interval and no pairs, e.g. a fitted coefficient)."""
-    if str(metric) in METRICS:
-        return METRICS[str(metric)]
-    values = None if unit_values is None or not len(unit_values) else np.asarray(unit_values, float)
-    kind = metric_kind(metric, values)
-    return MetricSpec(kind, headline=kind != "mean" or values is not None)
+PAIRED_CLUSTERS = "cluster t + sign-flip"  # paired over clusters (rows that share an independent unit)
+WILSON_CLUSTERS = "wilson (clusters)"
+T_CLUSTERS = "t (clusters)"
+# Up to this many differing clusters the sign-flip test enumerates every sign pattern (exact); beyond, a
+# seeded Monte Carlo sample of SIGN_FLIP_DRAWS patterns (its p-value is exact in expectation and reproducible)
+SIGN_FLIP_EXACT = 16
+SIGN_FLIP_DRAWS = 20000
 
 
 def t975(dof: int) -> float:
@@ -121,9 +75,15 @@ def t975(dof: int) -> float:
 
 
 def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a 0/1 rate: sensible at 0/n and n/n, unlike the normal approximation."""
-    if trials <= 0:
+    """Wilson score interval for a 0/1 rate: sensible at 0/n and n/n, unlike the normal approximation.
+    ``trials`` may be fractional (an effective number of units); none gives (nan, nan). Successes outside
+    [0, trials] are a ResultsError."""
+    problem = _count_problem(successes, trials)
+    if problem is not None:
+        raise ResultsError(f"wilson({successes!r}, {trials!r}): {problem}")
+    if trials == 0:
         return (math.nan, math.nan)
+    successes = min(successes, trials)  # a fractional effective count may round a hair above
     p = successes / trials
     den = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / den
@@ -132,6 +92,17 @@ def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, floa
     lo = 0.0 if successes <= 0 else max(0.0, centre - half)
     hi = 1.0 if successes >= trials else min(1.0, centre + half)
     return (lo, hi)
+
+
+def _count_problem(successes, trials) -> str | None:
+    for name, v in (("successes", successes), ("trials", trials)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            return f"{name} must be a number — e.g. wilson(3, 5) for 3 of 5"
+        if not math.isfinite(v) or v < 0:
+            return f"{name} must be a finite number >= 0 — e.g. wilson(3, 5) for 3 of 5"
+    if successes > trials * (1 + 1e-12):
+        return "successes exceed trials — pass (successes, trials), e.g. wilson(3, 5) for 3 of 5"
+    return None
 
 
 def newcombe(k1: float, n1: float, k2: float, n2: float, z: float = Z95) -> tuple[float, float]:
@@ -198,29 +169,90 @@ class Interval:
     estimate: float
     lo: float
     hi: float
-    n: int  # units (documents, prompts, queries) behind the estimate
-    method: str  # "wilson", "t", "none"
+    n: int  # independent units behind the estimate (documents, trials, haystacks: clusters where rows share)
+    method: str  # "wilson", "t", "wilson (clusters)", "t (clusters)", "none"
+    rows: int | None = None  # rows (questions, prompts) behind it; None: n (each row its own unit)
+    unit: str = ""  # what one independent unit is (the metric's declared independent_unit)
+
+    def __post_init__(self):
+        if self.rows is None:
+            object.__setattr__(self, "rows", self.n)
+
+
+def unit_labels(clusters, m: int) -> np.ndarray | None:
+    """Cluster labels of ``m`` rows as an array, or None when every row is its own unit (no clusters given,
+    or no label repeats): then the per-row methods apply unchanged."""
+    if clusters is None:
+        return None
+    labels = np.asarray(clusters, dtype=object)
+    if len(labels) != m:
+        raise ValueError(f"{len(labels)} cluster labels for {m} values")
+    return labels if len(set(labels.tolist())) < m else None
+
+
+def cluster_stats(
+    kind: str, values: np.ndarray, weights: np.ndarray | None, labels: np.ndarray
+) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    """Per cluster (in order of first appearance): its label, its statistic (a mean; for perplexities the
+    weighted mean of the logs, on the log scale), its weight (summed row weights; rows for rates) and its
+    number of rows."""
+    values = np.asarray(values, float)
+    w = np.ones_like(values) if weights is None or kind == "rate" else np.asarray(weights, float)
+    order = list(dict.fromkeys(labels.tolist()))
+    index = {c: i for i, c in enumerate(order)}
+    ids = np.array([index[c] for c in labels.tolist()])
+    x = np.log(values) if kind == "log" else values
+    weight = np.bincount(ids, weights=w, minlength=len(order))
+    stat = np.bincount(ids, weights=w * x, minlength=len(order)) / weight
+    size = np.bincount(ids, minlength=len(order)).astype(float)
+    return order, stat, weight, size
 
 
 def cell_interval(
-    kind: str, values: np.ndarray, weights: np.ndarray | None = None, *, seed: int = 0
+    kind: str,
+    values: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    seed: int = 0,
+    clusters=None,
+    unit: str = "",
 ) -> Interval:
     """Estimate + 95% interval of one cell from its per-unit values (one value per document / prompt / query).
-    ``seed`` is kept for callers; every interval here is closed-form."""
+    ``clusters``: one label per value; values that share a label are one independent unit (see the module
+    docstring). ``seed`` is kept for callers; every interval here is closed-form."""
     values = np.asarray(values, float)
     m = len(values)
     if m == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, "none")
+        return Interval(math.nan, math.nan, math.nan, 0, "none", 0, unit)
     est = float(estimate(kind, values, weights))
+    labels = unit_labels(clusters, m)
+    if labels is not None:
+        return _cluster_interval(kind, values, weights, labels, est, unit)
     if kind == "rate":
-        return Interval(est, *wilson(float(values.sum()), m), m, "wilson")
+        return Interval(est, *wilson(float(values.sum()), m), m, "wilson", m, unit)
     if m < MIN_T_UNITS:
-        return Interval(est, math.nan, math.nan, m, "none")
+        return Interval(est, math.nan, math.nan, m, "none", m, unit)
     if kind == "log":
         centre, half = weighted_t(np.log(values), weights)
-        return Interval(est, math.exp(centre - half), math.exp(centre + half), m, "t")
+        return Interval(est, math.exp(centre - half), math.exp(centre + half), m, "t", m, unit)
     centre, half = weighted_t(values, weights)
-    return Interval(est, centre - half, centre + half, m, "t")
+    return Interval(est, centre - half, centre + half, m, "t", m, unit)
+
+
+def _cluster_interval(
+    kind: str, values: np.ndarray, weights, labels: np.ndarray, est: float, unit: str
+) -> Interval:
+    _, stat, weight, size = cluster_stats(kind, values, weights, labels)
+    k, rows = len(stat), len(values)
+    if kind == "rate":
+        k_eff = float(size.sum()) ** 2 / float((size * size).sum())  # Kish: k for clusters of one size
+        return Interval(est, *wilson(est * k_eff, k_eff), k, WILSON_CLUSTERS, rows, unit)
+    if k < MIN_T_UNITS:
+        return Interval(est, math.nan, math.nan, k, "none", rows, unit)
+    centre, half = weighted_t(stat, weight)
+    if kind == "log":
+        return Interval(est, math.exp(centre - half), math.exp(centre + half), k, T_CLUSTERS, rows, unit)
+    return Interval(est, centre - half, centre + half, k, T_CLUSTERS, rows, unit)
 
 
 @dataclass(frozen=True)
@@ -228,19 +260,30 @@ class Paired:
     estimate: float  # difference (a - b) or ratio (a / b) of the cell statistics over the paired units
     lo: float
     hi: float
-    n: int  # pairs
-    informative: int  # pairs whose values differ
-    method: str  # "paired t", "paired score + McNemar", "newcombe (unpaired)", "none"
+    n: int  # pairs of independent units (clusters where rows share one)
+    informative: int  # pairs (clusters) whose values differ
+    method: (
+        str  # "paired t", "paired score + McNemar", "cluster t + sign-flip", "newcombe (unpaired)", "none"
+    )
     null: float  # 0 for differences, 1 for ratios
-    p: float = math.nan  # the exact test's p-value where there is one (paired 0/1 outcomes)
+    p: float = math.nan  # the exact test's p-value where there is one (McNemar; the clusters' sign-flip)
+    rows: int | None = None  # paired rows (questions) behind it; None: n
+    unit: str = ""  # what one independent unit is (the metric's declared independent_unit)
+
+    def __post_init__(self):
+        if self.rows is None:
+            object.__setattr__(self, "rows", self.n)
 
     @property
     def significant(self) -> bool:
-        """The 95% interval excludes the null, enough pairs differ for that to mean something, and the exact
-        test (where there is one) agrees."""
+        """The 95% interval excludes the null, enough independent units differ for that to mean something,
+        and the exact test (where there is one) agrees."""
         if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
             return False
-        if self.method in (PAIRED_T, PAIRED_RATES) and self.informative < MIN_INFORMATIVE_PAIRS:
+        if (
+            self.method in (PAIRED_T, PAIRED_RATES, PAIRED_CLUSTERS)
+            and self.informative < MIN_INFORMATIVE_PAIRS
+        ):
             return False
         if math.isfinite(self.p) and self.p >= ALPHA:
             return False
@@ -255,6 +298,14 @@ def _influence(kind: str, x: np.ndarray, est: float, how: str) -> np.ndarray:
     return x / est if how == "ratio" else x
 
 
+def _pair_weights(m: int, wa, wb) -> np.ndarray | None:
+    if wa is None and wb is None:
+        return None
+    return (np.ones(m) if wa is None else np.asarray(wa, float)) / 2 + (
+        np.ones(m) if wb is None else np.asarray(wb, float)
+    ) / 2
+
+
 def paired_interval(
     kind: str,
     a: np.ndarray,
@@ -264,48 +315,123 @@ def paired_interval(
     *,
     how: str = "delta",
     seed: int = 0,
+    clusters=None,
+    unit: str = "",
 ) -> Paired:
     """``a`` vs ``b`` on the same units (row i of both is the same document / prompt).
 
     0/1 outcomes, difference: Newcombe's paired score interval and the exact McNemar test. Otherwise a paired
     t over the units' contrasts (per-document log ratios for perplexities), weighted by the pair's mean
-    weight, from ``MIN_T_UNITS`` pairs on. ``seed`` is kept for callers; nothing here is random."""
+    weight, from ``MIN_T_UNITS`` pairs on. ``clusters`` (one label per pair; rows that share one are one
+    unit): the clusters' contrasts instead (:func:`paired_clusters`). ``seed`` seeds only the sign-flip
+    test's sampling beyond ``SIGN_FLIP_EXACT`` clusters."""
     a, b = np.asarray(a, float), np.asarray(b, float)
     m = len(a)
     null = 1.0 if how == "ratio" else 0.0
     if m == 0:
-        return Paired(math.nan, math.nan, math.nan, 0, 0, "none", null)
+        return Paired(math.nan, math.nan, math.nan, 0, 0, "none", null, unit=unit)
+    labels = unit_labels(clusters, m)
+    if labels is not None:
+        return paired_clusters(kind, a, labels, b, labels, wa, wb, how=how, seed=seed, unit=unit)
     ea, eb = float(estimate(kind, a, wa)), float(estimate(kind, b, wb))
     with np.errstate(divide="ignore", invalid="ignore"):
         est = float(np.divide(ea, eb)) if how == "ratio" else ea - eb
     informative = int((a != b).sum())
     if kind == "rate":
-        return _paired_rates(a, b, est, how, null, informative)
+        return _paired_rates(a, b, est, how, null, informative, unit)
     if m < MIN_T_UNITS or (how == "ratio" and not (np.isfinite(est) and est > 0)):
-        return Paired(est, math.nan, math.nan, m, informative, "none", null)
-    w = (
-        None
-        if wa is None and wb is None
-        else (np.ones(m) if wa is None else np.asarray(wa, float)) / 2
-        + (np.ones(m) if wb is None else np.asarray(wb, float)) / 2
-    )
+        return Paired(est, math.nan, math.nan, m, informative, "none", null, unit=unit)
     z = _influence(kind, a, ea, how) - _influence(kind, b, eb, how)
-    _, half = weighted_t(z, w)
+    _, half = weighted_t(z, _pair_weights(m, wa, wb))
     if how == "ratio":
-        return Paired(est, est * math.exp(-half), est * math.exp(half), m, informative, PAIRED_T, null)
-    return Paired(est, est - half, est + half, m, informative, PAIRED_T, null)
+        return Paired(
+            est, est * math.exp(-half), est * math.exp(half), m, informative, PAIRED_T, null, unit=unit
+        )
+    return Paired(est, est - half, est + half, m, informative, PAIRED_T, null, unit=unit)
 
 
 def _paired_rates(
-    a: np.ndarray, b: np.ndarray, est: float, how: str, null: float, informative: int
+    a: np.ndarray, b: np.ndarray, est: float, how: str, null: float, informative: int, unit: str = ""
 ) -> Paired:
     only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
     p = mcnemar_exact(only_a, only_b)
     if how == "ratio":  # a ratio of paired rates gets no interval (0/n makes it undefined or infinite)
-        return Paired(est, math.nan, math.nan, len(a), informative, "none", null, p)
+        return Paired(est, math.nan, math.nan, len(a), informative, "none", null, p, unit=unit)
     both, neither = int(((a == 1) & (b == 1)).sum()), int(((a == 0) & (b == 0)).sum())
     lo, hi = newcombe_paired(both, only_a, only_b, neither)
-    return Paired(est, lo, hi, len(a), informative, PAIRED_RATES, null, p)
+    return Paired(est, lo, hi, len(a), informative, PAIRED_RATES, null, p, unit=unit)
+
+
+def paired_clusters(
+    kind: str,
+    a: np.ndarray,
+    clusters_a,
+    b: np.ndarray,
+    clusters_b,
+    wa: np.ndarray | None = None,
+    wb: np.ndarray | None = None,
+    *,
+    how: str = "delta",
+    seed: int = 0,
+    unit: str = "",
+) -> Paired:
+    """Two settings paired by cluster id: each side's statistic per cluster (over that side's rows of the
+    cluster), one contrast per cluster both sides have (a - b; the log ratio for how="ratio"), a t interval
+    over the contrasts (weighted by the clusters' mean weight) around the estimate of the paired rows, and
+    the exact sign-flip test's p. ``n`` = paired clusters, ``rows`` = rows behind them."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    la, lb = np.asarray(clusters_a, dtype=object), np.asarray(clusters_b, dtype=object)
+    null = 1.0 if how == "ratio" else 0.0
+    shared = set(la.tolist()) & set(lb.tolist())
+    keep_a, keep_b = np.isin(la, list(shared)), np.isin(lb, list(shared))
+    if not shared:
+        return Paired(math.nan, math.nan, math.nan, 0, 0, "none", null, rows=0, unit=unit)
+    a, la, b, lb = a[keep_a], la[keep_a], b[keep_b], lb[keep_b]
+    wa = None if wa is None else np.asarray(wa, float)[keep_a]
+    wb = None if wb is None else np.asarray(wb, float)[keep_b]
+    ea, eb = float(estimate(kind, a, wa)), float(estimate(kind, b, wb))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est = float(np.divide(ea, eb)) if how == "ratio" else ea - eb
+    order_a, sa, wta, _ = cluster_stats(kind, a, wa, la)
+    order_b, sb, wtb, _ = cluster_stats(kind, b, wb, lb)
+    sb, wtb = sb[[order_b.index(c) for c in order_a]], wtb[[order_b.index(c) for c in order_a]]
+    k, rows = len(order_a), int(min(len(a), len(b)))
+    d = _cluster_contrasts(kind, sa, sb, how)
+    informative = int((np.abs(d) > 1e-12).sum()) if np.isfinite(d).all() else 0
+    if k < MIN_T_UNITS or not np.isfinite(d).all() or not np.isfinite(est) or (how == "ratio" and est <= 0):
+        return Paired(est, math.nan, math.nan, k, informative, "none", null, rows=rows, unit=unit)
+    w = (wta + wtb) / 2
+    p = sign_flip_p(d, w, seed=seed)
+    _, half = weighted_t(d, w)
+    lo, hi = (est * math.exp(-half), est * math.exp(half)) if how == "ratio" else (est - half, est + half)
+    return Paired(est, lo, hi, k, informative, PAIRED_CLUSTERS, null, p, rows, unit)
+
+
+def _cluster_contrasts(kind: str, sa: np.ndarray, sb: np.ndarray, how: str) -> np.ndarray:
+    """One contrast per cluster from the two sides' cluster statistics (perplexities': log scale)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kind == "log":
+            return sa - sb if how == "ratio" else np.exp(sa) - np.exp(sb)
+        return np.log(sa / sb) if how == "ratio" else sa - sb
+
+
+def sign_flip_p(d: np.ndarray, weights: np.ndarray | None = None, *, seed: int = 0) -> float:
+    """Two-sided p-value of the sign-flip (permutation) test that the contrasts ``d`` are symmetric about 0:
+    the share of sign patterns whose weighted sum is at least as far from 0 as the observed one. Exact
+    (every pattern) up to ``SIGN_FLIP_EXACT`` non-zero contrasts, else a seeded sample (the observed
+    pattern counted once: never 0)."""
+    d = np.asarray(d, float)
+    w = np.ones_like(d) if weights is None else np.asarray(weights, float)
+    x = (w * d)[np.abs(d) > 1e-12]
+    k = len(x)
+    if k == 0:
+        return 1.0
+    observed = abs(float(x.sum())) * (1 - 1e-9)  # ties (equal |sums|) count as extreme
+    if k <= SIGN_FLIP_EXACT:
+        signs = 1 - 2 * ((np.arange(2**k)[:, None] >> np.arange(k)) & 1)
+        return float((np.abs(signs @ x) >= observed).mean())
+    signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(SIGN_FLIP_DRAWS, k))
+    return float((1 + (np.abs(signs @ x) >= observed).sum()) / (SIGN_FLIP_DRAWS + 1))
 
 
 def unpaired_rate_interval(k1: float, n1: float, k2: float, n2: float) -> Paired:

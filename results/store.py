@@ -23,9 +23,12 @@ from typing import Any, Self
 
 from extend.errors import RopebenchError
 
-# Column order of the tidy table (docs/CONTRACTS.md). `written`, `session` and `cell_rows` are bookkeeping
-# added by the writer: the first two decide which copy of a recomputed cell wins; `cell_rows` (how many rows
-# of that cell the same write call holds) tells a complete cell from one cut short by a kill or a full disk.
+# Column order of the tidy table (docs/CONTRACTS.md). `cluster` (text: rows that share one independent unit,
+# e.g. the questions on one haystack), `distance` (tokens from the needle to the question) and `meaning` (the
+# metric's declaration, results/meaning.py) are optional: rows written before them load with None.
+# `written`, `session` and `cell_rows` are bookkeeping added by the writer: the first two decide which copy
+# of a recomputed cell wins; `cell_rows` (how many rows of that cell the same write call holds) tells a
+# complete cell from one cut short by a kill or a full disk.
 SCHEMA: tuple[str, ...] = (
     "run",
     "cell",
@@ -40,6 +43,8 @@ SCHEMA: tuple[str, ...] = (
     "depth",
     "doc",
     "trial",
+    "cluster",
+    "distance",
     "metric",
     "value",
     "n",
@@ -47,6 +52,7 @@ SCHEMA: tuple[str, ...] = (
     "seconds",
     "status",
     "error",
+    "meaning",
 )
 BOOKKEEPING: tuple[str, ...] = ("written", "session", "cell_rows")
 JSON_COLUMNS = ("options", "task_options")
@@ -354,7 +360,8 @@ class RecordWriter:
 REQUIRED = ("task", "metric", "value")
 _TEXT = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error", "session")
 _NUMBER = ("factor", "depth", "value", "seconds")
-_INTEGER = ("length", "trial", "n", "seed", "cell_rows")
+_INTEGER = ("length", "trial", "distance", "n", "seed", "cell_rows")
+_TEXT_OR_INTEGER = ("cluster",)  # an id: a plugin's integer id reads as its text
 
 
 def _is_number(v: Any) -> bool:
@@ -373,6 +380,8 @@ def schema_problem(row: Any) -> str | None:
         (_NUMBER, _is_number, "a number"),
         (_INTEGER, lambda v: _is_number(v) and float(v).is_integer(), "an integer"),
         (JSON_COLUMNS, lambda v: isinstance(v, (str, dict)), "a JSON object or string"),
+        (_TEXT_OR_INTEGER, lambda v: isinstance(v, str) or _is_number(v) and float(v).is_integer(), "an id"),
+        (("meaning",), lambda v: isinstance(v, (str, dict)), "a JSON object or string"),
     ):
         for col in key:
             if row.get(col) is not None and not ok(row[col]):
@@ -536,18 +545,14 @@ def _first_line_is_ours(path: Path) -> bool:
 
 def is_ropebench_dir(path: str | os.PathLike) -> bool:
     """A directory ropebench made: it holds a sweep's lock file, a manifest RecordWriter wrote, the index of a
-    report (``.ropebench-report.json``) or a ropebench report.md, or records RecordWriter wrote. Only such a
-    directory (or a new or empty one) is written into: ropebench never mixes its files into a directory of
-    the user's."""
+    report (``.ropebench-report.json``, the marker every report writes), or records RecordWriter wrote. Only
+    such a directory (or a new or empty one) is written into: ropebench never mixes its files into a directory
+    of the user's."""
     path = Path(path)
+    # Only marker files ropebench writes decide ownership, never the first line of a file a user can copy
+    # (an annotated copy of a report.md keeps its "# ropebench report" line and must not be replaced).
     if any(path.glob(".ropebench*.lock")) or (path / REPORT_INDEX).is_file():
         return True
-    try:  # a report written before the index existed
-        with open(path / "report.md", encoding="utf-8", errors="replace") as f:
-            if f.readline().rstrip("\n") == "# ropebench report":
-                return True
-    except OSError:
-        pass
     for manifest in path.glob("manifest*.json"):
         try:
             data = json.loads(manifest.read_text(encoding="utf-8"))
@@ -562,6 +567,20 @@ def is_ropebench_dir(path: str | os.PathLike) -> bool:
     return any(
         _first_line_is_ours(f) for f in path.glob(RECORDS_GLOB) if RECORDS_NAME.match(f.name) and f.is_file()
     )
+
+
+def check_path_text(path: str | os.PathLike, what: str) -> None:
+    """A path whose name is not valid UTF-8 (bytes the file system allows) can not be written into manifests,
+    records or reports: refuse it up front with one line instead of failing after the run."""
+    text = os.fspath(path)
+    try:
+        (text.decode("utf-8") if isinstance(text, bytes) else text).encode("utf-8")
+    except UnicodeError:
+        shown = os.fsdecode(text).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise ResultsError(
+            f"{what} {shown} is not valid UTF-8 — choose a directory name in UTF-8 (manifests, records and "
+            f"reports store it as text)"
+        ) from None
 
 
 def check_records_path(path: Path) -> None:

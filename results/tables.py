@@ -1,6 +1,9 @@
 """Pivot tables over the tidy frame (estimate, n, 95% interval per cell) and writers (md, csv, tex).
 
-Tables never know which task made a row: they select by the ``task`` and ``metric`` columns only.
+Tables never know which task made a row: they select by the ``task`` and ``metric`` columns only, and treat a
+metric as its declaration says (the rows' ``meaning``, results/meaning.py; `meaning_for`), never by its name
+or values. ``n`` counts independent units: rows that share a ``cluster`` (the questions on one haystack) are
+one unit, and ``rows`` counts the rows behind them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .stats import Interval, metric_kind, t975, wilson
+from .meaning import Metric, declarations, fallback
+from .stats import Interval, t975, wilson
 from .stats import cell_interval as stats_cell_interval
 from .store import ResultsError
 
@@ -39,36 +43,102 @@ def unit_key(rows: pd.DataFrame) -> pd.Series:
     )
 
 
-def cell_interval(rows: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval:
-    """Estimate, n and 95% interval of one table cell.
+def unit_labels(rows: pd.DataFrame) -> pd.Series:
+    """The independent unit of each unit row: its ``cluster`` id when it has one (rows that share it are one
+    unit, paired across settings by that id), else the row itself (its `unit_key`)."""
+    keys = unit_key(rows)
+    if "cluster" not in rows.columns:
+        return "row:" + keys
+    clusters = rows["cluster"]
+    return pd.Series(
+        [f"cluster:{c}" if isinstance(c, str) else f"row:{k}" for c, k in zip(clusters, keys)],
+        index=rows.index,
+        dtype=object,
+    )
+
+
+def _one(rows: pd.DataFrame, column: str) -> str | None:
+    values = rows[column].dropna().unique() if column in rows.columns else []
+    return str(values[0]) if len(values) == 1 else None
+
+
+def meaning_for(rows: pd.DataFrame, task: str | None = None, metric: str | None = None) -> Metric:
+    """What a metric means, from its rows' declaration (``meaning``), else the explicit fallback
+    (results.meaning.fallback). ``task``/``metric`` default to the rows' own when they hold one of each."""
+    task = task if task is not None else _one(rows, "task")
+    metric = metric if metric is not None else _one(rows, "metric")
+    if len(rows) and "task" in rows.columns and "metric" in rows.columns:
+        found = declarations(rows[(rows["task"] == task) & (rows["metric"] == metric)])
+        if (task, metric) in found:
+            return found[(task, metric)]
+    return fallback(task, metric)
+
+
+def out_of_range(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose value breaks its metric's declared range (lo/hi: a rate above 1, a perplexity below 1), so
+    a report can flag them; empty when every value fits (or nothing is declared)."""
+    if df is None or not len(df):
+        return df.iloc[0:0] if isinstance(df, pd.DataFrame) else pd.DataFrame()
+    bad = pd.Series(False, index=df.index)
+    for (task, metric), meaning in declarations(df).items():
+        if meaning.lo is None and meaning.hi is None:
+            continue
+        mine = (df["task"] == task) & (df["metric"] == metric) & df["value"].notna()
+        values = df.loc[mine, "value"].astype(float)
+        low = values < meaning.lo if meaning.lo is not None else False
+        high = values > meaning.hi if meaning.hi is not None else False
+        bad.loc[mine] = low | high
+    return df[bad]
+
+
+def cell_interval(
+    rows: pd.DataFrame, metric: str, *, seed: int = 0, meaning: Metric | None = None
+) -> Interval:
+    """Estimate, n and 95% interval of one table cell, treated as ``meaning`` says (default: the rows'
+    declaration, `meaning_for`).
 
     Per-unit rows present: the cell statistic over units (perplexities token-weighted on the log scale) with
-    a Wilson interval for 0/1 outcomes, else a t interval over the units (none below 3 units). Only aggregated
-    rows: a rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other aggregate
-    has no interval (n = its own ``n``); several (e.g. runs with different seeds) get a Student-t interval.
+    a Wilson interval for 0/1 rates, else a t interval over the units (none below 3 units); rows that share a
+    ``cluster`` count as one unit (results.stats: Wilson at the effective number of clusters, t over the
+    clusters' statistics). Only aggregated rows: a rate (accuracy over ``n`` queries) gets its Wilson
+    interval from value x n; one other aggregate has no interval (n = its own ``n``); several (e.g. runs with
+    different seeds) get a Student-t interval. A declared rate whose values leave [0, 1] gets no interval
+    (`out_of_range` names those rows).
     """
+    meaning = meaning or meaning_for(rows, metric=metric)
+    kind, unit = meaning.stat_kind, meaning.independent_unit
     rows = rows[rows["value"].notna()]
+    if kind == "rate" and not rows["value"].between(0.0, 1.0).all():
+        return _no_interval(rows, unit)
     units = rows[is_unit(rows)]
     if len(units):
         units = units.assign(_key=unit_key(units)).sort_values("_key", kind="stable")
         values = units["value"].to_numpy(float)
-        kind = metric_kind(metric, values)
         weights = None if kind == "rate" else units["n"].fillna(1).to_numpy(float)
-        return stats_cell_interval(kind, values, weights, seed=seed)
+        labels = unit_labels(units).to_numpy(object)
+        return stats_cell_interval(kind, values, weights, seed=seed, clusters=labels, unit=unit)
     values = rows["value"].to_numpy(float)
     if not len(values):
-        return Interval(math.nan, math.nan, math.nan, 0, "none")
-    kind = metric_kind(metric)
-    if kind == "rate" and rows["n"].notna().all():
+        return Interval(math.nan, math.nan, math.nan, 0, "none", 0, unit)
+    if kind == "rate" and rows["n"].notna().all() and (rows["n"] >= 0).all():
         trials = float(rows["n"].sum())
         hits = float((rows["value"] * rows["n"]).sum())
-        return Interval(hits / trials, *wilson(hits, trials), int(trials), "wilson")
+        return Interval(hits / trials, *wilson(hits, trials), int(trials), "wilson", int(trials), unit)
     if len(values) == 1:
-        n = rows["n"].iloc[0]
-        return Interval(float(values[0]), math.nan, math.nan, 1 if pd.isna(n) else int(n), "none")
+        return _no_interval(rows, unit)
     mean = float(values.mean())
     half = t975(len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
-    return Interval(mean, mean - half, mean + half, len(values), "t")
+    return Interval(mean, mean - half, mean + half, len(values), "t", len(values), unit)
+
+
+def _no_interval(rows: pd.DataFrame, unit: str) -> Interval:
+    """The plain mean of the values, no interval; n: one row's own ``n`` (an aggregate), else the rows."""
+    values = rows["value"].to_numpy(float)
+    if not len(values):
+        return Interval(math.nan, math.nan, math.nan, 0, "none", 0, unit)
+    n = rows["n"].iloc[0] if len(rows) == 1 else len(rows)
+    n = 1 if pd.isna(n) else int(n)
+    return Interval(float(values.mean()), math.nan, math.nan, n, "none", n, unit)
 
 
 def _as_list(x: str | Sequence[str] | None) -> list[str]:
@@ -86,7 +156,18 @@ def select(
     returned unless ``units=True`` (then all). Unknown task or metric -> :class:`ResultsError` listing the
     available ones.
     """
-    if df is None or len(df) == 0:
+    if not isinstance(df, pd.DataFrame):
+        raise ResultsError(
+            f"expected the records as a DataFrame, got {type(df).__name__} — pass results.load(run_dir) "
+            f"as the first argument, e.g. results.table(results.load('runs/demo'), 'passkey', 'correct')"
+        )
+    missing = [c for c in ("task", "metric", "value") if c not in df.columns]
+    if missing:
+        raise ResultsError(
+            f"the frame lacks the column(s) {', '.join(missing)} — pass the frame that results.load(run_dir) "
+            f"returns"
+        )
+    if len(df) == 0:
         raise ResultsError("no rows to tabulate — load a run directory with records first")
     tasks = sorted(df["task"].dropna().unique())
     if task not in tasks:
@@ -166,20 +247,24 @@ def estimates(
     **where: Any,
 ) -> pd.DataFrame:
     """The estimates a table shows, in long form: one row per group of ``by`` (a table cell) with ``mean``
-    (the estimate), ``n`` (units behind it: documents, prompts, queries), ``lo``/``hi`` (95% interval, see
-    :func:`cell_interval`), ``half`` (half-width) and ``interval`` (how it was computed: wilson, t or
-    none)."""
+    (the estimate), ``n`` (independent units behind it: documents, trials, haystacks), ``rows`` (the rows
+    behind them: questions, prompts), ``unit`` (the declared independent unit), ``lo``/``hi`` (95% interval,
+    see :func:`cell_interval`), ``half`` (half-width) and ``interval`` (how it was computed: wilson, t,
+    wilson (clusters), t (clusters) or none)."""
     sub = select(df, task, metric, units=True, **where)
     by = _auto_rows(sub, _as_list(by), [])
+    meaning = meaning_for(sub, task, metric)
     out = []
     for key, g in sub.groupby(by, dropna=False, sort=True):
-        ci = cell_interval(g, metric, seed=seed)
+        ci = cell_interval(g, metric, seed=seed, meaning=meaning)
         key = key if isinstance(key, tuple) else (key,)
         out.append(
             {
                 **dict(zip(by, key)),
                 "mean": ci.estimate,
                 "n": ci.n,
+                "rows": ci.rows,
+                "unit": ci.unit,
                 "lo": ci.lo,
                 "hi": ci.hi,
                 "half": (ci.hi - ci.lo) / 2,
@@ -190,14 +275,23 @@ def estimates(
 
 
 def fmt_interval(
-    estimate: float, lo: float, hi: float, n: int | None = None, digits: int | None = None
+    estimate: float,
+    lo: float,
+    hi: float,
+    n: int | None = None,
+    digits: int | None = None,
+    rows: int | None = None,
 ) -> str:
-    """``"0.833 [0.437, 0.970] n=6"``: the estimate, its 95% interval (when there is one) and n."""
+    """``"0.833 [0.437, 0.970] n=6"``: the estimate, its 95% interval (when there is one) and n (independent
+    units); ``"... n=1 (6 rows)"`` when more rows share those units."""
     fmt = (lambda v: f"{v:.{digits}f}") if digits is not None else fmt_number
     s = fmt(estimate)
     if np.isfinite(lo) and np.isfinite(hi):
         s += f" [{fmt(lo)}, {fmt(hi)}]"
-    return s if n is None or pd.isna(n) else f"{s} n={int(n)}"
+    if n is None or pd.isna(n):
+        return s
+    s = f"{s} n={int(n)}"
+    return s if rows is None or pd.isna(rows) or int(rows) == int(n) else f"{s} ({int(rows)} rows)"
 
 
 def _order_methods(index: pd.Index, first: str = "plain") -> pd.Index:
@@ -230,22 +324,24 @@ def table(
 ) -> pd.DataFrame:
     """Pivot of ``metric`` for ``task``: ``rows`` x ``cols``, averaging over trials/docs/depths.
 
-    ``stat`` picks the cell value: "mean" (default), "n", "lo", "hi" or "half" (95% half-width).
-    ``with_ci=True`` returns strings "mean [lo, hi] n=N" (no brackets where no interval exists) ready to
-    render: Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities on
-    the log scale, from 3 units on). Columns
+    ``stat`` picks the cell value: "mean" (default), "n" (independent units), "rows", "lo", "hi" or "half"
+    (95% half-width). ``with_ci=True`` returns strings "mean [lo, hi] n=N" (no brackets where no interval
+    exists; "n=1 (6 rows)" when rows share a cluster) ready to render: as the metric's declaration says,
+    Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities on the log
+    scale, from 3 units on). Columns
     such as factor/model/corpus are added to the rows when they vary, so different settings are never
     averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
     """
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     sub = select(df, task, metric, **where)
     rows_l = _auto_rows(sub, rows_l, cols_l)
-    if stat not in ("mean", "n", "lo", "hi", "half"):
-        raise ResultsError(f"unknown stat {stat!r} — use mean, n, lo, hi or half")
+    if stat not in ("mean", "n", "rows", "lo", "hi", "half"):
+        raise ResultsError(f"unknown stat {stat!r} — use mean, n, rows, lo, hi or half")
     s = estimates(df, task, metric, by=rows_l + cols_l, seed=seed, **where)
     if with_ci:
         s["cell"] = [
-            fmt_interval(m, lo, hi, n, digits) for m, lo, hi, n in zip(s["mean"], s["lo"], s["hi"], s["n"])
+            fmt_interval(m, lo, hi, n, digits, r)
+            for m, lo, hi, n, r in zip(s["mean"], s["lo"], s["hi"], s["n"], s["rows"])
         ]
         value = "cell"
     else:
@@ -306,7 +402,8 @@ def _fmt_key(v: Any) -> str:
 _NUM = r"(?:[-+]?[\d.]+(?:e[-+]?\d+)?|[-+]?inf|–|nan)"
 # "0.833", "0.833 ± 0.2", "0.833 [0.437, 0.970] n=6 *", "≥ 10240": numbers, right-aligned
 _NUMERIC_CELL = re.compile(
-    rf"^\s*(?:baseline|(?:[<≥>]\s*)?{_NUM}?(?:\s*±\s*{_NUM})?(?:\s*\[{_NUM}, {_NUM}\])?(?:\s*n={_NUM})?"
+    rf"^\s*(?:baseline|(?:[<≥>]\s*)?{_NUM}?(?:\s*±\s*{_NUM})?(?:\s*\[{_NUM}, {_NUM}\])?"
+    rf"(?:\s*n={_NUM}(?:\s*\(\d+ rows\))?)?"
     rf"\s*\*?)\s*$"
 )
 

@@ -4,10 +4,14 @@ command line to the CLI that owns the job and returns its exit code (bad input: 
     ropebench sweep ...        the sweep (ropebench.sweep_lib; also `python scripts/sweep.py`)
     ropebench report ...       reports and tables from run directories (`python -m results report|table`)
     ropebench inspect ...      a model's RoPE per layer type (`python -m extend inspect`)
-    ropebench lm-eval ...      lm-eval with the `ropebench` model registered (`python -m extend.lm_eval`)
+    ropebench lm-eval ...      lm-eval with the `ropebench` model and ropebench's tasks registered
+                               (`python -m extend.lm_eval`, without the task folder: the core knows no tasks)
     ropebench bench ...        the speed and memory benchmarks (`python -m benchmarks`)
 
-Each subcommand imports its package only when it runs: `ropebench --help` loads no torch.
+    ropebench help COMMAND     that command's help (`ropebench COMMAND --help`)
+
+Each subcommand imports its package only when it runs: `ropebench --help` loads no torch. No command at
+all is a usage error (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def _inspect(argv: list[str]) -> int:
 
 def _lm_eval(argv: list[str]) -> int:
     from extend.lm_eval import main
+    from tasks.lm_eval_export import OUT_DIR  # the task folder: the core is handed it, never looks up for it
 
-    return main(argv)
+    return main(argv, tasks_dir=OUT_DIR)
 
 
 def _bench(argv: list[str]) -> int:
@@ -66,7 +71,7 @@ SUBCOMMANDS = {
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     lines = [
-        "usage: ropebench COMMAND [ARGS ...]    (`ropebench COMMAND --help`: that command's options)",
+        "usage: ropebench COMMAND [ARGS ...]    (`ropebench help COMMAND`: that command's options)",
         "",
         "commands:",
     ]
@@ -74,20 +79,32 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def _usage_error(message: str, hint: str = "") -> int:
+    """A command line without a known command: one line, exit 2."""
+    print(
+        f"error: {message} — {hint}the commands are {', '.join(SUBCOMMANDS)} (`ropebench --help`)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:
+        return _usage_error("no command given: ropebench COMMAND [ARGS ...]")
+    if argv[0] in ("-h", "--help") or argv == ["help"]:
         print(usage())
         return 0
+    if argv[0] == "help":  # `ropebench help sweep` is `ropebench sweep --help`
+        argv = [argv[1], "--help"]
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
         hint = f"did you mean `ropebench {close[0]}`? " if close else ""
-        print(
-            f"error: unknown command {name!r} — {hint}the commands are {', '.join(SUBCOMMANDS)} "
-            f"(`ropebench --help`)",
-            file=sys.stderr,
-        )
-        return 2
+        return _usage_error(f"unknown command {name!r}", hint)
     code = SUBCOMMANDS[name][1](rest)
     return 0 if code is None else code
+
+
+if __name__ == "__main__":  # `python -m ropebench.cli ...` (the console script is `ropebench`)
+    sys.exit(main())

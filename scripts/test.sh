@@ -7,4 +7,13 @@ venv="${ROPEBENCH_VENV:-$root/.venv}"
 [ "${ROPEBENCH_NEWEST:-0}" = 0 ] || venv="${ROPEBENCH_VENV:-$root/.venv-newest}"  # as setup.sh
 cd "$root"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Two workers by default (pytest-xdist; each module runs whole on one worker, so module fixtures are built
+# once); ROPEBENCH_TEST_WORKERS=0 runs in one process (e.g. for -s or a debugger).
+workers="${ROPEBENCH_TEST_WORKERS:-2}"
+if [ "$workers" -gt 0 ] 2>/dev/null; then
+  # the cores shared among the workers (torch would give each worker every core: oversubscribed)
+  threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
+  exec "$venv/bin/python" -m pytest -n "$workers" --dist loadscope "$@"
+fi
 exec "$venv/bin/python" -m pytest "$@"

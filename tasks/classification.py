@@ -26,7 +26,17 @@ from tqdm.auto import tqdm
 from .common import check_lengths, encoder, prefix_options, record, special_prefix
 from .data import Document, iter_corpus
 from .errors import TaskError
-from .kit import choice, declare, flag, fraction_open, optional_choice, optional_flag, positive, run_cells
+from .kit import (
+    Metric,
+    choice,
+    declare,
+    flag,
+    fraction_open,
+    optional_choice,
+    optional_flag,
+    positive,
+    run_cells,
+)
 from .scoring import continuation_logprobs
 
 ERAS = [
@@ -88,14 +98,35 @@ LABEL_TASKS = {
         "add_bos": optional_flag,
         "share_prefix": flag,
     },
+    # accuracies are graded against chance (the `chance` metric), not passed or failed: no reach rules
     metrics={
-        "accuracy": "label by summed log-likelihood: the rate (doc null) and 0/1 per query (doc set)",
-        "macro_f1": "macro F1, label by summed log-likelihood",
-        "accuracy_norm": "label by mean log-likelihood per token",
-        "macro_f1_norm": "macro F1, label by mean log-likelihood per token",
-        "chance": "majority-class rate of the evaluated queries",
+        "accuracy": Metric(
+            "rate",
+            "higher",
+            "fraction of documents",
+            "label by summed log-likelihood",
+            chance_metric="chance",
+            lo=0.0,
+            hi=1.0,
+        ),
+        "macro_f1": Metric("mean", "higher", "F1", "macro F1", role="detail", lo=0.0, hi=1.0),
+        "accuracy_norm": Metric(
+            "rate",
+            "higher",
+            "fraction of documents",
+            "label by mean log-likelihood per token",
+            role="detail",
+            chance_metric="chance",
+            lo=0.0,
+            hi=1.0,
+        ),
+        "macro_f1_norm": Metric(
+            "mean", "higher", "F1", "macro F1 (mean log-likelihood)", role="detail", lo=0.0, hi=1.0
+        ),
+        "chance": Metric(
+            "rate", None, "fraction of documents", "majority-class rate", role="reference", lo=0.0, hi=1.0
+        ),
     },
-    pass_fail=("accuracy",),
     tables=(("accuracy", "classification accuracy"),),
 )
 def run(

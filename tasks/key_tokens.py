@@ -10,17 +10,22 @@ of the evaluated model is key when one span contains all its characters. LongPPL
 evaluated model over its key tokens).
 
 The evaluator: "self" (default) is the evaluated model with no patch (`extend.patching.unpatched`); any
-`extend.load` spec may be named. It sees at most its own trained context C: past C a token's long context is a
-window of C tokens (windows start every C/2 tokens, each scoring its second half). Within C this is the
-package's definition exactly (tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`).
+`extend.load` spec may be named. It sees at most its own trained context C ("self": the trained context in
+force): past C a token's long context is a window of C tokens (windows start every C/2 tokens, each scoring
+its second half), so key tokens at L > C can only be those whose evidence lies within C (rows there carry
+task_options.key_evidence_within = C). Within C this is the package's definition exactly
+(tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`). `split="positions"`: the
+split-sample selection (`split_sample`), for an evaluator that is also the baseline.
 
-Defaults: the package's trunc_len 4096 and sliding_window 1024 were chosen for 32K-token texts on models that
-handle 32K; here they scale with the evaluated model's trained context T: trunc_len T/8, sliding_window T/32
-(1024 and 256 for SmolLM2's 8192); alpha 2, beta -2 as the package.
+Defaults (the rule at SHORT_FRACTION below): trunc_len T/32, sliding_window T/64 (T: the trained context in
+force, the one the rows record), alpha by the evaluator's size (0.5 up to 1B parameters, the package's 2 from
+7B), beta -2. A length's `longppl` is written only when its key tokens over all documents reach
+MIN_KEY_TOKENS; `longppl_key_tokens` says how many there were at every length.
 
 Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2))
 and ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins
-that end within the trained context.
+that end within the trained context, weighted by inverse variance, with a profile interval for b, and no fit
+where the data cannot bound b (`power_law_fit`).
 """
 
 from __future__ import annotations
@@ -42,14 +47,29 @@ from .scoring import token_nll
 
 REFERENCE_CONTEXT = 32768  # the text length the package's defaults were set for
 PACKAGE_DEFAULTS = {"trunc_len": 4096, "sliding_window": 1024, "alpha": 2.0, "beta": -2.0}
-KEYS = (*PACKAGE_DEFAULTS, "evaluator")
+KEYS = (*PACKAGE_DEFAULTS, "evaluator", "split")
 SELF = "self"
+SPLITS = ("none", "positions")
+
+# The default rule (docs/tasks.md, "Key-token perplexity"): the short context is 1/32 of the trained context
+# T in force, so a text of T/4 tokens has the package's 1:8 of short to long context (4096 of 32K); a short
+# window is shared by T/64 tokens (the package's 1/4 of trunc_len would cost 5 passes per token, this 3).
+# alpha follows the evaluator's size: the package's 2 for 7B parameters and more (what the paper used), 0.5
+# for 1B and less (a 135M model's long context rarely lowers a token's loss by 2 nats: 0-1 key tokens per
+# 4096-token speech), linear in log parameters between. beta stays the package's -2 (long loss below 2 nats).
+SHORT_FRACTION = 32
+WINDOW_FRACTION = 64
+ALPHA_SMALL, ALPHA_LARGE = 0.5, 2.0
+SMALL_PARAMS, LARGE_PARAMS = 1e9, 7e9
+# Below this many key tokens over a length's documents the `longppl` value is withheld (the
+# `longppl_key_tokens` row still says how many there were): fewer is a perplexity of a handful of tokens.
+MIN_KEY_TOKENS = 30
 
 
 # ---------------------------------------------------------------------------------------------- settings
 def option_problem(value) -> str | None:
     """Why `value` is not a valid `key_tokens` option (None when it is): null/false (off), true (every
-    default) or a mapping of some of trunc_len, sliding_window, alpha, beta, evaluator."""
+    default) or a mapping of some of trunc_len, sliding_window, alpha, beta, evaluator, split."""
     if value is None or isinstance(value, bool):
         return None
     if not isinstance(value, dict):
@@ -65,9 +85,18 @@ def option_problem(value) -> str | None:
         v = value.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             return f"{key}={v!r} must be a number — the package uses alpha 2, beta -2"
+    alpha = value.get("alpha")
+    if alpha is not None and alpha < 0:
+        return (
+            f"alpha={alpha!r} must be >= 0: a key token is one the long context makes more likely (the "
+            "package uses 2)"
+        )
     evaluator = value.get("evaluator")
     if evaluator is not None and (not isinstance(evaluator, str) or not evaluator.strip()):
         return f"evaluator={evaluator!r} must be 'self' or a model (hub id, local path, .gguf or alias)"
+    split = value.get("split")
+    if split is not None and split not in SPLITS:
+        return f"split={split!r} must be one of {', '.join(SPLITS)}"
     return None
 
 
@@ -90,24 +119,47 @@ class Settings:
     alpha: float
     beta: float
     evaluator: str  # "self" or an extend.load spec
+    split: str = "none"  # "positions": the split-sample selection (see split_sample_key_positions)
 
 
-def resolve(value, trained_context: int) -> Settings:
-    """The settings of option `value`, missing ones from the package's defaults scaled to
-    `trained_context`."""
+def default_alpha(parameters: int | None) -> float:
+    """alpha by the evaluator's parameter count (see the rule above); None: the package's."""
+    if not parameters:
+        return ALPHA_LARGE
+    t = (math.log(parameters) - math.log(SMALL_PARAMS)) / (math.log(LARGE_PARAMS) - math.log(SMALL_PARAMS))
+    return round(ALPHA_SMALL + (ALPHA_LARGE - ALPHA_SMALL) * min(1.0, max(0.0, t)), 3)
+
+
+def resolve(value, trained_context: int, parameters: int | None = None) -> Settings:
+    """The settings of option `value`, missing ones from the default rule: trunc_len T/32, sliding_window
+    T/64 (T = `trained_context`, the one in force), alpha by the evaluator's `parameters`, beta -2."""
     problem = option_problem(value)
     if problem:
         raise TaskError(f"perplexity option key_tokens {problem}")
     given = value if isinstance(value, dict) else {}
-    scale = trained_context / REFERENCE_CONTEXT
     return Settings(
-        trunc_len=given.get("trunc_len") or max(1, round(PACKAGE_DEFAULTS["trunc_len"] * scale)),
-        sliding_window=given.get("sliding_window")
-        or max(1, round(PACKAGE_DEFAULTS["sliding_window"] * scale)),
-        alpha=float(given.get("alpha", PACKAGE_DEFAULTS["alpha"])),
+        trunc_len=given.get("trunc_len") or max(1, trained_context // SHORT_FRACTION),
+        sliding_window=given.get("sliding_window") or max(1, trained_context // WINDOW_FRACTION),
+        alpha=float(given.get("alpha", default_alpha(parameters))),
         beta=float(given.get("beta", PACKAGE_DEFAULTS["beta"])),
         evaluator=evaluator_spec(value),
+        split=given.get("split") or "none",
     )
+
+
+def in_force(model) -> int:
+    """The trained context in force: the active patch's resolved one (it follows a forced
+    original_max_position_embeddings and start_from; what the rows record), else the config's."""
+    import extend
+
+    active = extend.current(model)
+    if active is not None and active.options.get("trained_context"):
+        return int(active.options["trained_context"])
+    return extend.trained_context(model)
+
+
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def offsets_problem(tokenizer) -> str | None:
@@ -141,11 +193,13 @@ _LOADED: dict = {}  # (spec, device, dtype) -> (model, tokenizer): one named eva
 
 
 def evaluator_for(spec: str, model, tokenizer) -> Evaluator:
+    """The evaluator `spec` names. "self" sees the trained context in force (a forced
+    original_max_position_embeddings included): the one the rows record."""
     import extend
     from extend.forward import device_of
 
     if spec == SELF:
-        return Evaluator(model, tokenizer, f"self:{fingerprint(model)}", extend.trained_context(model), True)
+        return Evaluator(model, tokenizer, f"self:{fingerprint(model)}", in_force(model), True)
     dtype = next(model.parameters()).dtype
     key = (spec, str(device_of(model)), str(dtype))
     if key not in _LOADED:
@@ -274,7 +328,31 @@ def find_key_spans(
         long = long_losses(ev.model, ids, trunc, ev.context, chunk_size, reuse)
         short = short_losses(ev.model, ids, trunc, settings.sliding_window, chunk_size)
     key = ((short - long) > settings.alpha) & (long < -settings.beta)
+    if settings.split == "positions":
+        key = split_sample(key, offsets, text, trunc, settings.sliding_window)
     return merge_touching([offsets[i] for i in key.nonzero().flatten().tolist()])
+
+
+def split_sample(key: torch.Tensor, offsets, text: str, trunc: int, window: int) -> torch.Tensor:
+    """Key tokens by a split sample: the positions >= trunc fall in alternate blocks of `window` tokens
+    (halves 0 and 1; a block shares one short window). A token of one half is key when its string is the
+    string of a key token (by the package's rule) of the other half, and it occurs in the text before the
+    token's short window (so its evidence lies only in the long context). Which tokens of a half are key never
+    depends on the evaluator's losses on that half: its own errors there cannot favour it (self = the
+    baseline)."""
+    n = len(offsets)
+    strings = [text[s:e] for s, e in offsets]
+    half = [((i - trunc) // window) % 2 if i >= trunc else -1 for i in range(n)]
+    keyed: list[set] = [set(), set()]
+    for i in key.nonzero().flatten().tolist():
+        if strings[i].strip():
+            keyed[half[i]].add(strings[i])
+    out = torch.zeros(n, dtype=torch.bool)
+    for i in range(trunc, n):
+        if strings[i] in keyed[1 - half[i]]:
+            start = ((i - trunc) // window) * window  # the token's short window starts here (the package's)
+            out[i] = strings[i] in text[: offsets[start][0]] if offsets[start][0] else False
+    return out
 
 
 _MEMORY: dict[str, list] = {}
@@ -339,6 +417,13 @@ def key_mask(spans: list, offsets: list[tuple[int, int]]) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------- loss by position
+FIT_LEVEL = 0.95  # the exponent's interval
+CHI2_1 = {0.95: 3.841458820694124}[FIT_LEVEL]  # the chi-square (1 dof) quantile of FIT_LEVEL
+B_RANGE = (0.0, 10.0)  # the exponent's search range (0 excluded)
+MIN_FIT_BINS = 6  # a fit of 3 parameters needs dof left to test its shape and scale its interval
+MIN_FIT_DOCS = 2  # one text's tokens drift together: their spread says nothing of another text's
+
+
 def bin_starts(end: int) -> list[int]:
     """Half-octave bin starts 1, 2, 3, 4, 6, 8, 11, 16, ... (round(2^(k/2)), distinct) below `end`."""
     starts, k = [], 0
@@ -356,35 +441,123 @@ def position_bins(first: int, end: int) -> list[tuple[int, int]]:
     return [(max(s, first), e) for s, e in bounds if e > first]
 
 
-def power_law_fit(x, y) -> tuple[float, float, float] | None:
-    """(a, b, c) of y = a * x^-b + c by least squares, 0 < b <= 10 (None for fewer than 4 points). For a given
-    b the best a and c are a linear least-squares solve; b is searched on a grid, then by golden section."""
+@dataclass(frozen=True)
+class PowerLawFit:
+    """loss(p) = a * p^-b + c fitted to bin means. `problem`: why the data cannot support the fit (then a, b,
+    c are what the search ended on, not a result to report); `b_interval`: FIT_LEVEL profile interval of b."""
+
+    a: float
+    b: float
+    c: float
+    b_interval: tuple[float, float] | None
+    chi2_per_dof: float
+    bins: int
+    problem: str | None = None
+
+
+def _bin_means_of_power(bins, exponents):
+    """M[j, i] = the mean of p^-exponents[j] over the integer positions of bin i (a number p: that point;
+    (start, stop): positions start..stop-1, exact up to 64 positions, else the midpoint-rule integral)."""
     import numpy as np
 
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 4:
+    b = np.asarray(exponents, float)[:, None]
+    cols = []
+    for item in bins:
+        if isinstance(item, (tuple, list)):
+            s, e = item
+            if e - s <= 64:
+                p = np.arange(s, e, dtype=float)
+                cols.append(np.exp(-b * np.log(p)[None, :]).mean(axis=1))
+            else:  # integral of p^-b over [s - 1/2, e - 1/2] / (e - s)
+                lo, hi = np.log(s - 0.5), np.log(e - 0.5)
+                one = 1.0 - b[:, 0]
+                near = np.abs(one) < 1e-9
+                safe = np.where(near, 1.0, one)
+                val = np.where(near, hi - lo, (np.exp(one * hi) - np.exp(one * lo)) / safe)
+                cols.append(val / (e - s))
+        else:
+            cols.append(np.exp(-b[:, 0] * np.log(float(item))))
+    return np.stack(cols, axis=1)
+
+
+def power_law_fit(x, y, weights=None) -> PowerLawFit | None:
+    """loss = a * p^-b + c by weighted least squares over bins, 0 < b <= 10 (None for fewer than 4 bins).
+
+    x: per bin a position or a (start, stop) range (the model is then averaged over the bin's positions, as
+    the bin mean is); weights: inverse variances of the bin means (default: equal, of the residuals' size).
+    For a given b the best a and c are a weighted linear solve; b is searched on a grid, then by golden
+    section. The interval of b is the profile one, {b : chi2(b) - chi2_min <= chi2_1(FIT_LEVEL) * s} with
+    s = max(1, chi2_min / (bins - 3)) (widened when the bins scatter more than their weights say; without
+    weights s = chi2_min / (bins - 3)). `problem` is set when the data do not bound b: the best b or the
+    interval at an end of the search range (there a and c diverge: near b = 0, a * p^-b + c ~ (a + c) -
+    a * b * ln p for any large a), or fewer than MIN_FIT_BINS bins."""
+    import numpy as np
+
+    y = np.asarray(y, float)
+    k = len(y)
+    if k < 4:
         return None
+    w = np.ones(k) if weights is None else np.asarray(weights, float)
+    grid = np.linspace(*B_RANGE, 1001)[1:]
 
-    def solve(b: float) -> tuple[float, float, float]:
-        design = np.stack([x**-b, np.ones_like(x)], axis=1)
-        (a, c), *_ = np.linalg.lstsq(design, y, rcond=None)
-        return float(a), float(c), float(((design @ np.array([a, c]) - y) ** 2).sum())
+    def chi2(bs):
+        m = _bin_means_of_power(x, bs)  # (len(bs), k)
+        sw = w.sum()
+        mx, my = (m * w).sum(1) / sw, (w * y).sum() / sw
+        dx, dy = m - mx[:, None], y - my
+        sxx, sxy = (w * dx * dx).sum(1), (w * dx * dy).sum(1)
+        a = sxy / np.where(sxx > 0, sxx, np.inf)
+        c = my - a * mx
+        r = y[None, :] - a[:, None] * m - c[:, None]
+        return (w * r * r).sum(1), a, c
 
-    grid = np.linspace(0.0, 10.0, 1001)[1:]
-    best = float(min(grid, key=lambda b: solve(b)[2]))
-    lo, hi = max(best - 0.01, 1e-9), best + 0.01
+    profile, _, _ = chi2(grid)
+    j = int(np.argmin(profile))
+    lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(80):  # golden section on the residual around the best grid point
+    for _ in range(60):  # golden section between the best grid point's neighbours
         m1, m2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        lo, hi = (lo, m2) if solve(m1)[2] <= solve(m2)[2] else (m1, hi)
+        f1, f2 = chi2([m1, m2])[0]
+        lo, hi = (lo, m2) if f1 <= f2 else (m1, hi)
     b = (lo + hi) / 2
-    a, c, _ = solve(b)
-    return (a, b, c) if all(map(math.isfinite, (a, b, c))) else None
+    best, a_arr, c_arr = chi2([b])
+    best, a, c = float(best[0]), float(a_arr[0]), float(c_arr[0])
+    dof = k - 3
+    # given weights are inverse variances (scaled up where the bins scatter more); without, the variance is
+    # the residuals' own
+    scale = (best / dof if weights is None else max(1.0, best / dof)) if dof > 0 else math.inf
+    threshold = CHI2_1 * scale
+    inside = profile - best <= threshold
+    left = right = j
+    while left > 0 and inside[left - 1]:
+        left -= 1
+    while right < len(grid) - 1 and inside[right + 1]:
+        right += 1
+    interval, problem = None, None
+    if not all(map(math.isfinite, (a, b, c, best))):
+        problem = "the fit did not converge"
+    elif k < MIN_FIT_BINS:
+        problem = f"{k} bins: a 3-parameter fit needs at least {MIN_FIT_BINS}"
+    elif left == 0 or right == len(grid) - 1:
+        problem = (
+            f"the data do not bound the exponent: its {FIT_LEVEL:.0%} interval reaches an end of the search "
+            f"range ({B_RANGE[0]:g}, {B_RANGE[1]:g}]"
+        )
+    else:
+
+        def edge(i_out, i_in):  # linear interpolation of the crossing between two grid points
+            f_out, f_in = profile[i_out] - best - threshold, profile[i_in] - best - threshold
+            t = f_out / (f_out - f_in) if f_out != f_in else 0.5
+            return float(grid[i_out] + t * (grid[i_in] - grid[i_out]))
+
+        interval = (min(edge(left - 1, left), b), max(edge(right + 1, right), b))
+    return PowerLawFit(a, b, c, interval, best / dof if dof > 0 else math.nan, k, problem)
 
 
 # -------------------------------------------------------------------------------------------- the task's hook
 class PassExtras:
-    """What perplexity.run adds to its truncate pass: `longppl` per length and `loss_bin` / `loss_fit_*` rows.
+    """What perplexity.run adds to its truncate pass: `longppl` and `longppl_key_tokens` per length, and
+    `loss_bin` / `loss_fit_*` rows.
 
     start() -> None when neither is asked; options() -> what goes into every record's task_options;
     add(doc, ids, per_length) per document -> its rows; finish() -> the rows over all documents."""
@@ -402,24 +575,33 @@ class PassExtras:
         corpus,
         chunk_size,
     ):
-        import extend
-
         self.model, self.tokenizer, self.corpus, self.chunk_size = model, tokenizer, corpus, chunk_size
         self.lengths, self.prefix, self.first = lengths, list(prefix), first
-        self.trained = extend.trained_context(model)
-        self.settings = resolve(key_tokens, self.trained) if requested(key_tokens) else None
+        self.trained = in_force(model)  # what the rows record (a forced original_max_position_embeddings too)
+        self.settings = None
         self.by_position = loss_by_position
         self.evaluator: Evaluator | None = None
-        self.key_totals = {L: [0.0, 0, 0.0] for L in lengths}  # sum nll over key tokens, count, seconds
+        self.key_totals = {
+            L: [0.0, 0, 0.0, 0] for L in lengths
+        }  # sum nll over key tokens, count, seconds, docs
+        self.key_rows: dict[int, list[dict]] = {L: [] for L in lengths}  # per document, written at finish
+        self.docs = 0
         self.bins = position_bins(first, lengths[-1]) if loss_by_position else []
-        self.bin_totals = [[0.0, 0] for _ in self.bins]
-        if self.settings is not None:
+        self.bin_totals = [[0.0, 0, 0.0] for _ in self.bins]  # sum, tokens, sum of squares
+        if requested(key_tokens):
             check_key_token_lengths(key_tokens, lengths)
             problem = offsets_problem(tokenizer)
             if problem:
                 raise TaskError(
                     f"key_tokens needs the model's tokens as character spans, but {problem} — load the "
                     f"model with its fast tokenizer"
+                )
+            self.evaluator = evaluator_for(evaluator_spec(key_tokens), model, tokenizer)
+            self.settings = resolve(key_tokens, self.trained, parameter_count(self.evaluator.model))
+            if self.settings.trunc_len >= self.evaluator.context:
+                raise TaskError(
+                    f"key_tokens trunc_len {self.settings.trunc_len} is not below the evaluator's trained "
+                    f"context {self.evaluator.context} — use a smaller trunc_len"
                 )
 
     @classmethod
@@ -436,28 +618,33 @@ class PassExtras:
     def options(self) -> dict:
         out = {}
         if self.settings is not None:
-            out["key_tokens"] = dict(asdict(self.settings), evaluator_context=self._evaluator().context)
+            out["key_tokens"] = dict(
+                asdict(self.settings),
+                evaluator_context=self.evaluator.context,
+                trained_context=self.trained,
+                min_key_tokens=MIN_KEY_TOKENS,
+            )
         if self.by_position:
             out["loss_bins"] = "half-octave"
             out["loss_fit_within"] = self.trained
         return out
 
-    def _evaluator(self) -> Evaluator:
-        if self.evaluator is None:
-            self.evaluator = evaluator_for(self.settings.evaluator, self.model, self.tokenizer)
-        return self.evaluator
-
     def add(self, doc, ids: list[int], per_length: dict, options: dict) -> list[dict]:
         """Rows of one document; `ids` its text tokens of the largest window, per_length {L: (nll,
-        seconds)}."""
-        rows = []
+        seconds)}. LongPPL's per-document rows wait for finish (written only where the length's total of key
+        tokens reaches MIN_KEY_TOKENS)."""
+        self.docs += 1
         if self.settings is not None:
-            rows += self._longppl(doc, ids, per_length, options)
-        if self.by_position:
-            rows += self._bins(doc, per_length[self.lengths[-1]], options)
-        return rows
+            self._longppl(doc, ids, per_length, options)
+        return self._bins(doc, per_length[self.lengths[-1]], options) if self.by_position else []
 
-    def _longppl(self, doc, ids, per_length, options) -> list[dict]:
+    def _row_options(self, options: dict, length: int) -> dict:
+        """Past the evaluator's context C a key token's evidence can only lie within C tokens before it."""
+        if length > self.evaluator.context:
+            return dict(options, key_evidence_within=self.evaluator.context)
+        return options
+
+    def _longppl(self, doc, ids, per_length, options) -> None:
         t0 = time.perf_counter()
         text, offsets = self._text_of(doc, ids)
         longest = self.lengths[-1]
@@ -466,22 +653,22 @@ class PassExtras:
             if (self.settings.evaluator == SELF and as_loaded(self.model))
             else None
         )
-        spans = key_spans(text, self.settings, self._evaluator(), chunk_size=self.chunk_size, shared=shared)
+        spans = key_spans(text, self.settings, self.evaluator, chunk_size=self.chunk_size, shared=shared)
         mask = key_mask(spans, offsets)
         mask[: max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
         key_seconds = time.perf_counter() - t0
-        rows = []
         for L, (nll, secs) in per_length.items():
             text_tokens = L - len(self.prefix)
             index = torch.nonzero(mask[:text_tokens]).flatten() + len(self.prefix) - self.first
+            total = self.key_totals[L]
+            total[2] += secs + key_seconds
+            total[3] += 1
             if index.numel() == 0:
                 continue
             losses = nll[index].double()
-            total = self.key_totals[L]
             total[0] += losses.sum().item()
             total[1] += index.numel()
-            total[2] += secs + key_seconds
-            rows.append(
+            self.key_rows[L].append(
                 record(
                     "perplexity",
                     self.corpus,
@@ -490,11 +677,10 @@ class PassExtras:
                     math.exp(losses.mean().item()),
                     index.numel(),
                     secs + key_seconds,
-                    options,
+                    self._row_options(options, L),
                     doc=doc.id,
                 )
             )
-        return rows
 
     def _text_of(self, doc, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
         """The document's text up to the end of its last token in the window, and every such token's span."""
@@ -514,6 +700,7 @@ class PassExtras:
             part = nll[start - self.first : stop - self.first].double()
             self.bin_totals[i][0] += part.sum().item()
             self.bin_totals[i][1] += part.numel()
+            self.bin_totals[i][2] += (part * part).sum().item()
             rows.append(
                 record(
                     "perplexity",
@@ -532,35 +719,75 @@ class PassExtras:
 
     def finish(self, options: dict) -> list[dict]:
         rows = []
-        for L, (total, n, secs) in self.key_totals.items():
-            if n:
-                rows.append(
-                    record("perplexity", self.corpus, L, "longppl", math.exp(total / n), n, secs, options)
-                )
-        if not self.by_position:
-            return rows
-        longest, means, centres = self.lengths[-1], [], []
-        for (start, stop), (total, n) in zip(self.bins, self.bin_totals, strict=True):
-            rows.append(
-                record(
-                    "perplexity",
-                    self.corpus,
-                    longest,
-                    "loss_bin",
-                    total / n,
-                    n,
-                    0.0,
-                    options,
-                    depth=float(start),
-                )
-            )
+        if self.settings is not None:
+            for L, (total, n, secs, docs) in self.key_totals.items():
+                opts = self._row_options(options, L)
+                # every length says how many key tokens its LongPPL rests on (0: none could be found)
+                rows.append(record("perplexity", self.corpus, L, "longppl_key_tokens", n, docs, secs, opts))
+                if n >= MIN_KEY_TOKENS:
+                    rows += self.key_rows[L]
+                    rows.append(
+                        record("perplexity", self.corpus, L, "longppl", math.exp(total / n), n, secs, opts)
+                    )
+        return rows + (self._fit_rows(options) if self.by_position else [])
+
+    def _fit_rows(self, options: dict) -> list[dict]:
+        """The aggregate `loss_bin` rows and the fit over the bins within the trained context, weighted by
+        inverse variance (tokens per bin over the pooled variance of a token's loss). The fit's outcome (its
+        weights, the exponent's interval, or why there is none) is in every aggregate row's
+        task_options.loss_fit."""
+        longest, means, ranges, tokens, sums, squares = self.lengths[-1], [], [], [], 0.0, 0.0
+        for (start, stop), (total, n, sq) in zip(self.bins, self.bin_totals, strict=True):
             if stop <= self.trained:
                 means.append(total / n)
-                centres.append((start + stop - 1) / 2)
-        fit = power_law_fit(centres, means)
-        if fit is not None:
-            for name, value in zip(("loss_fit_a", "loss_fit_b", "loss_fit_c"), fit, strict=True):
-                rows.append(record("perplexity", self.corpus, longest, name, value, len(means), 0.0, options))
+                ranges.append((start, stop))
+                tokens.append(n)
+                sums, squares = sums + total, squares + sq
+        count = sum(tokens)
+        variance = (squares - sums * sums / count) / (count - 1) if count > 1 else math.nan
+        fit, problem = None, None
+        if self.docs < MIN_FIT_DOCS:
+            problem = (
+                f"{self.docs} document: the fit needs at least {MIN_FIT_DOCS} (one text's losses drift "
+                f"together, so its own spread understates the bins' error)"
+            )
+        elif not (variance > 0):
+            problem = "the token losses have no spread to weight the bins by"
+        else:
+            fit = power_law_fit(ranges, means, [n / variance for n in tokens])
+            problem = "fewer than 4 bins within the trained context" if fit is None else fit.problem
+        outcome = {"weights": "tokens / pooled token variance", "bins": len(means), "within": self.trained}
+        if problem is not None:
+            outcome["status"] = f"no fit: {problem}"
+        else:
+            outcome.update(
+                status="fitted",
+                level=FIT_LEVEL,
+                b_interval=[round(v, 6) for v in fit.b_interval],
+                chi2_per_dof=round(fit.chi2_per_dof, 6),
+            )
+        fit_options = dict(options, loss_fit=outcome)
+        rows = [
+            record(
+                "perplexity",
+                self.corpus,
+                longest,
+                "loss_bin",
+                total / n,
+                n,
+                0.0,
+                fit_options,
+                depth=float(start),
+            )
+            for (start, _), (total, n, _) in zip(self.bins, self.bin_totals, strict=True)
+        ]
+        if problem is None:
+            for name, value in zip(
+                ("loss_fit_a", "loss_fit_b", "loss_fit_c"), (fit.a, fit.b, fit.c), strict=True
+            ):
+                rows.append(
+                    record("perplexity", self.corpus, longest, name, value, len(means), 0.0, fit_options)
+                )
         return rows
 
 
@@ -589,23 +816,59 @@ def sliding_problem(options: dict) -> str | None:
 
 
 def check_before_load(lengths: list[int], options: dict, tokenizer=None) -> None:
-    """What refuses key_tokens before any weights load: a given trunc_len at or above a length, and a
-    tokenizer (the evaluator's, or the model's own for evaluator self, when given) that cannot map tokens to
-    characters."""
+    """What refuses key_tokens before any weights load: a given trunc_len at or above a length or at or above
+    the evaluator's trained context (a named evaluator's from its config; for self, the config of the model
+    the tokenizer came from, when it is a local directory — a forced original_max_position_embeddings is
+    checked when the task runs), a tokenizer (the evaluator's, or the model's own for evaluator self, when
+    given) that cannot map tokens to characters, and a named evaluator directory without weights."""
     value = options.get("key_tokens")
     if not requested(value):
         return
+    problem = option_problem(value)  # alpha < 0 and the rest: also here for callers that skip check_task
+    if problem:
+        raise TaskError(f"perplexity option key_tokens {problem}")
     check_key_token_lengths(value, lengths)
     spec = evaluator_spec(value)
     if spec == SELF:
         problem = offsets_problem(tokenizer) if tokenizer is not None else None
         where = "the model (evaluator self)"
+        config_spec = getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None
+        if not (config_spec and (Path(config_spec) / "config.json").is_file()):
+            config_spec = None
     else:
         from extend.preflight import tokenizer_of
 
-        problem, where = offsets_problem(tokenizer_of(spec)), f"evaluator {spec!r}"
+        problem, where, config_spec = offsets_problem(tokenizer_of(spec)), f"evaluator {spec!r}", spec
     if problem:
         raise TaskError(
             f"perplexity key_tokens: {where} cannot map key tokens to character spans: {problem} — "
             f"name an evaluator with a fast tokenizer (key_tokens.evaluator)"
         )
+    if spec != SELF:
+        missing = missing_weights(spec)
+        if missing:
+            raise TaskError(f"perplexity key_tokens: evaluator {spec!r} {missing} — name a complete model")
+    trunc = given_trunc_len(value)
+    if trunc is not None and config_spec:
+        from extend.loading import trained_context_of
+
+        context = trained_context_of(config_spec)
+        if trunc >= context:
+            raise TaskError(
+                f"perplexity key_tokens trunc_len {trunc} is not below {where}'s trained context {context}: "
+                f"no token would have a long context longer than its short one — use trunc_len < {context}"
+            )
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.safetensors.index.json")
+
+
+def missing_weights(spec: str) -> str | None:
+    """Why a local model directory `spec` cannot load (None when it has weight files, or is not a local
+    directory: aliases and .gguf files are checked by extend.loading, hub ids when they load)."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return None
+    if any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS):
+        return None
+    return f"has no weights (no {', '.join(WEIGHT_PATTERNS[:3])} file in {spec})"

@@ -4,13 +4,17 @@ A task is its `run(model, tokenizer, *, lengths, ..., seed=0, progress=True)` fu
 with `declare`:
 
     @declare("retrieval", options={"trials": positive, "variants": choices(*VARIANTS)},
-             metrics={"answer_top1": "0/1: ..."}, pass_fail=("answer_top1",),
+             metrics={"answer_top1": Metric("rate", "higher", "fraction of prompts", "...",
+                                            reach=("threshold", "trained"), independent_unit="haystack")},
              tables=(("answer_top1", "..."),))
     def run(model, tokenizer, *, lengths, variants=("niah_multikey",), trials=2, seed=0, progress=True): ...
 
 The defaults stay in the signature (one source); the declaration adds each option's check (type and range),
-the metrics and which of them are 0/1 with a pass/fail bar, what the sweep prints, the tokens a cell runs
-past its length and a length check that needs only the tokenizer. tasks/checks.py (before a model loads), the
+what each metric means (a `Metric`: kind, direction, unit, chance, reach rules, independent unit; the sweep
+copies it into every row, results/meaning.py), what the sweep prints, the tokens a cell runs past its length
+and a length check that needs only the tokenizer. A plugin task may still describe a metric with a plain
+string: its rows then carry no declaration (results' fallback), unless it names the metric in `pass_fail`
+(a 0/1 rate with every reach rule). tasks/checks.py (before a model loads), the
 sweep (scripts/sweep_lib) and the task itself (at every call, through the decorator) read the same
 declaration, so an option is checked in one place. An option of the signature without a declared check is
 checked against the type of its default; a plugin task without any declaration still works that way.
@@ -34,6 +38,7 @@ from typing import Any
 
 from extend.errors import closest
 from extend.prefix_cache import PrefixCache, cell_length, sharing_order
+from results.meaning import REACH_RULES, Metric  # the one edge tasks -> results: the declaration contract
 
 from .errors import TaskError
 
@@ -150,14 +155,35 @@ def _no_tokenizer(lengths: list[int], options: dict) -> bool:
     return False
 
 
+def pass_fail_rate(description: str) -> Metric:
+    """A plugin's string-described metric named in `pass_fail`: a 0/1 rate with every reach rule."""
+    return Metric("rate", "higher", "fraction of prompts", description, reach=REACH_RULES, lo=0.0, hi=1.0)
+
+
+def metric_meanings(metrics: Mapping[str, Metric | str], pass_fail: Sequence[str]) -> dict[str, Metric]:
+    """name -> Metric for every declared metric: `Metric` values as given, strings named in `pass_fail` as
+    `pass_fail_rate`; other strings declare nothing (their rows get results' fallback). A `Metric` named in
+    `pass_fail` must have reach rules (else the two say different things: TypeError)."""
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, Metric):
+            if name in pass_fail and not value.has_bar:
+                raise TypeError(f"metric {name!r} is in pass_fail but its Metric declares no reach rules")
+            out[name] = value
+        elif name in pass_fail:
+            out[name] = pass_fail_rate(str(value))
+    return out
+
+
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a task declares. `options`: name -> check of the value; `metrics`: name -> what it measures;
-    `pass_fail`: the 0/1 metrics with a pass/fail bar; `tables`: (metric, caption) the sweep prints at its
-    end; `together(options)`: a rule across options (a problem or None); `extra_tokens(options)`: tokens a
-    cell runs past its length (generated ones); `fits(lengths, options, corpus, tokenizer)`: lengths the
-    task can never run (TaskError), known without the weights; `needs_tokenizer(lengths, options)`: whether
-    `fits` wants the tokenizer."""
+    """What a task declares. `options`: name -> check of the value; `metrics`: name -> its one-line
+    description; `meanings`: name -> `Metric` (metrics without one carry no declaration); `pass_fail`: the
+    metrics with a pass/fail bar (derived: those whose Metric has reach rules); `tables`: (metric, caption)
+    the sweep prints at its end; `together(options)`: a rule across options (a problem or None);
+    `extra_tokens(options)`: tokens a cell runs past its length (generated ones); `fits(lengths, options,
+    corpus, tokenizer)`: lengths the task can never run (TaskError), known without the weights;
+    `needs_tokenizer(lengths, options)`: whether `fits` wants the tokenizer."""
 
     name: str
     options: Mapping[str, Check]
@@ -170,6 +196,11 @@ class TaskSpec:
     needs_tokenizer: Callable[[list[int], dict], bool] = _no_tokenizer
     defaults: Mapping[str, Any] = field(default_factory=dict)  # from the signature (filled in by `declare`)
     takes_any: bool = False  # the run function takes **kwargs
+    meanings: Mapping[str, Metric] = field(default_factory=dict)
+
+    def meaning(self, metric: str) -> Metric | None:
+        """The declaration of `metric`, None when the task declares none for it."""
+        return self.meanings.get(metric)
 
     def check(self, options: dict, *, caller_keys: tuple = ()) -> None:
         """TaskError (one line) for the first option the task does not take or whose value is bad, e.g.
@@ -209,7 +240,7 @@ def declare(
     name: str,
     *,
     options: Mapping[str, Check],
-    metrics: Mapping[str, str],
+    metrics: Mapping[str, Metric | str],
     pass_fail: Sequence[str] = (),
     tables: Sequence[tuple[str, str]] = (),
     together=None,
@@ -218,8 +249,9 @@ def declare(
     needs_tokenizer=None,
 ):
     """Decorator: attach a `TaskSpec` to a run function (`run.spec`) and check the options a caller passes
-    against it before the run starts. A declared option missing from the signature is a bug in the task
-    (TypeError at import)."""
+    against it before the run starts. `metrics`: name -> `Metric` (or, for a plugin, a one-line string);
+    `pass_fail` is kept for plugins that describe metrics with strings (see `metric_meanings`). A declared
+    option missing from the signature is a bug in the task (TypeError at import)."""
 
     def wrap(run):
         defaults, takes_any = signature_options(run)
@@ -230,11 +262,12 @@ def declare(
                 f"task {name!r} declares options {unknown} not in its signature or metrics "
                 f"{undeclared} it does not list"
             )
+        meanings = metric_meanings(metrics, pass_fail)
         spec = TaskSpec(
             name,
             dict(options),
-            dict(metrics),
-            frozenset(pass_fail),
+            {m: v.description if isinstance(v, Metric) else str(v) for m, v in metrics.items()},
+            frozenset(m for m, d in meanings.items() if d.has_bar),
             tuple(tables),
             together,
             extra_tokens or _no_extra_tokens,
@@ -242,6 +275,7 @@ def declare(
             needs_tokenizer or _no_tokenizer,
             defaults,
             takes_any,
+            meanings,
         )
 
         @functools.wraps(run)

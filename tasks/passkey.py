@@ -6,6 +6,10 @@ word granularity so the final prompt (after the chat template when enabled) has 
 and at least 99% of L; records report the actual prompt length. Pass keys and corpus haystacks come
 from `random.Random` seeded by integers only, so the same seed gives the same prompts everywhere.
 
+Each row records `distance`: the tokens from the needle's first token to the question's first token,
+counted on the tokenized prompt; and `cluster` None: every trial has its own pass key, so each row is its own
+unit even where trials share the filler before the needle (computed once, below).
+
 Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
 records say what was used). A cell (one length) builds all its prompts first, then generates in the order that
 shares the most prefix (`extend.prefix_cache`): the haystack before the needle is prefilled once, not per
@@ -14,6 +18,7 @@ depth and trial (share_prefix=False: every prompt from scratch; same prompts and
 
 from __future__ import annotations
 
+import bisect
 import random
 import re
 import time
@@ -25,7 +30,7 @@ from extend.prefix_cache import PrefixCache
 from .common import check_lengths, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
-from .kit import choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
+from .kit import Metric, choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
 
 DESCRIPTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -75,10 +80,20 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         "share_prefix": flag,
     },
     metrics={
-        "correct": "0/1: the first integer of the greedy answer is the pass key",
-        "prompt_tokens": "tokens of the prompt (at most the length, at least 99% of it)",
+        "correct": Metric(
+            "rate",
+            "higher",
+            "fraction of prompts",
+            "the greedy answer's first integer is the pass key",
+            reach=("threshold", "short", "trained"),
+            independent_unit="trial",
+            lo=0.0,
+            hi=1.0,
+        ),
+        "prompt_tokens": Metric(
+            "mean", None, "tokens", "tokens of the prompt", role="detail", independent_unit="trial"
+        ),
     },
-    pass_fail=("correct",),
     tables=(("correct", "passkey retrieval accuracy"),),
     extra_tokens=lambda options: int(options.get("max_new_tokens", 8)),
     fits=fits,
@@ -129,18 +144,18 @@ def run(
         haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
         for trial in range(trials)
     ]
-    cells, keys, build_secs = {}, {}, {}  # length -> prompts; (length, i) -> pass key, seconds to build
+    # length -> prompts; (length, i) -> pass key, needle-to-question tokens, seconds to build
+    cells, keys, distances, build_secs = {}, {}, {}, {}
     for length in lengths:
         cells[length] = []
         for trial in range(trials):
             for di, depth in enumerate(depths):
                 t0 = time.perf_counter()
                 key = key_for(seed, length, di, trial)
-                cells[length].append(
-                    build_prompt(
-                        tokenizer, length, depth, key, sentences[trial], chat_template, prefix=prefix
-                    )
+                ids, distances[length, len(cells[length])] = build_located_prompt(
+                    tokenizer, length, depth, key, sentences[trial], chat_template, prefix=prefix
                 )
+                cells[length].append(ids)
                 keys[length, len(cells[length]) - 1] = key
                 build_secs[length, len(cells[length]) - 1] = time.perf_counter() - t0
     bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
@@ -155,18 +170,27 @@ def run(
         bar=bar,
     )
     bar.close()
-    results = {}  # (trial, length, depth index) -> (correct, prompt tokens, seconds)
+    results = {}  # (trial, length, depth index) -> (correct, prompt tokens, distance, seconds)
     for length in lengths:
         for i, (answer, secs) in enumerate(answers[length]):
             trial, di = divmod(i, len(depths))
             found = re.search(r"\d+", answer)
             correct = float(found is not None and int(found.group()) == keys[length, i])
-            results[trial, length, di] = (correct, len(cells[length][i]), build_secs[length, i] + secs)
+            results[trial, length, di] = (
+                correct,
+                len(cells[length][i]),
+                distances[length, i],
+                build_secs[length, i] + secs,
+            )
     records = []
-    for (trial, length, di), (correct, n_tokens, secs) in sorted(results.items()):
+    for (trial, length, di), (correct, n_tokens, distance, secs) in sorted(results.items()):
         common = {"depth": depths[di], "trial": trial}
-        records.append(record("passkey", name, length, "correct", correct, 1, secs, options, **common))
-        records.append(record("passkey", name, length, "prompt_tokens", n_tokens, 1, secs, options, **common))
+        # each trial its own key: its own unit (cluster None), however much filler trials share
+        located = {"distance": distance, "cluster": None}
+        for metric, value in (("correct", correct), ("prompt_tokens", n_tokens)):
+            records.append(
+                {**record("passkey", name, length, metric, value, 1, secs, options, **common), **located}
+            )
     return records
 
 
@@ -254,8 +278,21 @@ def build_prompt(
     """Token ids of the longest prompt with at most `length` tokens; the needle at the sentence boundary
     nearest the depth. `prefix`: the special ids before the text (default: the tokenizer's own, see
     encode)."""
+    return build_located_prompt(tokenizer, length, depth, key, sentences, chat_template, prefix)[0]
+
+
+def build_located_prompt(
+    tokenizer,
+    length: int,
+    depth: float,
+    key: int,
+    sentences: list[str],
+    chat_template: bool = False,
+    prefix: list[int] | None = None,
+) -> tuple[list[int], int]:
+    """`build_prompt`'s ids and the needle's distance from the question in tokens (`located_encode`)."""
     words = fit_haystack_words(tokenizer, length, depth, key, sentences, chat_template, prefix)
-    return encode(tokenizer, prompt(sentences, words, depth, key), chat_template, prefix)
+    return located_encode(tokenizer, prompt(sentences, words, depth, key), key, chat_template, prefix)
 
 
 def prompt(sentences: list[str], words: int, depth: float, key: int) -> tuple[str, str]:
@@ -288,15 +325,53 @@ def encode(
 ) -> list[int]:
     """The prompt's ids: through the chat template, or `prefix` (default: what the tokenizer's own encoding
     puts before text, `special_prefix`) + the text without special tokens."""
-    if chat_template:
-        user, answer_prefix = parts
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text + answer_prefix, add_special_tokens=False)["input_ids"]
-    if prefix is None:
-        prefix = special_prefix(tokenizer)
-    return list(prefix) + tokenizer(plain_text(parts), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(prompt_text(tokenizer, parts, chat_template), add_special_tokens=False)["input_ids"]
+    return ids if chat_template else _special(tokenizer, prefix) + ids
+
+
+def _special(tokenizer, prefix: list[int] | None) -> list[int]:
+    return list(special_prefix(tokenizer) if prefix is None else prefix)
+
+
+def prompt_text(tokenizer, parts: tuple[str, str], chat_template: bool) -> str:
+    """The text the prompt's ids encode (after `prefix` without a chat template; the template writes its own
+    special tokens)."""
+    if not chat_template:
+        return plain_text(parts)
+    user, answer_prefix = parts
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+    )
+    return text + answer_prefix
+
+
+def located_encode(
+    tokenizer, parts: tuple[str, str], key: int, chat_template: bool, prefix: list[int] | None = None
+) -> tuple[list[int], int]:
+    """`encode`'s ids and the distance from the needle's first token to the question's first token."""
+    text = prompt_text(tokenizer, parts, chat_template)
+    ids, distance = encode_located(tokenizer, text, text.index(NEEDLE.format(key=key)), text.rindex(QUESTION))
+    return (ids if chat_template else _special(tokenizer, prefix) + ids), distance
+
+
+def encode_located(tokenizer, text: str, needle_at: int, question_at: int) -> tuple[list[int], int]:
+    """The ids of `text` (no special tokens) and the tokens from the one that holds character `needle_at` to
+    the one that holds character `question_at`, counted on those very ids (the tokenizer's offsets). A
+    tokenizer without offsets (a slow one) gets the count of the text before each character, which can be
+    off by the one token that straddles a boundary."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        def before(char: int) -> int:
+            return len(tokenizer(text[:char], add_special_tokens=False)["input_ids"])
+
+        return ids, before(question_at) - before(needle_at)
+    ends = [end for _, end in enc["offset_mapping"]]  # non-decreasing: the holder of c is the first end > c
+    return list(enc["input_ids"]), bisect.bisect_right(ends, question_at) - bisect.bisect_right(
+        ends, needle_at
+    )
 
 
 def _generate(

@@ -13,8 +13,10 @@ BOS: every window starts with the ids the tokenizer's own encoding puts before t
 BOS for Llama-style tokenizers, nothing for Qwen2.5 or SmolLM2); add_bos=True/False overrides. The prefix is
 counted inside L and never scored; without one the first token of a window is context only. Every record's
 options say what was used (add_bos, prefix_ids, bos_setting).
-key_tokens={...} adds `longppl` (key-token perplexity) per length and loss_by_position=True adds `loss_bin`
-rows and a power-law fit, both from the same pass (truncate protocol; tasks/key_tokens.py).
+key_tokens={...} adds `longppl` (key-token perplexity; withheld below MIN_KEY_TOKENS key tokens) and
+`longppl_key_tokens` (how many) per length, and loss_by_position=True adds `loss_bin` rows and a weighted
+power-law fit with an interval for its exponent, both from the same pass (truncate protocol;
+tasks/key_tokens.py).
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
 """
@@ -40,7 +42,7 @@ from .common import (
 from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
 from .key_tokens import PassExtras, check_before_load, option_problem, requested, sliding_problem
-from .kit import choice, declare, flag, optional_flag, positive, positive_or_none
+from .kit import Metric, choice, declare, flag, optional_flag, positive, positive_or_none
 from .scoring import token_nll
 
 
@@ -101,14 +103,24 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         "loss_by_position": flag,
     },
     metrics={
-        "loss": "mean NLL per token",
-        "ppl": "perplexity",
-        "ppl_tail": "perplexity of the tokens between the previous length and this one (truncate)",
-        "longppl": "perplexity of the key tokens (LongPPL; key_tokens)",
-        "loss_bin": "mean NLL of the positions of a bin starting at depth (loss_by_position)",
-        "loss_fit_a": "a of a*p^-b+c fitted to loss_bin",
-        "loss_fit_b": "b of the fit",
-        "loss_fit_c": "c of the fit",
+        "loss": Metric("mean", "lower", "nats/token", "mean NLL per token", role="detail", lo=0.0),
+        "ppl": Metric("perplexity", "lower", "perplexity", "perplexity", lo=1.0),
+        "ppl_tail": Metric(
+            "perplexity",
+            "lower",
+            "perplexity",
+            "perplexity of the tokens between the previous length and this one",
+            reach=("threshold", "trained"),
+            lo=1.0,
+        ),
+        "longppl": Metric("perplexity", "lower", "perplexity", "key-token perplexity", lo=1.0),
+        "longppl_key_tokens": Metric(
+            "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
+        ),
+        "loss_bin": Metric("mean", "lower", "nats/token", "mean NLL of a position bin", role="detail"),
+        "loss_fit_a": Metric("mean", None, "nats/token", "a of a*p^-b+c", role="detail"),
+        "loss_fit_b": Metric("mean", None, "", "b of a*p^-b+c", role="detail"),
+        "loss_fit_c": Metric("mean", None, "nats/token", "c of a*p^-b+c", role="detail"),
     },
     tables=(
         ("ppl", "perplexity (lower is better)"),

@@ -19,14 +19,22 @@ seeded depths of the trial. Prompts of one length share their haystack up to the
 run through the prefix cache (tasks.kit.run_cells): the haystack is prefilled once per cell, not once per
 prompt.
 
-`shared_haystack=True` (niah_multikey only): the trials share one haystack (trial 0's) and one set of
-max(4, trials) keys, whose needles sit together at `depth`, in key order; trial t asks key t, the others are
-its distractors. Prompts of a depth then differ only in the question, so a cell prefills its haystack once per
-depth, however deep the needles. The trials are not independent documents: they share the haystack, the
-needles and their place.
+`shared_haystack=True` (niah_multikey only): one haystack holds max(4, trials x depths) keys, one
+needle each: the keys of depth d (`trials` of them, in key order) at d, any extra ones (fewer than 4 asked)
+at the first depth. Each question asks one key, so the (depth, trial) grid asks each key at its own distance
+from the question, and every prompt differs only in the question: a cell prefills the haystack once, however
+many depths and trials, and each question is a short continuation on its KV cache. `haystacks=N` draws N
+such haystacks (own keys, values and, for a corpus haystack, own text; the same in every method's run);
+their filler before the first needle is shared too. The questions about one haystack are not independent:
+its rows share `cluster` "haystack-<h>" (results count them as one unit); without shared_haystack every
+trial is its own haystack and `cluster` is None.
+
+Every row records `distance`: the tokens from the first token of the needle the question asks about (the first
+queried one in text order) to the first token of the question, counted on the tokenized prompt.
 
 Scoring (`scoring`: "likelihood", "generate" or "both"; every row per prompt, n = 1, with depth, trial and the
-variant as `doc` set: a prompt is one unit of the results layer's intervals and pairing):
+variant as `doc` set: results pair prompts across methods by them, and count a prompt, or a shared haystack's
+`cluster`, as one unit):
 - generate: greedy, then RULER's `string_match_all` (lm-eval's common_utils): the prediction stripped, control
   characters made newlines; the share of the reference strings found in it, case-insensitive. Metrics
   `string_match_all` (that share) and `all_found` (0/1: every reference found).
@@ -52,6 +60,7 @@ from .common import check_lengths, encoder, prefix_options, record, special_pref
 from .data import iter_corpus
 from .errors import TaskError
 from .kit import (
+    Metric,
     choice,
     choices,
     declare,
@@ -64,7 +73,7 @@ from .kit import (
     positive_or_none,
     run_cells,
 )
-from .passkey import MIX, cut_haystack, haystack_sentences
+from .passkey import MIX, cut_haystack, encode_located, haystack_sentences
 from .scoring import continuation_logprobs
 
 VARIANTS = ("niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
@@ -171,8 +180,8 @@ class Scene:
     """One trial of a variant: what is hidden and asked. `needles` hold the queried ones first (`queried` of
     them, in text order), then the distractors (at `distractor_depths`). `answers`: the strings the answer
     must contain (RULER's `outputs`); `wrong`: wrong answers of the same format, for the likelihood ranking.
-    `together` (shared_haystack): `needles` are every key's in key order, all at `depth`, whichever key is
-    asked."""
+    `placed` (shared_haystack): each needle's own depth (the prompt's depth is then ignored); `asked`: the
+    index of the needle whose distance from the question the rows record."""
 
     variant: str
     needles: tuple[str, ...]
@@ -182,9 +191,8 @@ class Scene:
     answer_prefix: str
     answers: tuple[str, ...]
     wrong: tuple[tuple[str, ...], ...]
-    together: bool = (
-        False  # every needle at `depth`, in needle order (shared_haystack: the same in each trial)
-    )
+    placed: tuple[float, ...] = ()  # shared_haystack: every needle's depth, the same in every question
+    asked: int = 0
 
 
 def answer_text(values) -> str:
@@ -270,18 +278,21 @@ def make_scene(variant: str, rng: random.Random, candidates: int) -> Scene:
     )
 
 
-def shared_scenes(rng: random.Random, trials: int, candidates: int) -> list[Scene]:
-    """The niah_multikey scenes of `shared_haystack`, drawn from `rng` alone: max(NEEDLES, trials) keys with
-    distinct values, one needle each, together in key order; trial t asks key t (wrong answers: the other
-    keys' values first, then random ones)."""
+def shared_scenes(rng: random.Random, trials: int, candidates: int, depths=(0.0,)) -> list[Scene]:
+    """The niah_multikey scenes of one `shared_haystack` haystack, drawn from `rng` alone, in (depth, trial)
+    order: max(NEEDLES, trials x depths) keys with distinct values, one needle each; key di x trials + t sits
+    at depths[di] and is asked by the scene of (depths[di], trial t); extra keys sit at depths[0]. Needles at
+    one depth stand together in key order. Wrong answers: the other keys' values first, then random ones."""
     taken: set = set()
-    keys = _keys(rng, max(NEEDLES, trials))
+    asked = trials * len(depths)
+    keys = _keys(rng, max(NEEDLES, asked))
     values = _distinct(_number, rng, len(keys), taken)
     needles = tuple(
         NEEDLE.format(type_v="numbers", key=k, value=v) for k, v in zip(keys, values, strict=True)
     )
+    placed = tuple(float(depths[i // trials]) if i < asked else float(depths[0]) for i in range(len(keys)))
     scenes = []
-    for t in range(trials):
+    for t in range(asked):
         wrong = [(v,) for i, v in enumerate(values) if i != t][:candidates]
         while len(wrong) < candidates:
             wrong.append(tuple(_distinct(_number, rng, 1, taken)))
@@ -296,7 +307,8 @@ def shared_scenes(rng: random.Random, trials: int, candidates: int) -> list[Scen
                 prefix,
                 (values[t],),
                 tuple(wrong),
-                together=True,
+                placed=placed,
+                asked=t,
             )
         )
     return scenes
@@ -323,9 +335,9 @@ def _vt_scene(rng: random.Random, candidates: int) -> Scene:
 
 def needle_depths(scene: Scene, depth: float) -> list[float]:
     """Depth of each needle: the queried ones from `depth` on, evenly over the rest of the haystack; then the
-    distractors' own. A `together` scene: every needle at `depth`."""
-    if scene.together:
-        return [depth] * len(scene.needles)
+    distractors' own. A shared-haystack scene: each needle's own (`placed`)."""
+    if scene.placed:
+        return list(scene.placed)
     step = (1.0 - depth) / scene.queried
     return [depth + k * step for k in range(scene.queried)] + list(scene.distractor_depths)
 
@@ -362,23 +374,49 @@ def build_prompt(
     tokenizer, budget: int, scene: Scene, depth: float, sentences: list[str], prefix: list[int]
 ) -> list[int]:
     """Token ids of the longest prompt with at most `budget` tokens (`prefix` + the text)."""
+    words = fit_words(tokenizer, budget, [scene], depth, sentences, prefix)
+    return located_prompt(tokenizer, scene, depth, cut_haystack(sentences, words), prefix)[0]
+
+
+def fit_words(
+    tokenizer, budget: int, scenes: list[Scene], depth: float, sentences: list[str], prefix: list[int]
+) -> int:
+    """The most haystack words with which every scene's prompt has at most `budget` tokens: one cut for all
+    (the scenes of a shared haystack then differ only in the question). Fitted on the scene with the longest
+    bare prompt, then checked on all."""
     encode = encoder(tokenizer)
 
-    def n_tokens(words: int) -> int:
+    def size(scene: Scene, words: int) -> int:
         return len(prefix) + len(encode(plain_text(compose(scene, cut_haystack(sentences, words), depth))))
 
-    words = largest_fitting(n_tokens, sum(len(s.split()) for s in sentences), budget)
+    longest = max(scenes, key=lambda scene: size(scene, 0))
+    words = largest_fitting(lambda w: size(longest, w), sum(len(s.split()) for s in sentences), budget)
     if words < 0:
         raise TaskError(
-            f"a budget of {budget} tokens is too short for the {scene.variant} prompt itself "
-            f"({n_tokens(0)} tokens without haystack) — use longer lengths"
+            f"a budget of {budget} tokens is too short for the {longest.variant} prompt itself "
+            f"({size(longest, 0)} tokens without haystack) — use longer lengths"
         )
-    if n_tokens(words) < MIN_FILL * budget:
+    while words > 0 and any(size(scene, words) > budget for scene in scenes if scene is not longest):
+        words -= 1  # a word boundary can tokenize differently with another question after it
+    if size(longest, words) < MIN_FILL * budget:
         raise TaskError(
-            f"could only build a {n_tokens(words)}-token {scene.variant} prompt for {budget} tokens — "
-            "use longer lengths"
+            f"could only build a {size(longest, words)}-token {longest.variant} prompt for {budget} "
+            "tokens — use longer lengths"
         )
-    return prefix + encode(plain_text(compose(scene, cut_haystack(sentences, words), depth)))
+    return words
+
+
+def located_prompt(
+    tokenizer, scene: Scene, depth: float, haystack: list[str], prefix: list[int]
+) -> tuple[list[int], int]:
+    """The prompt's ids (`prefix` + the text) and the tokens from the asked needle's first token (the first
+    queried needle) to the question's first token."""
+    user, answer_prefix = compose(scene, haystack, depth)
+    tail = scene.question.split("{context}", 1)[1]  # after the context: a newline, then the question
+    question_at = len(user) - len(tail.lstrip())
+    text = plain_text((user, answer_prefix))
+    ids, distance = encode_located(tokenizer, text, user.index(scene.needles[scene.asked]), question_at)
+    return list(prefix) + ids, distance
 
 
 def string_match_all(prediction: str, references) -> float:
@@ -405,8 +443,12 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     variants = options.get("variants", VARIANTS[:1])
     for variant in [variants] if isinstance(variants, str) else variants:
         scene = make_scene(variant, random.Random(0), options.get("candidates", 9))
-        if options.get("shared_haystack"):  # all the trials' needles in every prompt
-            scene = shared_scenes(random.Random(0), options.get("trials", 2), options.get("candidates", 9))[0]
+        if options.get("shared_haystack"):  # every question's needle in every prompt
+            depths = options.get("depths", (0.0, 0.5, 1.0))
+            depths = [depths] if isinstance(depths, (int, float)) else depths
+            scene = shared_scenes(
+                random.Random(0), options.get("trials", 2), options.get("candidates", 9), depths
+            )[0]
         bare = len(prefix) + len(encoder(tokenizer)(plain_text(compose(scene, [], 0.0))))
         need = bare + _reserve(
             tokenizer, scene, options.get("scoring", "likelihood"), options.get("max_new_tokens")
@@ -419,7 +461,8 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
             )
 
 
-def _shared_needs_multikey(options: dict) -> str | None:
+def _options_together(options: dict) -> str | None:
+    """shared_haystack asks one key per question (niah_multikey alone); several haystacks need it."""
     variants = options.get("variants", VARIANTS[:1])
     variants = [variants] if isinstance(variants, str) else list(variants)
     if options.get("shared_haystack") and variants != ["niah_multikey"]:
@@ -427,6 +470,48 @@ def _shared_needs_multikey(options: dict) -> str | None:
             f"option shared_haystack=True takes only variants=niah_multikey, not {variants} — "
             "drop the other variants or shared_haystack"
         )
+    if options.get("haystacks", 1) != 1 and not options.get("shared_haystack"):
+        return (
+            f"option haystacks={options['haystacks']} takes shared_haystack=true (without it every trial "
+            "is its own haystack already) — set shared_haystack: true or use trials"
+        )
+    return _within_pools(options, variants)
+
+
+KEY_POOL = len(ADJECTIVES) * len(NOUNS)  # the adjective-noun keys
+# What an answer draws from: (the pool's size, items per answer); a scene's draws stay under half its pool, so
+# that drawing distinct items by rejection stays fast
+ANSWER_POOLS = {
+    "niah_multikey": (9 * 10**6, 1),  # RULER's 7-digit values
+    "niah_multivalue": (9 * 10**6, NEEDLES),
+    "niah_multiquery": (9 * 10**6, NEEDLES),
+    "vt": (26**5, HOPS + 1),  # 5-letter variable names
+}
+
+
+def _within_pools(options: dict, variants: list[str]) -> str | None:
+    """Refuse, before any model loads, a grid the scene generator cannot draw: more keys for one shared
+    haystack than there are keys, or more wrong answers than the values (or names) allow."""
+    trials = options.get("trials", 2)
+    depths = options.get("depths", (0.0, 0.5, 1.0))
+    asked = trials * (1 if isinstance(depths, (int, float)) else len(depths))
+    if options.get("shared_haystack") and isinstance(trials, int) and asked > KEY_POOL:
+        return (
+            f"option shared_haystack=True with trials={trials} asks {asked} keys of one haystack (trials x "
+            f"depths), more than the {KEY_POOL} keys there are — use at most {KEY_POOL} (trials x depths), "
+            "or several haystacks (haystacks: N)"
+        )
+    candidates = options.get("candidates", 9)
+    if not isinstance(candidates, int) or isinstance(candidates, bool):
+        return None  # its own check says what is wrong
+    for variant in variants:
+        pool, each = ANSWER_POOLS.get(variant, (0, 0))
+        if pool and (candidates + 1) * each + NEEDLES > pool // 2:
+            most = (pool // 2 - NEEDLES) // each - 1
+            return (
+                f"option candidates={candidates} needs {(candidates + 1) * each} distinct answers' items for "
+                f"{variant}, more than half of the {pool} there are — use candidates <= {most}, e.g. 9"
+            )
     return None
 
 
@@ -443,21 +528,66 @@ def _shared_needs_multikey(options: dict) -> str | None:
         "add_bos": optional_flag,
         "share_prefix": flag,
         "shared_haystack": flag,
+        "haystacks": positive,
     },
+    # the questions that share one haystack (shared_haystack) are one independent unit: their rows carry one
+    # cluster id
     metrics={
-        "answer_logprob": "likelihood: mean log-probability per token of the true answer",
-        "answer_rank": "likelihood: rank of the true answer among 1 + candidates (1 = best)",
-        "answer_top1": "likelihood, 0/1: the true answer ranks first",
-        "string_match_all": "generate: RULER's score, the share of the references in the greedy answer",
-        "all_found": "generate, 0/1: every reference is in the greedy answer",
-        "prompt_tokens": "tokens of the prompt",
+        "answer_logprob": Metric(
+            "mean",
+            "higher",
+            "nats/token",
+            "mean log-probability per token of the true answer",
+            hi=0.0,
+            independent_unit="haystack",
+        ),
+        "answer_rank": Metric(
+            "rank",
+            "lower",
+            "rank (1 = first)",
+            "rank of the true answer among the candidates",
+            role="detail",
+            lo=1.0,
+            independent_unit="haystack",
+        ),
+        "answer_top1": Metric(
+            "rate",
+            "higher",
+            "fraction of prompts",
+            "the true answer ranks first among the candidates",
+            reach=("threshold", "trained"),
+            independent_unit="haystack",
+            lo=0.0,
+            hi=1.0,
+        ),
+        "string_match_all": Metric(
+            "mean",
+            "higher",
+            "fraction of references",
+            "RULER's score: share of the references in the answer",
+            lo=0.0,
+            hi=1.0,
+            independent_unit="haystack",
+        ),
+        "all_found": Metric(
+            "rate",
+            "higher",
+            "fraction of prompts",
+            "every reference is in the greedy answer",
+            reach=("threshold", "trained"),
+            independent_unit="haystack",
+            lo=0.0,
+            hi=1.0,
+        ),
+        "prompt_tokens": Metric(
+            "mean", None, "tokens", "tokens of the prompt", role="detail", independent_unit="haystack"
+        ),
     },
-    pass_fail=("answer_top1", "all_found"),
     tables=(
         ("answer_top1", "retrieval: the true answer ranks first (likelihood)"),
         ("all_found", "retrieval: every reference in the greedy answer (generate)"),
     ),
-    together=_shared_needs_multikey,
+    together=_options_together,
     fits=fits,
     needs_tokenizer=lambda lengths, options: True,
 )
@@ -477,6 +607,7 @@ def run(
     add_bos=None,
     share_prefix=True,
     shared_haystack=False,
+    haystacks=1,
     seed=0,
     progress=True,
 ) -> list[dict]:
@@ -499,77 +630,139 @@ def run(
     if haystack == "corpus":
         common["haystack_corpus"] = corpus
     if shared_haystack:  # recorded only when set: rows of the default runs keep their options
-        common["shared_haystack"] = True
-    sentences = [
-        haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
-        for trial in range(1 if shared_haystack else trials)
-    ]
-    if shared_haystack:  # checked: niah_multikey only; one draw (-1: no trial's seed) for all the trials
-        rng = random.Random((seed * MIX + VARIANTS.index("niah_multikey")) * MIX - 1)
-        scenes = {("niah_multikey", t): s for t, s in enumerate(shared_scenes(rng, trials, candidates))}
-        sentences = sentences * trials
-    else:
-        scenes = {
-            (v, t): make_scene(v, random.Random((seed * MIX + VARIANTS.index(v)) * MIX + t), candidates)
-            for v in variants
-            for t in range(trials)
-        }
-    # tokens after each prompt; shared_haystack: the most any trial needs, so that every trial cuts the same
-    # haystack
-    reserve = {key: _reserve(tokenizer, scene, scoring, max_new_tokens) for key, scene in scenes.items()}
+        common.update(shared_haystack=True, haystacks=haystacks)
+    words = int(1.5 * lengths[-1]) + 64
     if shared_haystack:
-        reserve = dict.fromkeys(reserve, max(reserve.values()))
+        stacks = shared_haystacks(texts, seed, haystacks, trials, candidates, depths, words)
+    else:
+        stacks = own_haystacks(texts, seed, variants, trials, candidates, words)
+    # tokens after each prompt: the most any question of a haystack needs, so that they cut it alike
+    reserve = [
+        max(_reserve(tokenizer, q.scene, scoring, max_new_tokens) for q in stack.questions)
+        for stack in stacks
+    ]
 
-    cells, where, build_secs = (
-        {},
-        {},
-        {},
-    )  # length -> prompts; (length, i) -> (variant, trial, depth), seconds
+    cells: dict[int, list[list[int]]] = {}
+    where: dict[tuple[int, int], tuple[Question, int, float]] = {}  # (length, i) -> question, distance, secs
     for length in lengths:
         cells[length] = []
-        for (variant, trial), scene in scenes.items():
-            budget = length - reserve[variant, trial]
-            for depth in depths:
-                t0 = time.perf_counter()
-                cells[length].append(build_prompt(tokenizer, budget, scene, depth, sentences[trial], prefix))
-                where[length, len(cells[length]) - 1] = (variant, trial, depth)
-                build_secs[length, len(cells[length]) - 1] = time.perf_counter() - t0
+        for stack, after in zip(stacks, reserve, strict=True):
+            for question, ids, distance, secs in stack.prompts(tokenizer, length - after, depths, prefix):
+                where[length, len(cells[length])] = (question, distance, secs)
+                cells[length].append(ids)
     encode = encoder(tokenizer)
 
     def score(ids, cache, at) -> dict:
-        variant, trial, _ = where[at]
-        return score_prompt(
-            model, tokenizer, ids, scenes[variant, trial], scoring, max_new_tokens, cache, encode
-        )
+        return score_prompt(model, tokenizer, ids, where[at][0].scene, scoring, max_new_tokens, cache, encode)
 
     bar = tqdm(total=sum(map(len, cells.values())), desc=f"retrieval {scoring}", disable=not progress)
     # one cell per length (dynamic methods see the cell's length; RULER: prompt + what follows <= L); its
-    # prompts share the haystack up to the shallowest needle, prefilled once (tasks.kit.run_cells)
+    # prompts share the haystack up to the first needle where they differ (a shared haystack: up to the
+    # question), prefilled once (tasks.kit.run_cells)
     scored = run_cells(model, cells, score, share_prefix=share_prefix, bar=bar)
     bar.close()
     records = []
+    name = corpus if haystack == "corpus" else "filler"
     for length in lengths:
         for i, (metrics, secs) in enumerate(scored[length]):
-            variant, trial, depth = where[length, i]
-            options = {"variant": variant, **common}
-            name = corpus if haystack == "corpus" else "filler"
+            question, distance, build_secs = where[length, i]
+            options = {"variant": question.scene.variant, **common}
             for metric, value in {**metrics, "prompt_tokens": len(cells[length][i])}.items():
-                records.append(
-                    record(
-                        "retrieval",
-                        name,
-                        length,
-                        metric,
-                        value,
-                        1,
-                        build_secs[length, i] + secs,
-                        options,
-                        depth=depth,
-                        trial=trial,
-                        doc=variant,  # the unit is variant x depth x trial: results pair and pool by it
-                    )
+                row = record(
+                    "retrieval",
+                    name,
+                    length,
+                    metric,
+                    value,
+                    1,
+                    build_secs + secs,
+                    options,
+                    depth=question.depth,
+                    trial=question.trial,
+                    doc=question.scene.variant,  # results pair by variant x depth x trial (x length)
                 )
+                records.append({**row, "distance": distance, "cluster": question.cluster})
     return records
+
+
+@dataclass(frozen=True)
+class Question:
+    """One prompt's question: its scene, the depth it is recorded at, its trial number (unique in the cell
+    per variant and depth) and its cluster (None: its own haystack)."""
+
+    scene: Scene
+    depth: float | None  # None: asked at every depth of the grid (its own haystack)
+    trial: int
+    cluster: str | None = None
+
+
+@dataclass
+class Haystack:
+    """The text one or more questions are asked about (`shared`: all of them on one cut of it, whatever
+    their depth; else each question at its own depth cuts it for itself)."""
+
+    sentences: list[str]
+    questions: list[Question]
+    shared: bool = False
+
+    def prompts(self, tokenizer, budget: int, depths: list[float], prefix: list[int]):
+        """(question, ids, distance, seconds to build) of every prompt on this haystack at `budget`
+        tokens: a shared haystack is cut once for all its questions (they then differ only in the
+        question); otherwise each question is asked at each depth, on its own cut."""
+        if self.shared:
+            t0 = time.perf_counter()
+            scenes = [q.scene for q in self.questions]
+            cut = cut_haystack(
+                self.sentences, fit_words(tokenizer, budget, scenes, 0.0, self.sentences, prefix)
+            )
+            each = (time.perf_counter() - t0) / len(scenes)
+            for q in self.questions:
+                t0 = time.perf_counter()
+                ids, distance = located_prompt(tokenizer, q.scene, q.depth, cut, prefix)
+                yield q, ids, distance, each + time.perf_counter() - t0
+            return
+        for q in self.questions:
+            for depth in depths:
+                t0 = time.perf_counter()
+                words = fit_words(tokenizer, budget, [q.scene], depth, self.sentences, prefix)
+                ids, distance = located_prompt(
+                    tokenizer, q.scene, depth, cut_haystack(self.sentences, words), prefix
+                )
+                yield Question(q.scene, depth, q.trial), ids, distance, time.perf_counter() - t0
+
+
+def own_haystacks(
+    texts, seed: int, variants: list[str], trials: int, candidates: int, words: int
+) -> list[Haystack]:
+    """Without shared_haystack: trial t of each variant is its own scene on trial t's haystack text (the
+    variants share it), asked at every depth; each row its own unit."""
+    stacks = []
+    for v in variants:
+        for t in range(trials):
+            scene = make_scene(v, random.Random((seed * MIX + VARIANTS.index(v)) * MIX + t), candidates)
+            text = haystack_sentences(texts, random.Random(seed * MIX + t), words=words)
+            stacks.append(Haystack(text, [Question(scene, None, t)]))
+    return stacks
+
+
+def shared_haystacks(
+    texts, seed: int, haystacks: int, trials: int, candidates: int, depths: list[float], words: int
+) -> list[Haystack]:
+    """shared_haystack: `haystacks` draws, each with its own keys, values and text (haystack h: the seeds
+    of trial h), each asked trials x depths questions; trial numbers run on over the haystacks (h x trials +
+    t), so that every question of a cell has its own (depth, trial)."""
+    stacks = []
+    for h in range(haystacks):  # -1 - h: no trial's seed (haystack 0 draws what the single haystack drew)
+        rng = random.Random((seed * MIX + VARIANTS.index("niah_multikey")) * MIX - 1 - h)
+        scenes = shared_scenes(rng, trials, candidates, depths)
+        questions = [
+            Question(scenes[di * trials + t], depth, h * trials + t, f"haystack-{h}")
+            for di, depth in enumerate(depths)
+            for t in range(trials)
+        ]
+        text = haystack_sentences(texts, random.Random(seed * MIX + h), words=words)
+        stacks.append(Haystack(text, questions, shared=True))
+    return stacks
 
 
 def score_prompt(

@@ -193,3 +193,38 @@ def sweep_cli():
     """`sweep_cli(*args, timeout=300, **extra_env)`: scripts/sweep.py with `args` in a subprocess (environment
     as `sweep_env`, run from the repository root), its output captured; returns the CompletedProcess."""
     return run_sweep_cli
+
+
+# -------------------------------------------------------------------------------------------- synthetic runs
+SYNTHETIC = ROOT / "tests" / "results" / "synthetic.py"
+
+
+@pytest.fixture(scope="session")
+def synthetic():
+    """tests/results/synthetic.py as a module: a deterministic synthetic sweep in the row schema (test data,
+    kept out of the product packages; loaded by path since no test folder is importable)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ropebench_tests_synthetic", SYNTHETIC)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def synthetic_records(synthetic):
+    """`synthetic_records(run, *, tasks=..., lengths=..., trials=..., ...)`: rows of a synthetic sweep whose
+    values follow formulas a test can work out by hand (tests/results/synthetic.py)."""
+    return synthetic.synthetic_records
+
+
+@pytest.fixture(scope="session")
+def synthetic_task_records(synthetic):
+    """`synthetic_task_records(task, *, settings=..., trials=...)`: rows of a task results never heard of."""
+    return synthetic.synthetic_task_records
+
+
+@pytest.fixture(scope="session")
+def synthetic_theory_records(synthetic):
+    """`synthetic_theory_records(run, *, limit=...)`: rows of RoPE theory (predicted reach) beside them."""
+    return synthetic.synthetic_theory_records

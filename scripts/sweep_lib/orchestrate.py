@@ -103,6 +103,15 @@ def _trained_context(spec: str, trust_remote_code: bool) -> int | None:
         return None
 
 
+def _forced_contexts(cells: list[G.Cell]) -> dict[str, int]:
+    """model -> the trained context every one of its cells forces with -o original_max_position_embeddings
+    (a model whose cells disagree, or do not all force one, keeps its config's in the manifest)."""
+    by_model: dict[str, set] = {}
+    for c in cells:
+        by_model.setdefault(c.model, set()).add(c.options.get("original_max_position_embeddings"))
+    return {m: int(next(iter(v))) for m, v in by_model.items() if len(v) == 1 and None not in v}
+
+
 def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) -> int:
     quiet = args.quiet
     show = not quiet and dist.main
@@ -122,6 +131,9 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
     mine = G.shard(cells, dist.rank, dist.world)
     todo = [c for c in mine if c.key not in finished]
     cfg["trained_context"] = {m: _trained_context(m, cfg["trust_remote_code"]) for m in cfg["model"]}
+    config_context = dict(cfg["trained_context"])
+    forced = _forced_contexts(cells)
+    cfg["trained_context"].update(forced)  # what the rows record too (the patch follows the forced value)
     writer = results.RecordWriter(out, rank=dist.shard_rank)
     manifest_config = {k: v for k, v in cfg.items() if k != "trained_context"}
     manifest_config["cells"] = {c.key: c.definition() for c in cells}
@@ -132,6 +144,7 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
             device=cfg["resolved_device"],
             extra={
                 "trained_context": cfg["trained_context"],
+                "config_trained_context": config_context,
                 "rank": dist.rank,
                 "world_size": dist.world,
                 "cells_total": len(cells),

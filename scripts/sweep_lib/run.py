@@ -34,8 +34,21 @@ def say(msg: str, quiet: bool = False) -> None:
 
 def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = None) -> list[dict]:
     """`options`: the patch's resolved options (start_from, trained_context, base_theta, shipped_rope, ...),
-    recorded in every row; default the cell's."""
+    recorded in every row; default the cell's. Each row carries its metric's declaration (``meaning``,
+    results/meaning.py): the task's own, the built-in one for theory rows, none for a metric a plugin task
+    describes with a plain string (results then read it with their fallback)."""
+    import tasks
+    from results.meaning import BUILT_IN
+    from tasks.kit import task_spec
+
     options = cell.options if options is None else options
+    if cell.task in tasks.TASKS:
+        declared = task_spec(cell.task, tasks.TASKS[cell.task]).meaning
+    else:  # theory rows (THEORY_TASK): written here, declared in results.meaning
+
+        def declared(metric):
+            return BUILT_IN.get((cell.task, metric))
+
     rows = []
     for r in records:
         row = {
@@ -70,6 +83,9 @@ def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = 
             status="ok",
             error=None,
         )
+        meaning = declared(row["metric"])
+        if meaning is not None:
+            row["meaning"] = meaning.to_json()
         rows.append(row)
     return rows
 
@@ -143,15 +159,30 @@ THEORY_LIMIT = 4
 THEORY_TASK = "theory"  # results.reach.THEORY_TASK: rows the report sets beside the measured reaches
 
 
+def theory_meaning(metric: str) -> str:
+    """The JSON declaration a theory row of `metric` carries as its "meaning": results.meaning.BUILT_IN's
+    ("theory", metric), whose description is the label a report shows."""
+    from results.meaning import BUILT_IN
+
+    return BUILT_IN[(THEORY_TASK, metric)].to_json()
+
+
 def theory_records(model, handle, longest: int) -> list[dict]:
-    """What RoPE theory predicts for the patched frequencies (extend.theory), as records with task "theory":
-    Men et al.'s reach (`men_reach`, the first distance where sum_i cos(m theta_i) < 0, checked up to
-    THEORY_LIMIT x the longest tested length), the smallest base that meets the trained context
-    (`base_lower_bound`, `length` = that context) and Liu et al.'s critical dimension — over the layer types
-    the method extends (the most limiting), dynamic methods at factor x the trained context. None for
-    position-remapping methods: they change distances, not frequencies, so the criterion on frequencies says
-    nothing about them."""
-    from extend import registry, theory
+    """What RoPE theory predicts for the patched frequencies (extend.theory), as records with task "theory",
+    each with its declaration (`meaning`, results.meaning.BUILT_IN), over the layer types the method extends
+    (the most limiting), dynamic methods at factor x the trained context:
+    - men_reach: Men et al.'s criterion on the patched frequencies, the first distance where
+      sum_i cos(m theta_i) < 0, checked up to THEORY_LIMIT x the longest tested length;
+    - critical_dimension: Liu et al.'s d_crit, fixed by pretraining: from the frequencies the patch starts
+      from (as loaded with start_from="shipped", the pretrained ones with "pretrained") at the trained
+      context — the same for every setting of a model;
+    - effective_base, extrapolation_bound: the patched setting's base beta and Liu et al.'s
+      T_extra = 2 pi beta^(d_crit/d) (extend.theory.effective_base, extrapolation_bound);
+    - base_lower_bound (`length` = the trained context): Men et al.'s lower bound on the base of a model
+      trained for that context — a property of the model, the same for every setting.
+    None for position-remapping methods: they change distances, not frequencies, so the criterion on
+    frequencies says nothing about them."""
+    from extend import registry, shipped, theory
 
     if registry.get(handle.method).remap:
         return []
@@ -160,24 +191,34 @@ def theory_records(model, handle, longest: int) -> list[dict]:
     limit = THEORY_LIMIT * int(longest)
     types = list(handle.extended_layer_types or handle.layer_types)  # the layer types the method extends
     freqs = {lt: handle.frequencies(lt, target).inv_freq.detach().double().cpu().numpy() for lt in types}
+    ships = shipped.shipped_ropes(model.config)
+
+    def trained(lt):  # the frequencies the model was trained with, from the start the patch takes
+        if handle.options.get("start_from") == "pretrained" and ships[lt].scaled:
+            info = ships[lt]
+            return shipped.pretrained_frequencies(info.theta, 2 * len(freqs[lt]), "cpu", info.p_rope)
+        return handle.loaded_frequencies(lt)
+
+    critical = {lt: theory.critical_dimension(trained(lt).double().cpu().numpy(), context) for lt in types}
     reach = min(theory.men_reach(f, limit) for f in freqs.values())
-    critical = min(theory.critical_dimension(f, context) for f in freqs.values())
+    extrapolation = {lt: theory.extrapolation_bound(f, critical[lt]) for lt, f in freqs.items()}
+    most = min(types, key=lambda lt: extrapolation[lt])  # the most limiting layer type
     dim = 2 * min(len(f) for f in freqs.values())
     where = {"layer_types": [str(lt) for lt in types], "rotary_dim": dim, "frequencies_at": target}
-    rows = [
-        {"metric": "men_reach", "value": float(reach), "n": 1, "task_options": {**where, "limit": limit}},
-        {"metric": "critical_dimension", "value": float(critical), "n": 1, "task_options": where},
-    ]
+    values = {
+        "men_reach": (float(reach), {**where, "limit": limit}),
+        "critical_dimension": (float(critical[most]), where),
+        "effective_base": (theory.effective_base(freqs[most], critical[most]), where),
+        "extrapolation_bound": (float(extrapolation[most]), where),
+    }
     if context <= theory.BOUND_MAX_CONTEXT:  # the bound's search grows with the context (extend/theory.py)
-        rows.append(
-            {
-                "metric": "base_lower_bound",
-                "value": float(theory.base_lower_bound(dim, context)),
-                "n": 1,
-                "length": context,
-                "task_options": where,
-            }
-        )
+        values["base_lower_bound"] = (float(theory.base_lower_bound(dim, context)), where)
+    rows = []
+    for metric, (value, options) in values.items():
+        row = {"metric": metric, "value": value, "n": 1, "task_options": options}
+        if metric == "base_lower_bound":
+            row["length"] = context
+        rows.append(dict(row, meaning=theory_meaning(metric)))
     return rows
 
 

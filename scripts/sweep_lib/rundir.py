@@ -50,8 +50,11 @@ def is_run_dir(out: Path) -> bool:
 
 
 def check_out(out: Path) -> None:
-    """Refuse a path that is a file, or a non-empty directory that is not a ropebench run (its files are the
-    user's: a sweep would mix records into them and --fresh would delete them)."""
+    """Refuse a path that is a file, a non-empty directory that is not a ropebench run (its files are the
+    user's: a sweep would mix records into them and --fresh would delete them), or a non-UTF-8 name."""
+    from results.store import check_path_text
+
+    check_path_text(out, "--out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory — choose a directory for the run")
     if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):

@@ -394,8 +394,9 @@ def test_default_plain_is_the_model_as_loaded(name):
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2.5-7b-yarn", "gemma3-4b-linear8"])
 def test_methods_stack_on_the_shipped_rope_by_default(name):
-    """Default start_from: yarn x2 multiplies the model's own shipped frequencies by YaRN's ratio at the
-    context the shipped scaling reaches, and its temperature multiplies the shipped one."""
+    """Default start_from: yarn x2 starts from the model's own shipped frequencies, its ramp (eq. 17-18)
+    counting their rotations in the context the shipped scaling reaches (issue 33), and its temperature
+    multiplies the shipped one."""
     model = build(name)
     expect = CHECKPOINTS[name][3]
     lt = "full_attention" if "gemma3" in name else None
@@ -408,9 +409,10 @@ def test_methods_stack_on_the_shipped_rope_by_default(name):
     own_scaling = float(getattr(rotary, f"{prefix}attention_scaling"))
     with extend.patched(model, "yarn", factor=2.0) as handle:
         inv, scaling = installed(model)[lt]
-    ref_inv, ref_t = ref_yarn(theta, dim, expect["L"][1], 2.0)
+    _, ref_t = ref_yarn(theta, dim, expect["L"][1], 2.0)
     assert handle.options["trained_context"] == expect["L"][1]
-    torch.testing.assert_close(inv, own * ref_inv / ref_base(theta, dim), rtol=1e-5, atol=0)
+    gamma = ((expect["L"][1] * own / (2 * math.pi) - 1.0) / (32.0 - 1.0)).clamp(0, 1)  # r = L / wavelength
+    torch.testing.assert_close(inv, (1 - gamma) * own / 2.0 + gamma * own, rtol=1e-5, atol=0)
     assert abs(scaling - own_scaling * ref_t) < 1e-6
 
 

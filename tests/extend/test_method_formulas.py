@@ -210,7 +210,7 @@ def test_dynamic_defaults_agree_with_docs_and_are_recorded():
             row
         )  # the other rule's source: by name
         doc_row = next(line for line in methods_doc.splitlines() if line.startswith(f"| `{method}` |"))
-        assert f'`scale_rule` (string; default "{rule}")' in doc_row, doc_row  # generated: extend/docs.py
+        assert f'`scale_rule` (string; default "{rule}")' in doc_row, doc_row  # generated: scripts/docs.py
         assert doc_row.split("|")[5].strip().startswith(source), doc_row
         with extend.patched(MODEL, method, factor=2.0) as handle:
             assert handle.options["scale_rule"] == rule  # recorded although not given

@@ -1,8 +1,9 @@
 """p-RoPE as the method `proportional` (Barbero et al. 2024, arXiv:2410.06205; transformers' `proportional`
-rope type, option `partial_rotary_factor` = p): bit-equal (float32) to transformers' function on a plain
-config and on Gemma 4's layer-typed one, equal to an independent float64 formula, its option range and its
-absent factor, and patched models of every tested family that run, match transformers' own p-RoPE model and
-undo exactly."""
+rope type, option `partial_rotary_factor` = p, factor s as transformers 5.x applies it: every rotating pair's
+frequency / s): bit-equal (float32) to transformers' function and to the cos/sin of transformers' own p-RoPE
+model at factors 1, 2 and 4, on a plain config and on Gemma 4's layer-typed one, equal to an independent
+float64 formula, its option range and its factor axis, and patched models of every tested family that run,
+match transformers' own p-RoPE model and undo exactly."""
 
 import math
 
@@ -16,6 +17,7 @@ from extend.registry import RopeBase
 
 THETA, HEAD_DIM, CONTEXT = 1e5, 64, 8192  # SmolLM2-135M's RoPE
 FRACTIONS = [0.0, 0.25, 0.3, 0.5, 0.75, 1.0]  # 0.3: p d/2 = 9.6 pairs, not a whole number
+FACTORS = [1.0, 2.0, 4.0]
 
 # transformers' own p-RoPE (the reference these tests compare with) arrived in a 5.x release; on an older
 # version in pyproject's range they skip, and the formula tests below still check the method.
@@ -69,23 +71,44 @@ def patched_inv_freq(model, prefix: str = "", **options) -> torch.Tensor:
         return getattr(model.base_model.rotary_emb.rotary, f"{prefix}inv_freq").clone()
 
 
-def ref_inv_freq(theta: float, dim: int, p: float) -> torch.Tensor:
+def ref_inv_freq(theta: float, dim: int, p: float, factor: float = 1.0) -> torch.Tensor:
     """Barbero et al. 2024, p-RoPE: the model's theta_i = b^(-2i/d) on the first floor(p d/2) pairs (the
-    highest frequencies), zero (no rotation, NoPE) on the others. float64."""
+    highest frequencies), zero (no rotation, NoPE) on the others; transformers' factor s divides every
+    rotating pair's frequency (positions m -> m/s on them). float64."""
     pairs = torch.arange(dim // 2, dtype=torch.float64)
     kept = math.floor(p * dim / 2)
-    return torch.where(pairs < kept, theta ** (-2 * pairs / dim), torch.zeros_like(pairs))
+    return torch.where(pairs < kept, theta ** (-2 * pairs / dim) / factor, torch.zeros_like(pairs))
 
 
 # ---- against transformers' own function ----
+def transformers_p_rope(p: float, factor: float) -> dict:
+    params = {"rope_type": "proportional", "rope_theta": THETA, "partial_rotary_factor": p}
+    return params if factor == 1.0 else dict(params, factor=factor)  # Gemma 4 ships none: 1
+
+
 @needs_transformers_p_rope
+@pytest.mark.parametrize("factor", FACTORS)
 @pytest.mark.parametrize("p", FRACTIONS)
-def test_bit_equal_to_transformers_on_a_plain_config(p):
-    config = llama({"rope_type": "proportional", "rope_theta": THETA, "partial_rotary_factor": p}).config
+def test_bit_equal_to_transformers_on_a_plain_config(p, factor):
+    config = llama(transformers_p_rope(p, factor)).config
     hf, attention = ROPE_INIT_FUNCTIONS["proportional"](config, None)
-    ours = patched_inv_freq(MODEL, partial_rotary_factor=p)
-    assert ours.dtype == hf.dtype == torch.float32 and torch.equal(ours, hf), p
+    ours = patched_inv_freq(MODEL, factor=factor, partial_rotary_factor=p)
+    assert ours.dtype == hf.dtype == torch.float32 and torch.equal(ours, hf), (p, factor)
     assert attention == 1.0
+
+
+@needs_transformers_p_rope
+@pytest.mark.parametrize("factor", FACTORS)
+@pytest.mark.parametrize("p", [0.25, 1.0])
+def test_cos_sin_equal_transformers_own_p_rope_model(p, factor):
+    """The acceptance test of issue 31: cos and sin of the patched model equal those of the same model built
+    by transformers with `proportional` (and `factor`), at every position up to 32k (torch.equal)."""
+    native = llama(transformers_p_rope(p, factor))
+    x, positions = torch.zeros(1, dtype=torch.float32), torch.arange(0, 32768, 5)[None]
+    ref_cos, ref_sin = native.base_model.rotary_emb(x, positions)
+    with extend.patched(MODEL, "proportional", factor, partial_rotary_factor=p):
+        cos, sin = MODEL.base_model.rotary_emb(x, positions)
+    assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin), (p, factor)
 
 
 @needs_transformers_p_rope
@@ -132,18 +155,20 @@ def test_a_patched_gemma3_is_transformers_own_p_rope_model():
 
 
 @needs_transformers_p_rope
-def test_without_transformers_function_the_same_frequencies(monkeypatch):
+@pytest.mark.parametrize("factor", FACTORS)
+def test_without_transformers_function_the_same_frequencies(monkeypatch, factor):
     """A transformers without `proportional` (it came with Gemma 4): the method's own formula, bit-equal."""
-    expected = patched_inv_freq(MODEL, partial_rotary_factor=0.25)
+    expected = patched_inv_freq(MODEL, factor=factor, partial_rotary_factor=0.25)
     monkeypatch.delitem(ROPE_INIT_FUNCTIONS, "proportional")
-    assert torch.equal(patched_inv_freq(MODEL, partial_rotary_factor=0.25), expected)
+    assert torch.equal(patched_inv_freq(MODEL, factor=factor, partial_rotary_factor=0.25), expected)
 
 
 # ---- against the paper's formula ----
+@pytest.mark.parametrize("factor", FACTORS + [8.0, 0.5])
 @pytest.mark.parametrize("p", FRACTIONS)
-def test_matches_the_papers_formula(p):
-    ours = patched_inv_freq(MODEL, partial_rotary_factor=p).double()
-    ref = ref_inv_freq(THETA, HEAD_DIM, p)
+def test_matches_the_papers_formula(p, factor):
+    ours = patched_inv_freq(MODEL, factor=factor, partial_rotary_factor=p).double()
+    ref = ref_inv_freq(THETA, HEAD_DIM, p, factor)
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
     assert torch.equal(ours == 0, ref == 0)  # exactly the NoPE pairs stop rotating
 
@@ -167,16 +192,21 @@ def test_the_stopped_pairs_carry_no_position_up_to_32k():
 
 
 # ---- factor and option range ----
-def test_p_rope_has_no_factor():
-    """p-RoPE only stops pairs: any factor gives the same frequencies, a sweep runs it once, its reach is the
-    trained context, and p = 1 (the default) is the model as loaded."""
+def test_the_factor_axis_is_swept_like_any_methods():
+    """transformers' factor divides the rotating pairs' frequencies: a sweep runs every factor (uses_factor),
+    each reaches factor x the trained context; x2 is x1 / 2 on the rotating pairs, the stopped ones stay 0;
+    p = 1 (the default) at factor 1 is the model as loaded, at factor 2 `pi` x2."""
     method = extend.registry.get("proportional")
-    assert not method.factor_applies() and not extend.describe("proportional")["uses_factor"]
-    assert method.reach(4.0, CONTEXT) == CONTEXT
-    x1, x4 = (patched_inv_freq(MODEL, factor=f, partial_rotary_factor=0.5) for f in (1.0, 4.0))
-    assert torch.equal(x1, x4)
+    assert method.factor_applies() and extend.describe("proportional")["uses_factor"]
+    assert method.reach(4.0, CONTEXT) == 4 * CONTEXT
+    x1, x2 = (patched_inv_freq(MODEL, factor=f, partial_rotary_factor=0.5) for f in (1.0, 2.0))
+    kept = math.floor(0.5 * HEAD_DIM / 2)
+    assert torch.equal(x2[:kept], x1[:kept] / 2) and not x2[kept:].any() and x1[:kept].all()
     assert extend.describe("proportional")["options"]["partial_rotary_factor"] == 1.0
-    assert torch.equal(patched_inv_freq(MODEL, factor=2.0), MODEL.base_model.rotary_emb.inv_freq)
+    assert torch.equal(patched_inv_freq(MODEL), MODEL.base_model.rotary_emb.inv_freq)
+    with extend.patched(MODEL, "pi", 2.0):
+        pi = MODEL.base_model.rotary_emb.rotary.inv_freq.clone()
+    assert torch.equal(patched_inv_freq(MODEL, factor=2.0), pi)
 
 
 @pytest.mark.parametrize(

@@ -103,3 +103,100 @@ def test_describe_skips_the_bound_past_its_context_limit():
     inv_freq = 5e5 ** (-np.arange(0, 128, 2) / 128)
     line = theory.describe(inv_freq, theta=5e5, dim=128, trained_context=131072)
     assert "not computed above 32768" in line
+
+
+# ---- theory for a patched setting (issue 33 item 5) ----
+SMOL_THETA, SMOL_DIM, SMOL_CONTEXT = 1e5, 64, 8192  # SmolLM2-135M's RoPE
+
+
+def smollm2_rope():
+    """A tiny Llama with SmolLM2-135M's RoPE: base 1e5, head_dim 64, trained on 8192."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=2 * SMOL_DIM,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=SMOL_CONTEXT,
+        rope_parameters={"rope_type": "default", "rope_theta": SMOL_THETA},
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_critical_dimension_of_smollm2_is_40():
+    """Liu et al.: the dims whose period 2 pi b^(2i/d) is at most T; counted here in closed form,
+    i <= (d/2) log_b(T / 2 pi): 20 pairs, 40 dims."""
+    pairs = math.floor(SMOL_DIM / 2 * math.log(SMOL_CONTEXT / (2 * math.pi)) / math.log(SMOL_THETA)) + 1
+    inv_freq = SMOL_THETA ** -(np.arange(0, SMOL_DIM, 2) / SMOL_DIM)
+    assert 2 * pairs == 40 == theory.critical_dimension(inv_freq, SMOL_CONTEXT)
+
+
+def test_extrapolation_bound_of_ntk_x2_on_smollm2():
+    """Liu et al.'s T_extra = 2 pi beta^(d_crit/d) with beta the setting's base: ntk x2 turns b into
+    b 2^(d/(d-2)) = 2.05e5, so T_extra = 13104 tokens (issue 33); plain's own is 2 pi b^(40/64) = 8379."""
+    beta = SMOL_THETA * 2 ** (SMOL_DIM / (SMOL_DIM - 2))
+    patched = beta ** -(np.arange(0, SMOL_DIM, 2) / SMOL_DIM)
+    assert theory.effective_base(patched, 40) == pytest.approx(beta, rel=1e-12)
+    assert f"{beta:.3g}" == "2.05e+05"
+    assert round(theory.extrapolation_bound(patched, 40)) == 13104 == round(2 * math.pi * beta ** (40 / 64))
+    plain = SMOL_THETA ** -(np.arange(0, SMOL_DIM, 2) / SMOL_DIM)
+    assert theory.effective_base(plain, 40) == pytest.approx(SMOL_THETA, rel=1e-12)
+    assert round(theory.extrapolation_bound(plain, 40)) == round(2 * math.pi * SMOL_THETA**0.625) == 8379
+
+
+def test_extrapolation_bound_edges():
+    assert theory.extrapolation_bound(np.array([1.0, 0.0]), 2) == math.inf  # the next pair is stopped
+    assert theory.extrapolation_bound(np.array([1.0, 0.5]), 4) == math.inf  # every pair critical
+    assert math.isnan(theory.effective_base(np.array([1.0, 0.5]), 0))
+
+
+def test_the_sweeps_theory_rows_for_a_patched_setting():
+    """The sweep's rows: d_crit and the base bound are the model's (the same for every setting), T_extra and
+    the effective base the setting's; every row carries its declaration, whose description is the label."""
+    from ropebench.sweep_lib import run as R
+
+    import extend
+    from results.meaning import Metric
+
+    model = smollm2_rope()
+    rows = {}
+    for method in ("plain", "ntk", "pi"):
+        with extend.patched(model, method, 2.0) as handle:
+            rows[method] = {r["metric"]: r for r in R.theory_records(model, handle, longest=SMOL_CONTEXT)}
+    ntk = rows["ntk"]
+    assert set(ntk) == {
+        "men_reach",
+        "critical_dimension",
+        "effective_base",
+        "extrapolation_bound",
+        "base_lower_bound",
+    }
+    assert round(ntk["extrapolation_bound"]["value"]) == 13104
+    assert ntk["effective_base"]["value"] == pytest.approx(SMOL_THETA * 2 ** (64 / 62), rel=1e-5)
+    for metric in ("critical_dimension", "base_lower_bound"):  # properties of the model
+        assert {rows[m][metric]["value"] for m in rows} == {ntk[metric]["value"]}, metric
+    assert ntk["critical_dimension"]["value"] == 40 and ntk["base_lower_bound"]["length"] == SMOL_CONTEXT
+    assert rows["plain"]["effective_base"]["value"] == pytest.approx(SMOL_THETA, rel=1e-6)
+    # pi x2: every frequency / 2, so the pair past d_crit turns twice as slowly
+    assert rows["pi"]["extrapolation_bound"]["value"] == pytest.approx(
+        2 * rows["plain"]["extrapolation_bound"]["value"], rel=1e-6
+    )
+    labels = {m: Metric.from_record(r["meaning"]).description for m, r in ntk.items()}
+    assert labels["extrapolation_bound"] == "extrapolation bound T_extra (Liu et al.), tokens"
+    assert "fixed by pretraining" in labels["critical_dimension"]
+    assert "trained for" in labels["base_lower_bound"] and "Men et al." in labels["base_lower_bound"]
+
+
+def test_inspect_shows_the_patched_settings_theory():
+    import extend
+
+    report = extend.inspect(smollm2_rope(), "ntk", 2.0)
+    model_line, ntk_line = [line for line in report.splitlines() if "theory:" in line]
+    assert "d_crit (Liu et al., fixed by pretraining at 8192) 40 of 64" in ntk_line
+    assert "effective base 2.05e+05" in ntk_line and "= 13104 tokens" in ntk_line
+    assert "lower bound on the base" not in ntk_line  # a property of the model: on the model's line only
+    assert "lower bound on the base of a model trained for 8192 (Men et al.)" in model_line

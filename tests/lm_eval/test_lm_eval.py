@@ -6,6 +6,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -36,8 +37,9 @@ SMALL = {
 
 
 def shim(*args, timeout=600):
+    """`ropebench lm-eval ARGS` in a subprocess (the command that hands extend.lm_eval ropebench's tasks)."""
     return subprocess.run(
-        [sys.executable, "-m", "extend.lm_eval", *args],
+        [sys.executable, "-m", "ropebench.cli", "lm-eval", *args],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -110,12 +112,83 @@ def test_cli_bad_model_args_one_line_exit_2():
 
 
 def test_tasks_path_command(capsys):
-    from extend.lm_eval import main
+    """`ropebench lm-eval tasks` prints the folder the command hands the core; the core alone
+    (`python -m extend.lm_eval`) knows none: it never looks above itself for one."""
+    from ropebench.cli import main
 
-    assert main(["tasks"]) == 0
+    from extend.lm_eval import main as core_main
+
+    assert main(["lm-eval", "tasks"]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert path == ROOT / "tasks" / "lm_eval_tasks"
     assert (path / "ropebench_passkey_16k.yaml").is_file() and (path / "ropebench_sotu_era_4k.yaml").is_file()
+    assert core_main(["tasks"]) == 2
+    assert "ropebench lm-eval tasks" in capsys.readouterr().err
+
+
+def test_an_unknown_flag_is_one_line_and_exit_2(capsys):
+    """lm-eval's own usage block (argparse) becomes the project's one line."""
+    from extend.lm_eval import main
+
+    assert main(["--bogus-flag"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unrecognized arguments: --bogus-flag — "), lines
+    assert captured.out == ""
+
+
+# --- data out of reach offline ----------------------------------------------------------------------------
+
+RULER = Path(importlib.util.find_spec("lm_eval").origin).parent / "tasks" / "ruler"  # lm-eval's own RULER
+
+
+def test_what_a_task_fetches_is_read_from_its_config():
+    """A hub `dataset_path`, lm-eval's RULER generators that load the essay haystack or download a QA set;
+    not a local builder, a folder, or a generator that makes its haystack up (niah_single_1's repeats)."""
+    from extend.lm_eval import ESSAY_DATASET, data_needed
+
+    essay = f"the hub dataset {ESSAY_DATASET!r}"
+    assert data_needed({"dataset_path": "", "custom_dataset": f"{RULER}/niah_utils.niah_multikey_1"}) == [
+        essay
+    ]
+    assert data_needed({"dataset_path": "", "custom_dataset": f"{RULER}/niah_utils.niah_single_1"}) == []
+    assert data_needed({"custom_dataset": f"{RULER}/qa_utils.get_squad"}) == [
+        "a download from the web (its QA set)"
+    ]
+    assert data_needed({"dataset_path": "Rowan/hellaswag"}) == ["the hub dataset 'Rowan/hellaswag'"]
+    assert data_needed({"dataset_path": "json", "dataset_kwargs": {"data_files": "x.jsonl"}}) == []
+    assert data_needed({"dataset_path": str(ROOT)}) == []
+
+
+def test_a_cached_dataset_counts_only_in_its_cache(tmp_path, monkeypatch):
+    from extend.lm_eval import dataset_cached
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert not dataset_cached("baber/paul_graham_essays")
+    (tmp_path / "hub" / "datasets--baber--paul_graham_essays").mkdir(parents=True)
+    assert dataset_cached("baber/paul_graham_essays")
+
+
+def test_offline_tasks_whose_data_is_not_cached_are_refused_before_the_model_loads(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 32 item 3: lm-eval's niah_multikey_1 (essay haystack) used to load the model, build samples and
+    die 37 s later with an 84-line traceback. Now one line names it (not niah_single_1, which needs nothing),
+    and nothing loads."""
+    from ropebench.cli import main
+
+    import extend
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(extend.loading, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    argv = ["run", "--model", "ropebench", "--tasks", "niah_single_1", "niah_multikey_1"]
+    assert main(["lm-eval", *argv, "--metadata", '{"tokenizer": "gpt2"}']) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "niah_multikey_1 needs the hub dataset 'baber/paul_graham_essays'" in lines[0], lines[0]
+    assert "niah_single_1" not in lines[0] and lines[0].startswith("error: offline")
 
 
 def test_committed_tasks_are_templates_plus_lengths():

@@ -193,14 +193,14 @@ def test_outside_the_range_the_model_keeps_stock_hflm_loops(model_dir, monkeypat
 
 
 def test_task_folder_is_ropebench_s_even_with_a_tasks_folder_in_the_working_directory(tmp_path):
-    """`python -m extend.lm_eval tasks` from a directory holding the user's own `tasks/` package (first on
-    sys.path there) still prints ropebench's folder."""
+    """`ropebench lm-eval tasks` from a directory holding the user's own `tasks/` package still prints
+    ropebench's folder (the console script does not put the working directory on sys.path)."""
     own = tmp_path / "tasks" / "lm_eval_tasks"
     own.mkdir(parents=True)
     (tmp_path / "tasks" / "__init__.py").write_text("")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
-        [sys.executable, "-m", "extend.lm_eval", "tasks"],
+        [Path(sys.executable).parent / "ropebench", "lm-eval", "tasks"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

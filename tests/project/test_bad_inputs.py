@@ -56,7 +56,7 @@ class Case:
     shown: str  # the input as docs/bad-input.md shows it
     args: tuple  # CLI arguments; "{tmp}" is the case's scratch directory
     expect: str  # a fragment the message must contain
-    kind: str = "sweep"  # sweep | results | lm_eval | api
+    kind: str = "sweep"  # sweep | results | lm_eval (ropebench lm-eval) | ropebench (the command) | api
     code: int = 2
     env: dict = field(default_factory=dict)
     out_stays: bool = False  # the case's --out existed before (so it is still there)
@@ -572,7 +572,7 @@ CASES = [
         expect="must be a positive integer",
     ),
     raw(
-        "`python -m extend.lm_eval run --model ropebench --model_args method=yarn,factor=2,beta_fast=abc`",
+        "`ropebench lm-eval run --model ropebench --model_args method=yarn,factor=2,beta_fast=abc`",
         "run",
         "--model",
         "ropebench",
@@ -736,7 +736,7 @@ CASES += [
         expect="option beta_fast of method 'yarn' must be > 0",
     ),
     raw(
-        "`python -m extend.lm_eval run --model ropebench --model_args method=yarn,factor=2,start_from=bogus`",
+        "`ropebench lm-eval run --model ropebench --model_args method=yarn,factor=2,start_from=bogus`",
         "run",
         "--model",
         "ropebench",
@@ -748,7 +748,7 @@ CASES += [
         expect="start_from must be",
     ),
     raw(
-        "`python -m extend.lm_eval run --model ropebench --model_args device=tpu`",
+        "`ropebench lm-eval run --model ropebench --model_args device=tpu`",
         "run",
         "--model",
         "ropebench",
@@ -760,7 +760,7 @@ CASES += [
         expect="is not a device",
     ),
     raw(
-        "`python -m extend.lm_eval run --model ropebench --model_args batch_size=abc`",
+        "`ropebench lm-eval run --model ropebench --model_args batch_size=abc`",
         "run",
         "--model",
         "ropebench",
@@ -772,7 +772,7 @@ CASES += [
         expect="is not a batch size",
     ),
     raw(
-        "`python -m extend.lm_eval run --model ropebench --tasks ropebench_passky_16k` (a mistyped task)",
+        "`ropebench lm-eval run --model ropebench --tasks ropebench_passky_16k` (a mistyped task)",
         "run",
         "--model",
         "ropebench",
@@ -782,6 +782,28 @@ CASES += [
         expect="tasks not found",
         env={"ROPEBENCH_CACHE": "{tmp}/empty-cache"},
     ),  # first use: refused before the GGUF is converted
+]
+
+# -- issue 32 item 3: lm-eval's walls refused up front; the `ropebench` command as strict as its subcommands
+CASES += [
+    raw(
+        "`ropebench lm-eval run --model ropebench --tasks niah_single_1 niah_multikey_1` offline, lm-eval's "
+        "essay haystack not cached",
+        "run",
+        "--model",
+        "ropebench",
+        "--tasks",
+        "niah_single_1",
+        "niah_multikey_1",
+        "--metadata",
+        '{"tokenizer": "gpt2"}',  # given: no GGUF snapshot is written for the tokenizer before the check
+        kind="lm_eval",
+        expect="niah_multikey_1 needs the hub dataset 'baber/paul_graham_essays'",
+        env={"HF_DATASETS_CACHE": "{tmp}/empty-cache", "HF_HUB_CACHE": "{tmp}/empty-cache"},
+    ),
+    raw("`ropebench lm-eval --bogus-flag`", "--bogus-flag", kind="lm_eval", expect="unrecognized arguments"),
+    raw("`ropebench` (no command)", kind="ropebench", expect="no command given"),
+    raw("`ropebench help nosuch`", "help", "nosuch", kind="ropebench", expect="unknown command 'nosuch'"),
 ]
 
 
@@ -923,6 +945,19 @@ WRITE_SAFETY_FILES = {
 }
 
 
+def synthetic_records(*args, **kwargs) -> list[dict]:
+    """Rows of tests/results/synthetic.py's synthetic sweep (test data, not in the product), loaded by path:
+    this file also runs as a script, without the conftest's fixtures."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ropebench_tests_synthetic", ROOT / "tests/results/synthetic.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.synthetic_records(*args, **kwargs)
+
+
 def make_write_safety_fixtures(tmp: Path) -> None:
     """Run directories (a sweep's lock file marks them) with damaged or foreign records, a symlink loop, a
     directory that may not be read, and a run whose tables/ holds a file of the user's."""
@@ -947,7 +982,6 @@ def make_write_safety_fixtures(tmp: Path) -> None:
     (tmp / "loop").symlink_to(tmp / "loop")
     (tmp / "noread" / "sub").mkdir(parents=True)
     from results.store import RecordWriter
-    from results.synthetic import synthetic_records
 
     RecordWriter(tmp / "ownrun").write(synthetic_records("ownrun", tasks=("perplexity",)))
 
@@ -1035,7 +1069,6 @@ def make_fixtures(tmp: Path) -> None:
     (tmp / "emptydir").mkdir()
     (tmp / "fake" / "records.jsonl").mkdir(parents=True)
     from results.store import RecordWriter
-    from results.synthetic import synthetic_records
 
     RecordWriter(tmp / "run").write(synthetic_records("run"))
     make_write_safety_fixtures(tmp)
@@ -1106,10 +1139,10 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
                     code = main(args)
                 except SystemExit as e:
                     code = e.code
-            elif case.kind == "lm_eval":
-                from extend.lm_eval import main
+            elif case.kind in ("lm_eval", "ropebench"):  # `ropebench lm-eval ...`, `ropebench ...`
+                from ropebench.cli import main
 
-                code = main(args)
+                code = main(["lm-eval", *args] if case.kind == "lm_eval" else list(args))
             else:
                 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -1281,7 +1314,6 @@ def test_records_with_odd_bookkeeping_still_report(tmp_path):
     """A hand-edited `"written": "yesterday"` is not a traceback: the row sorts as oldest."""
     import results
     from results.store import RecordWriter
-    from results.synthetic import synthetic_records
 
     RecordWriter(tmp_path).write(synthetic_records("run"))
     lines = (tmp_path / "records.jsonl").read_text().splitlines()

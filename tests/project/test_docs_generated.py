@@ -1,20 +1,20 @@
 """Documentation that cannot drift. The README's and docs/methods.md's method tables and the README's
-paragraph on what the demo runs are generated (`python -m extend.docs --write`, from the method registry and
-scripts/configs/demo.yaml): the files must hold exactly what the generator writes. docs/layout.md's file lists
-must name every code file under extend/, tasks/, results/, scripts/ and benchmarks/, and nothing that does not
-exist."""
+paragraph on what the demo runs are generated (`python -m ropebench.docs --write`, from the method registry
+and scripts/configs/demo.yaml): the files must hold exactly what the generator writes. docs/layout.md's file
+lists must name every code file under extend/, tasks/, results/, scripts/ and benchmarks/, and nothing that
+does not exist."""
 
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from ropebench import docs
 
 import extend
-from extend import docs
 
 ROOT = Path(__file__).resolve().parents[2]
-REGENERATE = "run `python -m extend.docs --write` and commit the result"
+REGENERATE = "run `python -m ropebench.docs --write` and commit the result"
 
 
 def builtin_names() -> list[str]:
@@ -45,7 +45,7 @@ def test_check_command_exits_1_naming_the_stale_file(tmp_path, capsys):
     readme.write_text(readme.read_text().replace("| `yarn` |", "| `yarn` (edited by hand) |"))
     assert docs.main(["--check", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "README.md" in err and "docs/methods.md" not in err and "python -m extend.docs --write" in err
+    assert "README.md" in err and "docs/methods.md" not in err and "python -m ropebench.docs --write" in err
     assert docs.main(["--write", "--root", str(tmp_path)]) == 0
     assert readme.read_text() == (ROOT / "README.md").read_text()
 

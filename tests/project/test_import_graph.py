@@ -2,16 +2,23 @@
 records, never tasks) and no module imports itself back through others. Lazy imports inside functions count:
 they are edges all the same. The tools on top, benchmarks/ and scripts/ (installed as `ropebench`), may import
 any layer; they are held to the same graph (no cycles), find their modules as packages (no `sys.path` edits)
-and import nothing heavy at module level, so that `--help` and an import are instant."""
+and import nothing heavy at module level, so that `--help` and an import are instant. Nor does a layer reach
+up by file path (`__file__`'s parents, another top-level folder's name). Reading results needs neither torch
+nor transformers."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LAYER = {"extend": 0, "tasks": 1, "results": 1}  # results sits beside tasks: it may use extend, never tasks
 ALLOWED_ACROSS = {("results", "extend")}
+# Single modules a layer may import across: tasks declare what their metrics mean with results.meaning's
+# `Metric` (the contract both sides read; it imports nothing of tasks and nothing heavy)
+ALLOWED_MODULES = {("tasks", "results.meaning")}
 # folder -> import name: scripts/ installs as `ropebench` (pyproject's package-dir)
 TOOLS = {"benchmarks": "benchmarks", "scripts": "ropebench"}
 FOLDERS = {**{pkg: pkg for pkg in LAYER}, **TOOLS}
@@ -91,11 +98,14 @@ def test_layers_import_only_downwards():
         for a, targets in _graph().items()
         if _top(a) in LAYER
         for b in targets
-        if _top(b) not in LAYER
-        or (
-            (_top(a), _top(b)) not in ALLOWED_ACROSS
-            and LAYER[_top(b)] >= LAYER[_top(a)]
-            and _top(a) != _top(b)
+        if (_top(a), b) not in ALLOWED_MODULES
+        and (
+            _top(b) not in LAYER
+            or (
+                (_top(a), _top(b)) not in ALLOWED_ACROSS
+                and LAYER[_top(b)] >= LAYER[_top(a)]
+                and _top(a) != _top(b)
+            )
         )
     )
     assert upward == []
@@ -131,6 +141,7 @@ def test_the_graph_sees_lazy_and_relative_imports():
     assert "extend.registry" in graph["extend.patching"]  # relative, module level
     assert "extend.remap_attention" in graph["extend.patching"]  # relative, inside a function
     assert "extend.errors" in graph["tasks.errors"]  # absolute, across layers
+    assert "results.meaning" in graph["tasks.kit"]  # the one allowed module across tasks -> results
     assert "benchmarks.figures" in graph["benchmarks.prefix_sharing"]  # absolute, within benchmarks
     assert "benchmarks.prefix_sharing" in graph["benchmarks.orchestrate"]
     assert "tasks.scoring" in graph["benchmarks.run"]  # inside a function
@@ -272,3 +283,169 @@ def test_test_folders_shadow_no_package():
 
     assert not Path(lm_eval.__file__).resolve().is_relative_to(tests)
     assert hasattr(lm_eval, "simple_evaluate")
+
+
+# ---------------------------------------------------------------------------------------------- reads by path
+# Top-level entries of the repository a layer might reach by path instead of by import.
+TOP_LEVEL = {
+    "extend",
+    "tasks",
+    "results",
+    "scripts",
+    "benchmarks",
+    "tests",
+    "docs",
+    "README.md",
+    "pyproject.toml",
+}
+PATH_CALLS = {"Path", "PurePath", "open", "joinpath"}
+
+
+def _levels_up(node) -> int | None:
+    """How many folders above `__file__` a path expression climbs (`Path(__file__).resolve().parents[1]`: 2),
+    or None when it does not start at `__file__`."""
+    if isinstance(node, ast.Name):
+        return 0 if node.id == "__file__" else None
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _levels_up(node.value)
+        return None if inner is None else inner + 1
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "parents"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, int)
+    ):
+        inner = _levels_up(node.value.value)
+        return None if inner is None else inner + node.slice.value + 1
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("resolve", "absolute"):
+            return _levels_up(func.value)
+        if isinstance(func, ast.Name) and func.id in ("Path", "PurePath") and node.args:
+            return _levels_up(node.args[0])
+    return None
+
+
+def _path_strings(node) -> list[str]:
+    """String constants used as path parts: arguments of Path(), open(), joinpath(); operands of `/`."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        parts = [node.left, node.right]
+    elif isinstance(node, ast.Call):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        parts = list(node.args) if name in PATH_CALLS else []
+    else:
+        parts = []
+    return [p.value for p in parts if isinstance(p, ast.Constant) and isinstance(p.value, str)]
+
+
+def reads_by_path(path: Path, text: str | None = None) -> list[str]:
+    """Where a module of a layer reaches a file outside its own package by path: a `__file__`-relative path
+    climbing above the package's folder, or a path part naming another top-level entry of the repository.
+    `text`: the module's source, when not the file's."""
+    rel = path.relative_to(ROOT)
+    depth = len(rel.parts) - 1  # folders from the file up to its package's folder
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text)):
+        levels = _levels_up(node)
+        if levels is not None and levels > depth:
+            found.append(f"{rel}:{node.lineno} climbs {levels} folders above __file__")
+        for part in _path_strings(node):
+            top = part.strip("/").split("/")[0]
+            if top in TOP_LEVEL and top != rel.parts[0]:
+                found.append(f"{rel}:{node.lineno} reads {part!r}")
+    return found
+
+
+def test_layers_read_no_files_of_the_layers_above_by_path():
+    """An import is not the only way up: a path built from `__file__` (extend/lm_eval.py once found
+    tasks/lm_eval_tasks so) or naming another top-level folder (extend/docs.py read scripts/configs/demo.yaml
+    and the README) ties the core to the tree above it. A layer reads only its own package's files; what it
+    needs from above, the caller passes (`ropebench lm-eval` hands extend.lm_eval the task folder)."""
+    assert [hit for path in _files(LAYER) for hit in reads_by_path(path)] == []
+
+
+@pytest.mark.parametrize(
+    ("source", "hits"),
+    [
+        ('TASKS = Path(__file__).resolve().parent.parent / "tasks" / "lm_eval_tasks"\n', 2),
+        ('ROOT = Path(__file__).resolve().parents[1]\nDEMO = ROOT / "scripts/configs/demo.yaml"\n', 2),
+        ('README = open("README.md")\n', 1),
+        ('OWN = Path(__file__).parent / "lm_eval_tasks" / "utils.py"\n', 0),
+    ],
+    ids=["parent.parent", "parents[1]", "open", "own folder"],
+)
+def test_reads_by_path_are_seen(source, hits):
+    """Guards the test above against passing vacuously: the old forms of both reaches are found (as if in
+    extend/), a package's own files are not."""
+    assert len(reads_by_path(ROOT / "extend" / "probe.py", source)) == hits, reads_by_path(
+        ROOT / "extend" / "probe.py", source
+    )
+
+
+# -------------------------------------------------------------------------------------------- no model stack
+BLOCK_MODEL_STACK = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers'):
+            raise ImportError(f'{name} imported while reading results')
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_results_read_without_torch_or_transformers(tmp_path, synthetic_records):
+    """`import results`, reading a run (load, summary, a table), the error classes every layer shares and
+    `ropebench report --help` work with torch and transformers blocked: reading results does not load the
+    model stack (extend's names load on first use; extend.errors imports nothing)."""
+    from results.store import RecordWriter
+
+    RecordWriter(tmp_path / "run").write(synthetic_records("run", tasks=("perplexity", "passkey")))
+    code = BLOCK_MODEL_STACK + (
+        "import results, results.store\n"
+        "from extend import ExtendError, RopebenchError\n"
+        "assert issubclass(results.ResultsError, RopebenchError)\n"
+        "assert issubclass(ExtendError, RopebenchError)\n"
+        "df = results.load(sys.argv[1])\n"
+        "assert len(df) and len(results.summary(df, with_ci=False)) == 4\n"
+        "assert len(results.table(df, 'perplexity', 'ppl'))\n"
+        "from ropebench.cli import main\n"
+        "try:\n"
+        "    main(['report', '--help'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print('read without', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RUN_DIR" in out.stdout and out.stdout.strip().endswith("read without []"), out.stdout[-2000:]
+
+
+def test_extend_names_load_on_first_use():
+    """extend/__init__ is lazy: the README's names resolve (and register the built-in methods on first use), a
+    submodule is an attribute after a plain `import extend`, and an unknown name is an AttributeError."""
+    code = (
+        "import sys, extend\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert {'yarn', 'pi', 'self-extend'} <= set(extend.methods())\n"
+        "for name in extend.__all__:\n"
+        "    getattr(extend, name)\n"
+        "assert callable(extend.loading.gguf_snapshot) and callable(extend.registry.get)\n"
+        "try:\n"
+        "    extend.nosuch\n"
+        "except AttributeError as e:\n"
+        "    print('ok', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("ok ") and "nosuch" in out.stdout

@@ -16,11 +16,30 @@ import pytest
 
 import results
 from results.frame import normalize
-from results.synthetic import TRAINED, synthetic_records, synthetic_task_records, synthetic_theory_records
+from results.meaning import BUILT_IN, Metric
 
 ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
 T975_23 = 2.0687  # Student's t 0.975 quantile, 23 degrees of freedom (printed tables)
+# the plugin task's declarations (tasks.kit.declare(metrics=...) writes them into every row as ``meaning``)
+HIT = Metric(
+    "rate", "higher", "fraction of prompts", "hit", reach=("threshold", "short", "trained"), lo=0, hi=1
+)
+NEEDLES = {
+    "hit": HIT,
+    "rank1": Metric("rate", "higher", "fraction of prompts", "ranked first", reach=("threshold", "short")),
+    "logprob": Metric("mean", "higher", "nats/token", "answer log-probability", hi=0.0),
+}
+
+
+def _declared(rows, meanings):
+    """The rows with their metric's declaration attached, as the sweep writes them."""
+    return [{**r, "meaning": meanings[r["metric"]].to_json()} if r["metric"] in meanings else r for r in rows]
+
+
+def _wilson_hi(k, n):
+    p, z2 = k / n, Z * Z
+    return ((p + z2 / (2 * n)) + Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
 
 
 def _wilson_lo(k, n):
@@ -43,6 +62,7 @@ def _rows(per_length, method="plain", trials=24, options='{"trained_context": 80
         "depth": 0.5,
         "method": method,
         "options": options,
+        "meaning": HIT.to_json(),
     }
     return [
         {**base, "length": L, "trial": t, "value": float(t < k)}
@@ -101,11 +121,43 @@ def test_the_three_rules_can_disagree():
         for rule in ("threshold", "short", "trained")
     }
     assert _wilson_lo(21, 24) >= 0.85 * 18 / 24 and _wilson_lo(21, 24) < 0.8 <= 21 / 24
-    assert 18 / 24 < 0.8 and by["threshold"]["ext"] == "< 1000"
+    # 18/24 misses 0.8 on its estimate, but its upper bound does not: the data do not establish a failure
+    assert 18 / 24 < 0.8 <= _wilson_hi(18, 24)
+    assert by["threshold"]["ext"] == "not established (n too small)"
     assert by["short"]["ext"] == "≥ 8000"
-    # plain's lower bound at 8000 (24/24: 0.862) is the bar at every length: 18/24 at 1000 misses it
-    assert 18 / 24 < _wilson_lo(24, 24)
-    assert by["trained"]["ext"] == "< 1000" and by["trained"]["plain"] == "< 1000"
+    # plain's lower bound at 8000 (24/24: 0.862) is the bar at every length: 18/24 at 1000 holds it inside
+    assert 18 / 24 < _wilson_lo(24, 24) <= _wilson_hi(18, 24)
+    assert by["trained"]["ext"] == by["trained"]["plain"] == "not established (n too small)"
+
+
+def test_a_failure_needs_the_favourable_bound_to_miss():
+    """Issue 33.4: 16/16 at 4096 and 11/16 at 8192 (Wilson [0.444, 0.858], holding 0.8) is no failure at
+    8192; 2/16 (upper bound below 0.8) is."""
+    lo, hi = _wilson_lo(11, 16), _wilson_hi(11, 16)
+    assert (round(lo, 3), round(hi, 3)) == (0.444, 0.858) and lo < 0.8 < hi
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({4096: 16, 8192: 11}, trials=16))), "needles", "hit"
+    ).iloc[0]
+    assert (e["effective_length"], e["stopped_at"], e["stopped"]) == (4096, 8192, "not established")
+    assert pd.isna(e["first_failure"]) and e["claim"] == "≥ 4096"
+    assert (e["fail_lo"], e["fail_hi"]) == pytest.approx((lo, hi))
+    assert _wilson_hi(2, 16) < 0.8
+    failed = results.effective_length(
+        normalize(pd.DataFrame(_rows({4096: 16, 8192: 2}, trials=16))), "needles", "hit"
+    ).iloc[0]
+    assert (failed["stopped"], failed["first_failure"], failed["claim"]) == ("failed", 8192, "4096")
+
+
+def test_nolima_base_must_be_a_short_length():
+    """NoLiMa's base is a short-context score: with the trained context 8000, a base at 4000 (> 8000 / 4)
+    gives no "short" reach, however well it scores; one at 2000 does."""
+    rows = _rows({4000: 24, 8000: 24, 16000: 24})
+    e = results.effective_length(normalize(pd.DataFrame(rows)), "needles", "hit", rule="short").iloc[0]
+    assert pd.isna(e["effective_length"]) and e["rule"].startswith("not computed") and "≤ 2000" in e["rule"]
+    e = results.effective_length(
+        normalize(pd.DataFrame(_rows({2000: 24, 8000: 24, 16000: 24}))), "needles", "hit", rule="short"
+    ).iloc[0]
+    assert e["claim"] == "≥ 16000" and e["reference_length"] == 2000
 
 
 # ---------------------------------------------------------------------------- perplexity against the baseline
@@ -121,6 +173,7 @@ def _ppl_rows(method, per_doc):
             "options": '{"trained_context": 8192}',
             "method": method,
             "metric": "ppl_tail",
+            "meaning": BUILT_IN[("perplexity", "ppl_tail")].to_json(),
             "length": L,
             "doc": f"d{i}",
             "value": v,
@@ -149,15 +202,16 @@ def test_perplexity_trained_rule_is_relative_to_the_baseline():
     )
     assert "plain's value at 8192" in vs_plain.loc["ext", "rule"]
     assert vs_plain.loc["plain", "claim"] == own.loc["plain", "claim"] == "8192"
-    with pytest.raises(results.ResultsError, match="for 0/1 rates"):
+    with pytest.raises(results.ResultsError, match="does not declare rule 'short'"):
         results.effective_length(df, "perplexity", rule="short")
 
 
 # ----------------------------------------------------------------------------- a task results never heard of
 @pytest.fixture(scope="module")
-def needles():
-    settings = (("plain", 1.0, {"trained_context": TRAINED}), ("yarn", 2.0, {"trained_context": TRAINED}))
-    return synthetic_task_records("needles", settings=settings, trials=24)
+def needles(synthetic, synthetic_task_records):
+    trained = synthetic.TRAINED
+    settings = (("plain", 1.0, {"trained_context": trained}), ("yarn", 2.0, {"trained_context": trained}))
+    return _declared(synthetic_task_records("needles", settings=settings, trials=24), NEEDLES)
 
 
 def test_unknown_suite_shows_in_summary_with_every_rule(needles):
@@ -174,6 +228,7 @@ def test_unknown_suite_shows_in_summary_with_every_rule(needles):
         assert s.loc["yarn", f"needles hit reach{rule}"] == "≥ 16384"
     assert "NoLiMa" in s.loc["plain", "needles hit reach (short)_rule"]
     assert s.loc["plain", "needles rank1 reach"] == "≥ 16384"  # rank1 holds to twice the reach
+    assert "needles rank1 reach (trained)" not in s.columns  # not a rule its declaration names
     # logprob (a mean): the value with a t interval over the 24 prompts, a paired difference, no reach
     values = -2.9 + 0.05 * (np.arange(24) - 11.5)
     half = T975_23 * values.std(ddof=1) / math.sqrt(24)
@@ -185,13 +240,12 @@ def test_unknown_suite_shows_in_summary_with_every_rule(needles):
     assert s.loc["yarn", "needles logprob @ longest_significant"]
     assert not any(c.startswith("needles logprob reach") for c in s.columns)
     shown = results.summary(df)
-    assert {
-        "needles hit @ 16384",
-        "needles rank1 @ 16384",
-        "needles logprob @ 16384",
-        "needles hit reach (short)",
-        "needles hit reach (trained)",
-    } <= set(shown.columns)
+    # two settings, one task: every informative column fits; rank1 is 24/24 at 16384 and its reach "≥ 16384"
+    # in both rows: they say nothing about the settings and are named in the footnote instead
+    assert {"needles hit @ 16384", "needles logprob @ 16384", "needles hit reach"} <= set(shown.columns)
+    left = dict(results.overview.left_out(shown))
+    assert left["needles rank1 reach"] == "≥ 16384 in every row"
+    assert left["needles rank1 @ 16384"].endswith("in every row") and "needles rank1 @ 16384" not in shown
     assert (
         shown.loc[("yarn", 2.0), "needles hit @ 16384"] == f"1.000 [{_wilson_lo(24, 24):.3f}, 1.000] n=24 *"
     )
@@ -216,31 +270,40 @@ def test_unknown_suite_shows_in_the_report(needles, tmp_path):
         < md.index("## Differences to plain")
         < md.index("## Effective context length")
         < md.index("## needles")
+        < md.index("## Legend")
     )
-    assert "needles hit reach (short) (needles/hit) — bar (NoLiMa)" in md
-    assert "paired t over the shared units' differences" in md  # logprob: a mean, not a log ratio
+    assert "needles hit reach (short) (needles/hit)" in md and "NoLiMa" in md
+    assert "needles/logprob minus plain" in md and "[95% interval: paired t]" in md  # a mean: differences
+    plots = {p.stem for p in (run / "plots").iterdir()}
+    # every headline metric of the task gets a plot from its declaration: rates with depths a heatmap
+    assert {
+        "needles_hit_heatmap_smollm2-135m_filler",
+        "needles_rank1_heatmap_smollm2-135m_filler",
+        "needles_logprob_smollm2-135m_filler",
+    } <= plots
 
 
 # ---------------------------------------------------------------------------------- theory beside measurement
-def test_predicted_reach_beside_the_measured(tmp_path):
+def test_theory_only_in_its_own_section(synthetic_records, synthetic_theory_records, tmp_path):
+    """Men et al.'s number is a bound for a base trained for a context: the theory section shows it, labelled
+    by its declaration, and neither the summary nor the reach tables set it beside a measurement."""
     rows = synthetic_records("r", tasks=("passkey",), trials=6) + synthetic_theory_records("r", limit=10000)
     df = normalize(pd.DataFrame(rows))
-    s = results.summary(df, with_ci=False).set_index(["method", "factor"])
-    assert s.loc[("plain", 1.0), "predicted reach (Men et al.)"] == 3616
-    assert s.loc[("yarn", 4.0), "predicted reach (Men et al.)"] == 10000  # capped: held up to the limit
-    shown = results.summary(df)
-    assert shown["predicted reach (Men et al.)"].tolist() == ["3616", "7232", "7232", "≥ 10000"]
-    e = results.effective_length(df, "passkey").set_index(["method", "factor"])
-    assert (
-        e.loc[("linear", 2.0), "predicted_reach"] == 7232
-        and e.loc[("linear", 2.0), "predicted_limit"] == 10000
-    )
+    numeric = results.summary(df, with_ci=False)
+    assert not [c for c in numeric.columns if "Men" in c or "predicted" in c]
+    assert not [c for c in results.summary(df).columns if "Men" in c or "predicted" in c]
     run = tmp_path / "run"
     results.RecordWriter(run).write(rows)
     md = results.report(run).read_text()
-    reach_table = md.split("**passkey reach (passkey/correct)", 1)[1].split("\n\n")[1]
-    assert "| predicted reach (Men et al.) |" in reach_table.splitlines()[0] and "| ≥ 10000 |" in reach_table
-    assert "## Theory beside measurement" in md and "smallest base for 8192 (Men et al.)" in md
+    summary_part = md.split("## Summary", 1)[1].split("## Theory", 1)[0]
+    assert "Men et al" not in summary_part
+    theory = md.split("## Theory (not measurements)", 1)[1].split("\n## ", 1)[0]
+    label = BUILT_IN[("theory", "men_reach")].description
+    table = [line for line in theory.splitlines() if line.startswith("|")]
+    assert label in table[0]
+    cells = {line.split("|")[1].strip(): line for line in table[2:]}
+    assert "| 3616 |" in cells["plain"] and "| ≥ 10000 |" in cells["yarn ×4"]  # held up to the limit
+    assert "not a training-free prediction" in theory
     assert "## theory" not in md  # theory rows are no task
 
 
@@ -274,7 +337,8 @@ def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale
         rows = {r["metric"]: r for r in R.theory_records(model, handle, longest=256)}
     assert rows["men_reach"]["value"] == _first_negative(inv, 1024)
     assert rows["men_reach"]["task_options"]["limit"] == 4 * 256
-    assert rows["critical_dimension"]["value"] == 2 * int((2 * math.pi / inv <= 128).sum())
+    trained = theta ** -(np.arange(0, 16, 2) / 16)  # Liu et al.'s d_crit: fixed by pretraining
+    assert rows["critical_dimension"]["value"] == 2 * int((2 * math.pi / trained <= 128).sum())
     assert rows["base_lower_bound"]["length"] == 128
     b = rows["base_lower_bound"]["value"]  # the criterion holds for plain RoPE of that base up to 128
     assert _first_negative(b ** -(np.arange(0, 16, 2) / 16), 128) == 128

@@ -10,14 +10,13 @@ import pytest
 
 import results
 from results.store import RecordWriter
-from results.synthetic import synthetic_records
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 
 
 @pytest.fixture(scope="module")
-def synthetic_frame(tmp_path_factory):
-    """results.load of a run of synthetic records (results.synthetic)."""
+def synthetic_frame(synthetic_records, tmp_path_factory):
+    """results.load of a run of synthetic records (tests/results/synthetic.py)."""
     run = tmp_path_factory.mktemp("run")
     RecordWriter(run).write(synthetic_records("run"))
     return results.load(run)

@@ -14,13 +14,12 @@ import pytest
 import results
 from results.__main__ import main
 from results.store import RecordWriter
-from results.synthetic import synthetic_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
-def synthetic_run_dir(tmp_path):
+def synthetic_run_dir(synthetic_records, tmp_path):
     """A sweep's run directory: manifest and synthetic records with one failed cell."""
     d = tmp_path / "sweep"
     w = RecordWriter(d, rank=0)
@@ -109,6 +108,16 @@ def lm_eval_json(path: Path) -> Path:
     return path
 
 
+def _summary_table(md):
+    """The summary's markdown table lines (header, rule, rows)."""
+    part = md.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    return [line for line in part.splitlines() if line.startswith("|")]
+
+
+def _cells(line):
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
 def test_report_writes_tables_plots_and_failures(synthetic_run_dir, tmp_path):
     path = results.report(synthetic_run_dir)
     assert path == synthetic_run_dir / "report.md"
@@ -117,61 +126,60 @@ def test_report_writes_tables_plots_and_failures(synthetic_run_dir, tmp_path):
         "## Summary",
         "## Differences to plain",
         "## Effective context length",
-        "## Perplexity",
-        "## Passkey retrieval",
-        "## Long-document classification",
+        "## perplexity",
+        "## passkey",
+        "## classification",
+        "## Legend",
         "## Failed cells (1)",
     ]
     assert [md.index(h) for h in headings] == sorted(md.index(h) for h in headings)  # the summary leads
-    summary = md.split("## Summary", 1)[1].split("\n\n")[2].splitlines()
-    assert summary[0].startswith("| method | factor | options | ppl @ 8192 (trained) | ppl @ 16384 |")
-    assert (
-        "| ppl_tail reach |" in summary[0]
-        and "| passkey reach |" in summary[0]
-        and "| chance |" in summary[0]
-    )
-    # RULER's absolute bar and NoLiMa's relative one; the baseline's (plain 5/6 at 8192, lower bound 0.44 <
-    # 0.5) sets no bar here, so that column (all "–") is left out
-    assert "| passkey reach (short) |" in summary[0] and "| passkey reach (trained) |" not in summary[0]
-    assert summary[2].startswith("| plain | 1 |  | 13.50 [") and len(summary) == 2 + 4
+    # the headline: at most 5 lines before anything else, each difference with its n and p. yarn x4 finds
+    # all 6 pass keys at 16384 where plain finds none: 6 discordant pairs, exact McNemar p = 2 / 2**6
+    head = md.split("\n\n", 2)[1].splitlines()
+    assert md.startswith("# ropebench report\n\n") and 1 <= len(head) <= 5
+    assert all(line.startswith("- ") for line in head)
+    passkey = next(line for line in head if "passkey correct" in line)
+    assert "6/6 vs 0/6" in passkey and "n = 6 trials" in passkey and f"p = {2 / 2**6:.3f}" in passkey
+    # the summary: informative columns only, at most 8 with the index, none the same in every row
+    table = _summary_table(md)
+    header = _cells(table[0])
+    assert header[:3] == ["method", "factor", "options"] and len(header) <= 8
+    rows = [_cells(line) for line in table[2:]]
+    assert len(rows) == 4 and rows[0][:2] == ["plain", "1"]
+    for i, name in enumerate(header[3:], start=3):
+        assert len({r[i] for r in rows}) > 1, f"{name} says the same in every row"
+    assert "ppl @ 16384" in header and "passkey @ 16384" in header
+    assert "classification @ 16384 (chance 0.4)" in header  # the chance level folded into its value's label
+    assert rows[0][header.index("ppl @ 16384")].startswith("560.0 [")
+    assert next(line for line in md.splitlines() if line.startswith("Not in the summary: "))
     # every printed number carries n and an interval: ppl over documents, passkey over prompts (Wilson)
-    assert "| plain | 1 | 12.00 [" in md and "] n=3 |" in md
-    assert "| chance (majority) |  | 0.400 |" in md
     assert "0.833 [0.436, 0.970] n=6" in md and " ± " not in md
+    assert "| chance (chance) |  | 0.400 |" in md
     assert "OutOfMemoryError" in md and "65536" in md
     links = [line.split("](")[1].rstrip(")") for line in md.splitlines() if line.startswith("![")]
-    assert sorted(Path(link).name.split("_")[0] for link in links) == [
-        "classification",
-        "passkey",
-        "perplexity",
-    ]
+    assert {Path(link).name.split("_")[0] for link in links} == {"classification", "passkey", "perplexity"}
     for link in links:
         assert (synthetic_run_dir / link).stat().st_size > 10_000
     stems = {p.stem for p in (synthetic_run_dir / "tables").iterdir()}
     assert {
         "summary",
         "perplexity_ppl",
+        "perplexity_ppl_tail",
         "perplexity_ppl_vs_plain",
         "passkey_correct_vs_plain",
         "classification_accuracy_vs_plain",
         "reach_perplexity_ppl_tail_threshold",
-        "reach_perplexity_ppl_tail_trained",
-        "reach_passkey_correct_threshold",
-        "reach_passkey_correct_short",
-        "reach_passkey_correct_trained",
-        "passkey_accuracy",
+        "passkey_correct",
         "classification_accuracy",
         "classification_macro_f1",
     } <= stems
-    for stem in stems - {
-        "classification_macro_f1"
-    }:  # macro-F1 has no interval: csv/md only, not in report.md
+    for stem in stems - {"classification_macro_f1", "perplexity_loss"}:  # details: csv/md only
         for ext in ("md", "csv", "tex"):
             assert (synthetic_run_dir / "tables" / f"{stem}.{ext}").stat().st_size > 0
-    assert "Classification macro-F1" not in md and "tables/classification_macro_f1.csv" in md
-    csv = pd.read_csv(synthetic_run_dir / "tables" / "passkey_accuracy.csv", index_col=[0, 1])
+    assert "tables/classification_macro_f1.csv" in md
+    csv = pd.read_csv(synthetic_run_dir / "tables" / "passkey_correct.csv", index_col=[0, 1])
     assert csv.loc[("plain", 1.0), "8192"] == pytest.approx(5 / 6)  # numeric csv, CI strings only in md/tex
-    assert "0.833 [0.436, 0.970] n=6" in (synthetic_run_dir / "tables" / "passkey_accuracy.md").read_text()
+    assert "0.833 [0.436, 0.970] n=6" in (synthetic_run_dir / "tables" / "passkey_correct.md").read_text()
     numeric = pd.read_csv(synthetic_run_dir / "tables" / "summary.csv")
     assert {
         "ppl @ trained_lo",
@@ -180,6 +188,9 @@ def test_report_writes_tables_plots_and_failures(synthetic_run_dir, tmp_path):
         "passkey reach (short)_rule",
     } <= set(numeric.columns)
     assert "Manifest `sweep/manifest.json`" in md
+    # the legend: one short line per rule shown, below the tables
+    legend = md.split("## Legend", 1)[1].split("\n## ", 1)[0]
+    assert all(len(line) < 260 for line in legend.splitlines())
 
 
 def test_report_out_dir_and_lm_eval_section(synthetic_run_dir, tmp_path):
@@ -328,7 +339,7 @@ def test_cli_subprocess_no_traceback(tmp_path):
     assert proc.stderr.startswith("error: run directory not found") and "Traceback" not in proc.stderr
 
 
-def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(tmp_path):
+def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(synthetic_records, tmp_path):
     """After -o original_max_position_embeddings=4096 every row records 4096 (the patch's resolved options),
     while the manifest holds the model config's 8192: the report's line, labels and reach use 4096 and say
     their bar."""
@@ -341,13 +352,9 @@ def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(tmp_pat
     w.write(synthetic_records("run", settings=settings, tasks=("perplexity", "passkey"), trials=6))
     w.finish()
     md = results.report(d).read_text()
-    assert "ppl @ 4096 (trained)" in md
-    assert "(trained)" not in md.replace("ppl @ 4096 (trained)", "").replace("reach (trained)", "")
     assert "of ppl_tail / its value at 4096 ≤ 1.1" in md and "at 8192 ≤" not in md
-    assert (
-        "bar (absolute, as RULER): Wilson lower bound ≥ 0.8" in md
-        and "bar: plain's own Wilson lower bound" in md
-    )
+    assert "ppl_tail 16384 / 4096" in md or "ppl @ 4096 (trained)" in md
+    assert "8192 (trained)" not in md
     df = results.load(d)
     plot = results.plot_perplexity(df, tmp_path / "ppl.png")
     dashed = [ln for ln in plot.figure.axes[0].get_lines() if ln.get_linestyle() == "--"]
@@ -359,4 +366,4 @@ def test_report_takes_the_trained_context_from_the_rows_not_the_manifest(tmp_pat
     rows = synthetic_records("bare", tasks=("perplexity",))
     w.write([{**r, "task_options": {}} for r in rows])
     w.finish()
-    assert "ppl @ 4096 (trained)" in results.report(bare).read_text()
+    assert "of ppl_tail / its value at 4096 ≤ 1.1" in results.report(bare).read_text()

@@ -15,7 +15,6 @@ import pytest
 
 import results
 from results.store import RecordWriter, ResultsWarning, finished_cells, read_jsonl
-from results.synthetic import synthetic_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +46,7 @@ def _rec(cell="c1", value=1.0, status="ok", **kw):
     return r
 
 
-def test_round_trip_schema_and_dtypes(tmp_path):
+def test_round_trip_schema_and_dtypes(synthetic_records, tmp_path):
     w = RecordWriter(tmp_path / "run")
     recs = synthetic_records("run", tasks=("passkey",), lengths=(1024, 2048))
     assert w.write(recs) == len(recs)

@@ -11,16 +11,16 @@ import pytest
 
 import results
 from results.frame import normalize
+from results.meaning import BUILT_IN
 from results.stats import newcombe, wilson
 from results.store import RecordWriter
-from results.synthetic import synthetic_records
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 
 
 @pytest.fixture(scope="module")
-def synthetic_frame_with_error_cell(tmp_path_factory):
-    """results.load of a run of synthetic records (results.synthetic) with one failed cell."""
+def synthetic_frame_with_error_cell(synthetic_records, tmp_path_factory):
+    """results.load of a run of synthetic records (tests/results/synthetic.py) with one failed cell."""
     run = tmp_path_factory.mktemp("run")
     RecordWriter(run).write(synthetic_records("run", error_cells=1))
     return results.load(run)
@@ -98,8 +98,12 @@ def test_wilson_and_newcombe_reference_values():
 
 
 def _frame(rows):
+    """Rows of task "t"; a "ppl" row carries perplexity's declaration (the sweep copies it into each row)."""
     base = {"task": "t", "metric": "m", "method": "a", "length": 1, "status": "ok", "seed": 0}
-    return normalize(pd.DataFrame([{**base, **r} for r in rows]))
+    ppl = BUILT_IN[("perplexity", "ppl")].to_json()
+    return normalize(
+        pd.DataFrame([{**base, **r, "meaning": ppl if r.get("metric") == "ppl" else None} for r in rows])
+    )
 
 
 T975 = {

@@ -8,6 +8,7 @@ docs/bad-input.md); the race of two sweeps on a new --out is replayed in tests/s
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -16,7 +17,6 @@ import pytest
 import results
 from extend.errors import RopebenchError
 from results.store import RecordWriter, ResultsError, ResultsWarning, finished_cells, read_jsonl
-from results.synthetic import synthetic_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def perplexity_run_dir(tmp_path_factory) -> Path:
+def perplexity_run_dir(synthetic_records, tmp_path_factory) -> Path:
     """A run directory of synthetic perplexity records, no manifest."""
     d = tmp_path_factory.mktemp("run") / "run"
     RecordWriter(d).write(synthetic_records("run", tasks=("perplexity",)))
@@ -46,7 +46,7 @@ def test_report_refuses_a_directory_of_the_users_and_changes_nothing(perplexity_
     assert _snapshot(mine) == before and sorted(p.name for p in mine.iterdir()) == ["report.md", "tables"]
 
 
-def test_report_refuses_to_replace_a_users_file_in_a_run_directory(tmp_path):
+def test_report_refuses_to_replace_a_users_file_in_a_run_directory(synthetic_records, tmp_path):
     """A run directory is ropebench's, but a file in it with a name the report writes is the user's: refused,
     and nothing at all is written (no partial tables, no staging directory)."""
     d = tmp_path / "run"
@@ -73,7 +73,7 @@ def test_report_into_a_new_directory_then_again_replaces_only_its_own_files(perp
     assert not [p for p in out.iterdir() if p.name.startswith(".report.")]
 
 
-def test_report_refused_in_a_new_directory_leaves_nothing(tmp_path, monkeypatch):
+def test_report_refused_in_a_new_directory_leaves_nothing(synthetic_records, tmp_path, monkeypatch):
     """When the report fails after making its directory (here: a plot fails), the directories it made go
     again."""
     from results import reporting
@@ -90,13 +90,25 @@ def test_report_refused_in_a_new_directory_leaves_nothing(tmp_path, monkeypatch)
     assert not (tmp_path / "new").exists()
 
 
-def test_report_of_a_run_from_before_the_index_replaces_its_linked_files(perplexity_run_dir, tmp_path):
-    """A report.md written before the index existed: it and the tables/plots it links to are ropebench's."""
-    out = tmp_path / "old"
-    results.report(perplexity_run_dir, out=out)
-    (out / ".ropebench-report.json").unlink()
-    results.report(perplexity_run_dir, out=out)
-    assert (out / ".ropebench-report.json").is_file()
+def test_an_annotated_copy_of_a_report_is_never_replaced(perplexity_run_dir, tmp_path):
+    """Ownership is decided by the marker file a report writes (.ropebench-report.json), not by the first line
+    of report.md: a user's annotated copy keeps "# ropebench report" and must survive untouched."""
+    out = tmp_path / "mine"
+    results.report(perplexity_run_dir, out=tmp_path / "orig")
+    out.mkdir()
+    annotated = (tmp_path / "orig" / "report.md").read_text() + "\nMy notes: ntk looks good.\n"
+    (out / "report.md").write_text(annotated)
+    with pytest.raises(results.ResultsError, match="ropebench did not make"):
+        results.report(perplexity_run_dir, out=out)
+    assert (out / "report.md").read_text() == annotated
+    assert [p.name for p in out.iterdir()] == ["report.md"]
+
+
+def test_a_directory_name_that_is_not_utf8_is_refused_up_front(perplexity_run_dir, tmp_path):
+    bad = os.fsdecode(bytes(tmp_path) + b"/r\xff")
+    with pytest.raises(results.ResultsError, match="not valid UTF-8"):
+        results.report(perplexity_run_dir, out=bad)
+    assert not os.path.exists(os.fsencode(bad))
 
 
 # -------------------------------------------------------------------------------------------- damaged records
@@ -266,7 +278,7 @@ def test_discard_removes_only_what_the_sweep_made(tmp_path):
     lock.release()
 
 
-def test_report_index_is_deleted_by_fresh(perplexity_run_dir, tmp_path):
+def test_report_index_is_deleted_by_fresh(synthetic_records, perplexity_run_dir, tmp_path):
     from ropebench.sweep_lib import rundir
 
     out = tmp_path / "o"

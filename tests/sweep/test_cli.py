@@ -45,7 +45,7 @@ def test_the_console_script_is_installed():
     assert ROPEBENCH.is_file(), f"{ROPEBENCH} is missing: reinstall with `bash scripts/setup.sh`"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["-h"], []], ids=["--help", "-h", "no-arguments"])
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["help"]], ids=["--help", "-h", "help"])
 def test_help_lists_the_five_subcommands_one_line_each(argv):
     out = run([ROPEBENCH, *argv])
     assert out.returncode == 0, out.stderr
@@ -74,6 +74,23 @@ def test_each_subcommand_answers_help_with_the_options_of_its_old_entry_point(su
     assert old.returncode == 0, old.stderr[-2000:]
     assert flags(new.stdout) == flags(old.stdout)
     assert len(flags(new.stdout)) > 1  # more than --help itself: the subcommand's own options
+
+
+def test_no_command_is_a_usage_error():
+    """Issue 32 item 3: `ropebench` alone used to exit 0 with the command list; it is a usage error."""
+    out = run([ROPEBENCH])
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no command given") and "lm-eval" in lines[0]
+
+
+def test_help_command_shows_that_commands_help():
+    """`ropebench help sweep` is `ropebench sweep --help`; `ropebench help nosuch` names the commands."""
+    out = run([ROPEBENCH, "help", "sweep"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == run([ROPEBENCH, "sweep", "--help"]).stdout and "--methods" in out.stdout
+    out = run([ROPEBENCH, "help", "nosuch"])
+    assert out.returncode == 2 and "unknown command 'nosuch'" in out.stderr
 
 
 @pytest.mark.parametrize("name", ["swep", "table", "--version", "Sweep"])
@@ -110,3 +127,17 @@ def test_the_command_ignores_packages_in_the_working_directory(tmp_path):
     out = run([ROPEBENCH, "report", "--help"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "RUN_DIR" in out.stdout
+
+
+def test_an_out_name_that_is_not_utf8_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Issue 32 item 5: such a name used to be accepted, the records written, and the run to die with a
+    UnicodeEncodeError traceback before the report."""
+    import os
+
+    from ropebench.sweep_lib.cli import main
+
+    bad = os.fsdecode(bytes(tmp_path) + b"/run\xff")
+    code = main(["--out", bad, "--methods", "plain", "--tasks", "perplexity", "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "not valid UTF-8" in err[0]
+    assert os.listdir(tmp_path) == []

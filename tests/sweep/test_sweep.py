@@ -150,11 +150,18 @@ def test_no_arguments_is_the_demo():
     assert cfg["config_file"] == str(C.DEMO_CONFIG)
     assert cfg["model"] == ["smollm2-135m"]
     assert [m["method"] for m in cfg["methods"]] == demo["methods"] and "plain" in demo["methods"]
-    assert set(cfg["tasks"]) == set(demo["tasks"]) == {"perplexity", "passkey", "retrieval", "classification"}
-    lengths = [length for task in cfg["tasks"].values() for length in task["lengths"]]
-    assert min(lengths) < 8192 < max(lengths)  # both sides of SmolLM2's trained context
-    paired = cfg["tasks"]["passkey"]["lengths"] + cfg["tasks"]["retrieval"]["lengths"]
-    assert min(paired) > 8192  # the paired tests sit past it
+    assert set(cfg["tasks"]) == set(demo["tasks"]) == {"perplexity", "passkey", "retrieval"}
+    # perplexity across SmolLM2's trained context (8192), from 2k to 12k tokens, on several documents
+    ppl = cfg["tasks"]["perplexity"]
+    assert min(ppl["lengths"]) <= 2048 and max(ppl["lengths"]) >= 12288 and ppl["options"]["num_docs"] >= 2
+    # retrieval across distance: >= 6 independent haystacks (the paired tests' units), needles at several
+    # depths, each >= 4096 tokens before the question (depth d of L tokens: about (1 - d) L)
+    retrieval = cfg["tasks"]["retrieval"]
+    options = retrieval["options"]
+    assert options["shared_haystack"] is True and options["haystacks"] >= 6
+    assert len(options["depths"]) >= 2
+    assert all((1 - d) * length >= 4096 for d in options["depths"] for length in retrieval["lengths"])
+    assert min(cfg["tasks"]["passkey"]["lengths"]) > 8192  # passkey: past the trained context
     checks.check_registries(cfg)  # every name of the demo is valid (it raises otherwise) ...
     # ... and plain, whose factor does nothing (registry fact), runs once at factor 1
     factors = sorted(float(f) for f in demo["factors"])
@@ -564,11 +571,11 @@ def test_shipped_embedded_configs_resolve_to_their_grid(name, tmp_path, capsys):
     listed = capsys.readouterr().out
     cells = {tuple(line.split()[3:6]) for line in listed.splitlines() if "  todo  " in line}
     methods = [("plain", "x1"), ("ntk", "x2"), ("yarn", "x2")]
-    tasks = ["perplexity", "passkey", "classification"]
     if name == "demo-remap.yaml":
         methods += [("self-extend", "x2"), ("rerope", "x2"), ("dca", "x1")]
-    else:
-        tasks.append("retrieval")  # the demo's second significance test (deep needles, shared haystack)
+        tasks = ["perplexity", "passkey", "classification"]
+    else:  # retrieval by distance on 6 haystacks; classification (at chance, showing nothing) left the demo
+        tasks = ["perplexity", "passkey", "retrieval"]
     assert cells == {(m, f, t) for m, f in methods for t in tasks}
     assert not (tmp_path / "o").exists()
 
@@ -584,10 +591,10 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
     import tasks
 
     default = inspect.signature(tasks.perplexity.run).parameters["num_docs"].default
-    assert C.read_yaml(C.DEMO_CONFIG)["tasks"]["perplexity"]["num_docs"] == 1 < default == 4
+    assert C.read_yaml(C.DEMO_CONFIG)["tasks"]["perplexity"]["num_docs"] == 2 < default == 4
     args = parser().parse_args(["--model", "smollm2-135m", "--corpus", "sotu"])
     cfg = load_config(args)
-    assert raise_demo_num_docs(cfg, args)["perplexity"] == [1, default]
+    assert raise_demo_num_docs(cfg, args)["perplexity"] == [2, default]
     assert cfg["tasks"]["perplexity"]["options"]["num_docs"] == default
     args = parser().parse_args(["--corpus", "sotu", "-t", "perplexity.num_docs=2"])
     cfg = load_config(args)
@@ -599,7 +606,7 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
     assert sweep_lib.main(["--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert re.search(rf"perplexity: lengths \[.*\]; .*num_docs={default},", err)
-    assert f"perplexity 1 -> {default}" in err
+    assert f"perplexity 2 -> {default}" in err
     # the demo itself (and a --config file) keep their own num_docs
     assert sweep_lib.main(["--out", str(tmp_path / "d"), "--dry-run"]) == 0
     assert "num_docs raised" not in capsys.readouterr().err
@@ -618,3 +625,14 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
         == 0
     )
     assert "num_docs raised" not in capsys.readouterr().err
+
+
+def test_manifest_records_a_forced_trained_context(tmp_path, tiny_model_dir, fake_task):
+    """Issue 32 item 6: with -o original_max_position_embeddings=N on every cell, the manifest's trained
+    context is N (what the rows and the report use); the config's stays beside it."""
+    out = tmp_path / "run"
+    argv = fake_args(tiny_model_dir, out, "--methods", "plain", "-o", "original_max_position_embeddings=64")
+    assert sweep_lib.main(argv) == 0
+    extra = json.loads((out / "manifest.json").read_text())["extra"]
+    model = next(iter(extra["trained_context"]))
+    assert extra["trained_context"][model] == 64 and extra["config_trained_context"][model] == 128

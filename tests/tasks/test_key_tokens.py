@@ -41,13 +41,15 @@ def aggregate(rows, metric):
     return {r["length"]: r for r in rows if r["metric"] == metric and r["doc"] is None}
 
 
-def test_longppl_equals_the_package_on_smollm2(smollm2):
+def test_longppl_equals_the_package_on_smollm2(smollm2, monkeypatch):
     """Same model as evaluator (SmolLM2, fp32), short trunc_len, a window cut short at the end, two lengths
-    from one pass: the package run on each length's text gives the same LongPPL and key-token count."""
+    from one pass: the package run on each length's text gives the same LongPPL and key-token count (the
+    minimum lowered to 1 here: what is compared is the selection and the value, not the withholding)."""
+    monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
     model, tok = smollm2
     lengths, opts = [384, 640], {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0}
     rows = perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=opts, progress=False)
-    ours = aggregate(rows, "longppl")
+    ours, counts = aggregate(rows, "longppl"), aggregate(rows, "longppl_key_tokens")
     doc, ids = first_doc(tok, lengths[-1])
     for n in lengths:
         text = cut(tok, doc.text, n)
@@ -55,8 +57,12 @@ def test_longppl_equals_the_package_on_smollm2(smollm2):
         theirs = longppl.compute_longppl(
             text, model, model, tok, tok, trunc_len=96, sliding_window=48, alpha=0.5, beta=-4.0
         )
-        assert ours[n]["n"] == theirs["n_key_token"]
-        assert ours[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5, abs=1e-5)
+        assert counts[n]["value"] == theirs["n_key_token"]  # written whatever the count
+        if theirs["n_key_token"] >= kt.MIN_KEY_TOKENS:
+            assert ours[n]["n"] == theirs["n_key_token"]
+            assert ours[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5, abs=1e-5)
+        else:
+            assert n not in ours  # withheld below the minimum
     assert ours[640]["n"] >= 10  # enough key tokens for the comparison to mean something
 
 
@@ -71,9 +77,10 @@ def bpe_tokenizer(text, vocab_size=300):
     return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
 
 
-def test_key_spans_transfer_to_another_tokenizer(smollm2, tmp_path, tiny_llama_factory):
+def test_key_spans_transfer_to_another_tokenizer(smollm2, tmp_path, tiny_llama_factory, monkeypatch):
     """Evaluator SmolLM2 (named), evaluated model with its own BPE tokenizer: the character spans map onto the
-    other tokens exactly as the package maps them."""
+    other tokens exactly as the package maps them (the minimum lowered to 1: the mapping is compared)."""
+    monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
 
     evaluator, ev_tok = smollm2
     doc, _ = first_doc(ev_tok, 700)
@@ -91,14 +98,14 @@ def test_key_spans_transfer_to_another_tokenizer(smollm2, tmp_path, tiny_llama_f
         key_tokens=opts,
         progress=False,
     )
-    ours = aggregate(rows, "longppl")[n]
+    count = aggregate(rows, "longppl_key_tokens")[n]["value"]
     text = cut(small, doc.text, n)
     theirs = longppl.compute_longppl(
         text, model, evaluator, small, ev_tok, trunc_len=96, sliding_window=48, alpha=0.5, beta=-4.0
     )
-    assert ours["n"] == theirs["n_key_token"] > 0
-    assert ours["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5)
-    assert ours["task_options"]["key_tokens"]["evaluator"] == "smollm2-135m"
+    assert count == theirs["n_key_token"] > 0
+    assert aggregate(rows, "longppl")[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5)
+    assert rows[0]["task_options"]["key_tokens"]["evaluator"] == "smollm2-135m"
 
 
 @pytest.fixture(scope="module")
@@ -191,22 +198,91 @@ def test_loss_by_position_bins_and_fit(tiny_model, tok):
     for lo, hi in bounds:  # full[p - 1] is the loss of position p
         assert got[float(lo)]["value"] == pytest.approx(full[lo - 1 : hi - 1].mean().item(), abs=1e-5)
         assert got[float(lo)]["n"] == hi - lo and got[float(lo)]["length"] == 300
-    fit = {r["metric"]: r["value"] for r in rows if r["metric"].startswith("loss_fit_")}
-    assert set(fit) == {"loss_fit_a", "loss_fit_b", "loss_fit_c"}
+    # one document: no fit (its tokens' spread says nothing of another text's), and the rows say why
+    assert not [r for r in rows if r["metric"].startswith("loss_fit_")]
+    status = {r["task_options"]["loss_fit"]["status"] for r in got.values()}
+    assert len(status) == 1 and status.pop().startswith("no fit: 1 document: the fit needs at least 2")
 
 
 def test_power_law_fit_recovers_known_parameters():
     p = [1.5, 2.5, 3.5, 5.0, 7.0, 9.5, 13.5, 19.5, 27.5, 39.0, 55.0, 77.5, 110.0, 155.0, 219.5]
-    a, b, c = kt.power_law_fit(p, [3.0 * x**-0.7 + 2.0 for x in p])
-    assert (a, b, c) == pytest.approx((3.0, 0.7, 2.0), rel=1e-4)
+    fit = kt.power_law_fit(p, [3.0 * x**-0.7 + 2.0 for x in p])
+    assert (fit.a, fit.b, fit.c) == pytest.approx((3.0, 0.7, 2.0), rel=1e-4) and fit.problem is None
+    assert fit.b_interval[0] <= fit.b <= fit.b_interval[1]
     assert kt.power_law_fit([1, 2, 3], [3, 2, 1]) is None  # three points: no test of the shape left
 
 
-def test_defaults_scale_with_the_trained_context():
-    s = kt.resolve(True, 8192)
-    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator) == (1024, 256, 2.0, -2.0, "self")
+def test_power_law_fit_of_bins_averages_the_law_over_each_bin():
+    """A bin's mean is the mean of the law over its positions, not the law at its centre: given exact bin
+    means of 3 p^-0.5 + 2.5, the fit over (start, stop) ranges recovers the law."""
+    bins = kt.position_bins(1, 4096)
+    means = [sum(3.0 * q**-0.5 + 2.5 for q in range(s, e)) / (e - s) for s, e in bins]
+    fit = kt.power_law_fit(bins, means, [e - s for s, e in bins])
+    assert (fit.a, fit.b, fit.c) == pytest.approx((3.0, 0.5, 2.5), rel=1e-3)
+
+
+def test_defaults_follow_the_trained_context_and_the_evaluator_size():
+    """trunc_len T/32, sliding_window T/64, alpha 0.5 at <= 1B parameters rising to the package's 2 at >= 7B
+    (linear in log parameters), beta -2."""
+    s = kt.resolve(True, 8192, 135_000_000)
+    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator, s.split) == (
+        256,
+        128,
+        0.5,
+        -2.0,
+        "self",
+        "none",
+    )
+    assert kt.resolve({}, 32768, 70_000_000_000).alpha == 2.0
+    middle = math.sqrt(1e9 * 7e9)  # halfway in log parameters
+    assert kt.resolve({}, 32768, int(middle)).alpha == pytest.approx(1.25, abs=1e-3)
     assert (
-        kt.resolve({"trunc_len": 50}, 32768).trunc_len == 50 and kt.resolve({}, 32768).sliding_window == 1024
+        kt.resolve({"trunc_len": 50}, 32768).trunc_len == 50 and kt.resolve({}, 32768).sliding_window == 512
+    )
+
+
+def test_a_forced_trained_context_sets_the_defaults_and_the_evaluator_context(sharp, tok):
+    """plain with original_max_position_embeddings=512 on a model whose config says 1024: the key-token
+    defaults and the evaluator (self) follow 512, the one the rows record; past it the rows say that the key
+    tokens' evidence lies within 512 tokens, and every length has a longppl_key_tokens row."""
+    with extend.patched(sharp, "plain", original_max_position_embeddings=512) as handle:
+        assert handle.options["trained_context"] == 512
+        rows = perplexity.run(
+            sharp, tok, lengths=[256, 700], num_docs=1, key_tokens={"alpha": 0.0}, progress=False
+        )
+    options = rows[0]["task_options"]["key_tokens"]
+    assert (options["trunc_len"], options["sliding_window"], options["evaluator_context"]) == (16, 8, 512)
+    assert options["trained_context"] == 512 and options["min_key_tokens"] == kt.MIN_KEY_TOKENS
+    counts = aggregate(rows, "longppl_key_tokens")
+    assert sorted(counts) == [256, 700] and all(r["n"] == 1 for r in counts.values())
+    assert "key_evidence_within" not in counts[256]["task_options"]
+    assert counts[700]["task_options"]["key_evidence_within"] == 512
+
+
+def test_key_token_counts_and_the_minimum(sharp, tok):
+    """Every length gets a longppl_key_tokens row (value: key tokens summed over documents, n: documents);
+    longppl only where that count reaches MIN_KEY_TOKENS, and then it is the pooled value of the documents'
+    rows; a length no key token can reach gets 0."""
+    # defaults trunc_len 32, sliding_window 16 (trained context 1024); alpha 0 and a loose beta: about half
+    rows = perplexity.run(
+        sharp,
+        tok,
+        lengths=[48, 60, 300],
+        num_docs=2,
+        key_tokens={"alpha": 0.0, "beta": -100.0},
+        progress=False,
+    )
+    counts = {L: r["value"] for L, r in aggregate(rows, "longppl_key_tokens").items()}
+    # the first short window (positions 32..47) holds the whole context: no token before 48 can be key
+    assert counts[48] == 0 and 0 < counts[60] < kt.MIN_KEY_TOKENS <= counts[300]
+    assert all(r["n"] == 2 for r in aggregate(rows, "longppl_key_tokens").values())  # n = documents
+    assert sorted(aggregate(rows, "longppl")) == [300]
+    assert not [r for r in rows if r["metric"] == "longppl" and r["length"] != 300]  # per document too
+    per_doc = [r for r in rows if r["metric"] == "longppl" and r["doc"] is not None]
+    pooled = aggregate(rows, "longppl")[300]
+    assert pooled["n"] == counts[300] == sum(r["n"] for r in per_doc) and len(per_doc) == 2
+    assert math.log(pooled["value"]) == pytest.approx(
+        sum(r["n"] * math.log(r["value"]) for r in per_doc) / pooled["n"], rel=1e-9
     )
 
 
@@ -216,6 +292,8 @@ def test_defaults_scale_with_the_trained_context():
         ({"key_tokens": {"trunc": 5}}, "unknown key 'trunc'"),
         ({"key_tokens": {"trunc_len": 0}}, "trunc_len=0 must be a positive integer"),
         ({"key_tokens": {"alpha": "big"}}, "alpha='big' must be a number"),
+        ({"key_tokens": {"alpha": -1}}, "alpha=-1 must be >= 0"),
+        ({"key_tokens": {"split": "halves"}}, "split='halves' must be one of none, positions"),
         ({"key_tokens": 3}, "must be true or a mapping"),
         ({"key_tokens": True, "protocol": "sliding"}, "key_tokens needs protocol truncate"),
         ({"loss_by_position": "yes"}, "must be true or false"),
@@ -278,7 +356,9 @@ def test_loss_by_position_plot_and_report(tiny_model, tok, tmp_path):
     w.finish()
     df = results.load(run_dir)
     plot = plot_loss_by_position(df, tmp_path / "loss.png")
-    assert set(plot.data["label"]) == {"plain ×1", "pi ×2"} == set(plot.extra["fits"])
+    assert set(plot.data["label"]) == {"plain ×1", "pi ×2"}
+    assert plot.extra["fits"] == {}  # one document each: no fit, so no dashed line (task_options says why)
+    assert not (df["metric"].str.startswith("loss_fit_")).any()
     bins = df[(df["metric"] == "loss_bin") & df["doc"].isna() & (df["method"] == "pi")].sort_values("depth")
     drawn = plot.data[plot.data["method"] == "pi"].sort_values("depth")
     assert drawn["value"].tolist() == pytest.approx(bins["value"].tolist())
@@ -288,3 +368,79 @@ def test_loss_by_position_plot_and_report(tiny_model, tok, tmp_path):
     )
     report = results.report(run_dir, tmp_path / "report")
     assert "plots/loss_by_position" in report.read_text()
+
+
+def test_trunc_len_at_the_evaluators_context_and_an_evaluator_without_weights(tiny_model_dir, tmp_path):
+    """Before any weights load: a given trunc_len at or above the named evaluator's trained context (128 from
+    its config), and an evaluator directory with a config and a tokenizer but no weights."""
+    evaluator = {"evaluator": str(tiny_model_dir)}
+    with pytest.raises(TaskError, match="trunc_len 128 is not below evaluator .* trained context 128"):
+        check_lengths_fit("perplexity", [512], {"key_tokens": dict(evaluator, trunc_len=128)}, "sotu")
+    check_lengths_fit("perplexity", [512], {"key_tokens": dict(evaluator, trunc_len=127)}, "sotu")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if not f.name.endswith((".safetensors", ".bin")):
+            (bare / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(TaskError, match="evaluator .*bare' has no weights"):
+        check_lengths_fit("perplexity", [512], {"key_tokens": {"evaluator": str(bare)}}, "sotu")
+
+
+def test_default_key_tokens_on_smollm2_reach_the_minimum_and_equal_the_package(smollm2):
+    """Under the defaults (trunc_len 256, sliding_window 128, alpha 0.5, beta -2 for SmolLM2-135M, trained
+    context 8192), the sotu document the task picks has at least MIN_KEY_TOKENS key tokens at 2048 — the
+    demo's shortest length — and they are the package's own selection under the same parameters."""
+    model, tok = smollm2
+    s = kt.resolve(True, extend.trained_context(model), kt.parameter_count(model))
+    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta) == (256, 128, 0.5, -2.0)
+    rows = perplexity.run(model, tok, lengths=[2048], num_docs=1, key_tokens=True, progress=False)
+    ours = aggregate(rows, "longppl")[2048]
+    doc, _ = first_doc(tok, 2048)
+    theirs = longppl.compute_longppl(
+        cut(tok, doc.text, 2048),
+        model,
+        model,
+        tok,
+        tok,
+        trunc_len=256,
+        sliding_window=128,
+        alpha=0.5,
+        beta=-2,
+    )
+    assert ours["n"] == theirs["n_key_token"] >= kt.MIN_KEY_TOKENS
+    assert ours["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5)
+
+
+def test_split_sample_never_reads_the_losses_of_the_tokens_it_selects():
+    """Positions >= trunc in alternate blocks: a token of one half is key when a key token of the other half
+    has its string and the string occurs before its short window. Flipping the package's verdicts inside one
+    half leaves that half's split-sample key tokens unchanged."""
+    words = ["alpha ", "beta ", "gamma ", "delta "] * 12  # 48 tokens, each word every 4 tokens
+    text = "".join(words)
+    offsets, at = [], 0
+    for w in words:
+        offsets.append((at, at + len(w)))
+        at += len(w)
+    trunc, window = 8, 4  # blocks: 8-11 half 0, 12-15 half 1, 16-19 half 0, ...
+    key = torch.zeros(len(words), dtype=torch.bool)
+    key[9] = True  # "beta " in half 0
+    got = kt.split_sample(key, offsets, text, trunc, window)
+    half = [((i - trunc) // window) % 2 for i in range(len(words))]
+    expected = [i for i in range(trunc, len(words)) if half[i] == 1 and words[i] == "beta "]
+    assert got.nonzero().flatten().tolist() == expected  # half 1's "beta " tokens (evidence before: yes)
+    flipped = key.clone()
+    flipped[[13, 14, 21, 30]] = True  # the package's verdicts in half 1 change ...
+    again = kt.split_sample(flipped, offsets, text, trunc, window)
+    assert (
+        again[[i for i in range(len(words)) if half[i] == 1]].tolist()
+        == got[[i for i in range(len(words)) if half[i] == 1]].tolist()
+    )  # ... half 1's key tokens do not
+    assert again.sum() > got.sum()  # (they move half 0's: the test can tell)
+    rare = list(words)
+    rare[9] = rare[13] = rare[29] = "omega "  # key at 9 (half 0); 13 and 29 in half 1
+    rare_text = "".join(rare)
+    rare_offsets = [(len("".join(rare[:i])), len("".join(rare[: i + 1]))) for i in range(len(rare))]
+    rare_key = torch.zeros(len(rare), dtype=torch.bool)
+    rare_key[9] = True
+    chosen = kt.split_sample(rare_key, rare_offsets, rare_text, trunc, window).nonzero().flatten().tolist()
+    assert chosen == [29]  # 13's short window starts at 4: its only earlier "omega " (9) lies inside it

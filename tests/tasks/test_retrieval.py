@@ -286,9 +286,9 @@ def test_shared_haystack_prompts_differ_only_in_the_question(trials):
     """shared_haystack: one context for every trial, holding max(4, trials) needles with distinct keys
     together at the depth; each trial asks its own key, and its answer is the value the context binds to that
     key; the other keys' values are its first wrong answers."""
-    scenes = retrieval.shared_scenes(random.Random(5), trials, 9)
+    scenes = retrieval.shared_scenes(random.Random(5), trials, 9, depths=[0.3])
     haystack = [f"Sentence {i}." for i in range(100)]
-    users = [retrieval.compose(s, haystack, 0.3)[0] for s in scenes]
+    users = [retrieval.compose(s, haystack, 0.9)[0] for s in scenes]  # the scenes' own depth wins
     contexts = {_context(u, RULER_SINGULAR) for u in users}
     assert len(contexts) == 1  # the prompts differ only after the context: in the question
     (context,) = contexts
@@ -361,6 +361,11 @@ def test_dynamic_method_each_length_its_own_cell(tiny_model, tok):
         ({"variant": "vt"}, "unknown option 'variant'"),
         ({"shared_haystack": True, "variants": ["niah_multikey", "vt"]}, "takes only variants=niah_multikey"),
         ({"shared_haystack": 1}, "must be true or false"),
+        # issue 32: what the scene generator cannot draw, refused with the pool's size
+        ({"shared_haystack": True, "trials": 700, "depths": [0.2, 0.8]}, "1400 keys of one haystack"),
+        ({"shared_haystack": True, "trials": 700, "depths": [0.2, 0.8]}, "more than the 1296 keys"),
+        ({"candidates": 100_000_000}, "more than half of the 9000000 there are"),
+        ({"candidates": 3_000_000, "variants": "vt"}, "use candidates <= 1188135"),
     ],
 )
 def test_bad_options_one_line_before_the_model(options, fragment, tok):

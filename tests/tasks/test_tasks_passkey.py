@@ -67,12 +67,8 @@ def test_same_seed_same_prompts_and_results(tiny_model, tok, monkeypatch):
 
 def test_exact_match_of_the_first_integer(tiny_model, tok, monkeypatch):
     keys = []
-    real_build = passkey.build_prompt
-    monkeypatch.setattr(
-        passkey,
-        "build_prompt",
-        lambda t, L, d, key, s, c, prefix: keys.append(key) or real_build(t, L, d, key, s, c, prefix),
-    )
+    real_key = passkey.key_for
+    monkeypatch.setattr(passkey, "key_for", lambda *a: keys.append(real_key(*a)) or keys[-1])
     # trial 1's prompt gets its own key back (after a leading "12"-free text), trial 0's a wrong integer
     monkeypatch.setattr(
         passkey,

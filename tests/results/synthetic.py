@@ -1,4 +1,6 @@
-"""A small, deterministic synthetic sweep in the row schema — for examples, docs and tests.
+"""A small, deterministic synthetic sweep in the row schema: test data, not part of the product. Tests get
+its functions as fixtures (`synthetic_records`, `synthetic_task_records`, `synthetic_theory_records`:
+tests/conftest.py); tests/project/test_bad_inputs.py, which also runs as a script, loads it by path.
 
 The numbers follow simple formulas (documented per task below) so a test can compute the expected
 table cells by hand; they are not measurements.

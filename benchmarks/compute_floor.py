@@ -1,0 +1,208 @@
+"""The demo's compute floor on this CPU (issue 29): its forward FLOPs over this CPU's measured GEMM rate in
+the demo's dtype, and the demo's wall as a ratio to that floor.
+
+FLOPs: every forward the demo's tasks run, counted rather than modelled — the demo's cells (read from
+scripts/configs/demo.yaml at run time, through the sweep's own config and grid code) run on a one-layer
+stand-in that has the demo model's tokenizer, vocabulary, head size and RoPE (so the prompts, the prefix
+sharing and the patches are the demo's), with hooks recording each forward's new tokens, the cached tokens
+before them and the rows the LM head scores; those counts priced at the real model's config
+(benchmarks/flops.py: linear + causal attention + LM head). Generated continuations can differ in length
+from the real model's (the stand-in stops at other tokens); they are a few tokens against thousands.
+GEMM rate: a 2048 x 2048 matmul in the demo's dtype, best of 3: on all of torch's threads in wall time, and
+(`--per-core`, for a shared CPU) on one thread in its CPU time x the thread count; the floor uses the first
+unless --per-core is given.
+
+    python -m benchmarks compute-floor [--config FILE] [--demo-seconds 501 | --run-dir runs/demo]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from itertools import groupby
+from pathlib import Path
+
+from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+
+
+def demo_cells(config: str | None) -> tuple[dict, list]:
+    """The sweep's resolved config and cells for `config` (default: the demo), as the sweep builds them."""
+    from ropebench.sweep_lib.cli import load_config, parser
+    from ropebench.sweep_lib.orchestrate import _cells
+
+    cfg = load_config(parser().parse_args(["--config", config] if config else []))
+    return cfg, _cells(cfg, "cpu")
+
+
+def tokenizer_of(spec: str):
+    from transformers import AutoTokenizer
+
+    from extend.loading import ALIASES, embedded_gguf, gguf_snapshot
+
+    if spec in ALIASES or spec.endswith(".gguf"):
+        path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
+        return AutoTokenizer.from_pretrained(str(gguf_snapshot(path)))
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def stand_in(config):
+    """A one-layer random model with `config`'s vocabulary, head size, RoPE and trained context."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    small = copy.deepcopy(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    small.num_hidden_layers, small.num_attention_heads, small.num_key_value_heads = 1, 2, 1
+    small.hidden_size, small.intermediate_size, small.head_dim = 2 * head_dim, 128, head_dim
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+
+
+class Counter:
+    """Hooks on the stand-in: (new tokens, cached tokens before them) per sequence of each forward, and the
+    rows the LM head scores."""
+
+    def __init__(self, model):
+        self.forwards: list[tuple[int, int]] = []
+        self.head_rows = 0
+        self.hidden = model.config.hidden_size
+        self.handles = [
+            model.base_model.rotary_emb.register_forward_pre_hook(self.rotary, with_kwargs=True),
+            model.get_output_embeddings().register_forward_pre_hook(self.head),
+        ]
+
+    def rotary(self, module, args, kwargs):
+        x = args[0] if args else kwargs.get("x")
+        positions = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        if x is None or positions is None or x.numel() == 0:  # a remap's extra rotation: no new tokens
+            return
+        for row in positions.reshape(-1, positions.shape[-1]):
+            self.forwards.append((int(row.numel()), int(row.min())))
+
+    def head(self, module, args):
+        self.head_rows += args[0].numel() // self.hidden
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def count_forwards(cfg: dict, cells: list, *, progress: bool = False) -> dict:
+    """Counts per task over every cell, running each on the stand-in under its method's patch."""
+    import extend
+    import tasks
+    from extend.loading import load_config
+
+    spec = cells[0].model
+    if any(c.model != spec for c in cells):
+        raise BenchmarkError("compute-floor prices one model; the config names several — pass one --model")
+    config = load_config(spec)
+    model, tokenizer = stand_in(config), tokenizer_of(spec)
+    counts = {}
+    for (method, factor, _), group in groupby(cells, key=lambda c: (c.method, c.factor, str(c.options))):
+        group = list(group)
+        with extend.patched(model, method, factor=factor, **group[0].options):
+            for cell in group:
+                counter = Counter(model)
+                try:
+                    tasks.TASKS[cell.task](
+                        model, tokenizer, lengths=list(cell.lengths), seed=cell.seed, progress=progress,
+                        **cell.task_options,
+                    )  # fmt: skip
+                finally:
+                    counter.close()
+                entry = counts.setdefault(cell.task, {"forwards": [], "head_rows": 0})
+                entry["forwards"] += counter.forwards
+                entry["head_rows"] += counter.head_rows
+    return {"config": config, "tasks": counts}
+
+
+def price(config, counts: dict) -> dict:
+    """FLOPs per task and part from the counted forwards, at the real model's config."""
+    from benchmarks import flops
+
+    out = {}
+    for task, entry in counts.items():
+        linear = sum(flops.linear_flops_per_token(config) * new for new, _ in entry["forwards"])
+        attention = sum(flops.attention_flops(config, new, past) for new, past in entry["forwards"])
+        head = flops.head_flops(config, entry["head_rows"])
+        out[task] = {
+            "forwards": len(entry["forwards"]),
+            "tokens": sum(new for new, _ in entry["forwards"]),
+            "linear": linear,
+            "attention": attention,
+            "lm head": head,
+            "total": linear + attention + head,
+        }
+    return out
+
+
+def demo_wall(run_dir: Path) -> float:
+    """The sum of a run's cell times (records' `seconds`, one per cell): the sweep without model loading."""
+    import results
+
+    frame = results.load(str(run_dir))
+    if frame.empty or "seconds" not in frame:
+        raise BenchmarkError(f"{run_dir} has no records with seconds — pass --demo-seconds instead")
+    return float(frame.drop_duplicates("cell")["seconds"].sum())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m benchmarks compute-floor", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help="sweep config (default: scripts/configs/demo.yaml)")
+    wall = p.add_mutually_exclusive_group()
+    wall.add_argument("--demo-seconds", type=float, default=None, help="the demo's measured wall (sweep)")
+    wall.add_argument("--run-dir", type=Path, default=None, help="a finished demo run: its cells' seconds")
+    p.add_argument("--gemm-size", type=int, default=2048)
+    p.add_argument(
+        "--per-core", action="store_true", help="the GEMM rate from one thread's CPU time x threads"
+    )
+    args = p.parse_args(argv)
+
+    import torch
+
+    from benchmarks.flops import gemm_rate
+    from extend.loading import _dtype, cpu_key
+
+    cfg, cells = demo_cells(args.config)
+    dtype = _dtype(cfg["dtype"])
+    start = time.perf_counter()
+    counted = count_forwards(cfg, cells)
+    counting = time.perf_counter() - start
+    priced = price(counted["config"], counted["tasks"])
+    rate = gemm_rate(dtype=dtype, size=args.gemm_size, per_core=args.per_core)
+    total = sum(t["total"] for t in priced.values())
+    floor = total / rate["flops_per_second"]
+    print(
+        f"- CPU: {cpu_key()}; {torch.get_num_threads()} threads; demo dtype {cfg['dtype']} "
+        f"({cfg['dtype_reason']})"
+    )
+    print(f"- Config: {cfg['config_file']}; {len(cells)} cells; counted in {counting:.0f} s on the stand-in")
+    print(
+        f"- GEMM rate ({rate['dtype']}, {rate['size']}^3, best of {rate['rounds']}, {rate['clock']}): "
+        f"{rate['flops_per_second'] / 1e9:.1f} GFLOP/s\n"
+    )
+    print(
+        "| task | forwards | tokens | linear GFLOP | attention GFLOP | LM head GFLOP | total GFLOP "
+        "| floor s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for task, t in priced.items():
+        print(
+            f"| {task} | {t['forwards']} | {t['tokens']} | {t['linear'] / 1e9:.0f} | "
+            f"{t['attention'] / 1e9:.0f} | {t['lm head'] / 1e9:.0f} | {t['total'] / 1e9:.0f} | "
+            f"{t['total'] / rate['flops_per_second']:.1f} |"
+        )
+    print(f"| **all** | | | | | | **{total / 1e9:.0f}** | **{floor:.1f}** |")
+    seconds = args.demo_seconds if args.run_dir is None else demo_wall(args.run_dir)
+    if seconds is not None:
+        print(
+            f"\nThe demo's wall {seconds:.0f} s is {seconds / floor:.1f}x its compute floor ({floor:.1f} s)."
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, None))

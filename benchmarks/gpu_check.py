@@ -1,0 +1,322 @@
+"""The GPU check (issue 30): correctness of every method on CUDA, and ropebench's speed and memory at long
+context against transformers' `model(ids, labels=ids)` and the GPU's measured bf16 GEMM rate, on random-weight
+models generated from a seed (nothing carried). Writes report.md and gpu_check.json into --out. Budget: at
+most 8 minutes on one H100. `--cpu-sizes` runs the same code at tiny sizes on the CPU (CI runs it that way).
+
+    python -m benchmarks gpu --out runs/gpu-check                 # on the GPU machine (docs/benchmarks.md)
+    python -m benchmarks gpu --cpu-sizes --out /tmp/gpu-check     # the same code on a CPU, in seconds
+
+Sections (--skip NAME leaves one out):
+- gemm: the measured matmul rate (bf16 and fp32; TF32 off) of one size x size product;
+- correctness: benchmarks/gpu_correctness.py (every method x tested family x attention implementation);
+- long-context: per model shape (SmolLM2-135M, Llama-3-8B; bf16) and length, ropebench's perplexity pass
+  (`tasks.scoring.token_nll`: decoder body, then the LM head in chunks) against `model(ids, labels=ids).loss`:
+  wall time and its ratio, forward FLOPs (benchmarks/flops.py) over the wall as a share of the GEMM rate,
+  peak memory against `extend.memory.estimate`; a length whose estimate does not fit is skipped, and an out of
+  memory is recorded as such;
+- remap-cost: plain vs self-extend, rerope and dca on the Llama-3-8B shape at one length (32k).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+
+SECTIONS = ("gemm", "correctness", "long-context", "remap-cost")
+GPU = {"lengths": [32768, 65536, 131072], "remap_length": 32768, "gemm_size": 8192, "check_length": 192}
+CPU = {"lengths": [128, 256], "remap_length": 256, "gemm_size": 512, "check_length": 96}
+# --cpu-sizes: rotate-half with grouped KV heads, and layer types (sliding + global): the paths, in seconds
+CPU_FAMILIES = ["llama", "gemma3_text"]
+REMAP_METHODS = ("self-extend", "rerope", "dca")
+TARGETS = {"ratio_to_labels": 0.6, "gemm_share": 0.40, "memory_error": 0.15}  # issue 30.4, at 32k
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/gpu-check", help="folder for report.md and gpu_check.json")
+    p.add_argument("--cpu-sizes", action="store_true", help="tiny sizes on the CPU (CI): the same code paths")
+    p.add_argument("--device", default=None, help="default: cuda (with --cpu-sizes: cpu)")
+    p.add_argument(
+        "--families", nargs="+", default=None, help="default: every tested family (--cpu-sizes: 2)"
+    )
+    p.add_argument("--methods", nargs="+", default=None, help="default: every registered method")
+    p.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3-8b"])
+    p.add_argument(
+        "--lengths", nargs="+", type=int, default=None, help="long-context lengths (GPU: 32k..128k)"
+    )
+    p.add_argument("--remap-length", type=int, default=None, help="the remap methods' length (GPU: 32k)")
+    p.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def settings(args) -> dict:
+    sizes = CPU if args.cpu_sizes else GPU
+    return {
+        "device": args.device or ("cpu" if args.cpu_sizes else "cuda"),
+        "tiny": args.cpu_sizes,
+        "lengths": args.lengths or sizes["lengths"],
+        "remap_length": args.remap_length or sizes["remap_length"],
+        "gemm_size": sizes["gemm_size"],
+        "check_length": sizes["check_length"],
+    }
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def environment(device: str) -> dict:
+    import torch
+    import transformers
+
+    from extend.loading import cpu_key
+
+    env = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": cpu_key(),
+        "device": device,
+    }
+    if str(device).startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["gpu_memory_gb"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+        env["cuda"] = torch.version.cuda
+        env["bf16"] = torch.cuda.is_bf16_supported(including_emulation=False)
+    return env
+
+
+def gemm_section(device: str, size: int) -> dict:
+    import torch
+
+    from benchmarks.flops import gemm_rate
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return {
+            str(dtype).removeprefix("torch."): gemm_rate(device=device, dtype=dtype, size=size)
+            for dtype in (torch.bfloat16, torch.float32)
+        }
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def peak_bytes(device: str) -> int | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) if str(device).startswith("cuda") else None
+
+
+def reset_peak(device: str) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def timed(fn, device: str) -> tuple[float | None, int | None, str]:
+    """(seconds, peak bytes, error) of fn(); an out of memory is an error, not a crash."""
+    import torch
+
+    reset_peak(device)
+    sync(device)
+    start = time.perf_counter()
+    try:
+        fn()
+        sync(device)
+    except torch.OutOfMemoryError:
+        reset_peak(device)
+        return None, None, "out of memory"
+    return time.perf_counter() - start, peak_bytes(device), ""
+
+
+def fits(config, length: int, device: str, extra: int = 0) -> bool:
+    """Does a forward of `length` tokens fit in the device's free memory, by extend.memory's estimate?"""
+    from extend import memory
+
+    room = memory.available(device)
+    if room is None:
+        return True
+    return (
+        memory.estimate(config, length, dtype="bfloat16", device=device, kv_cache=False).total + extra <= room
+    )
+
+
+def labels_forward(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(ids, labels=ids).loss
+
+
+def long_context_rows(shape: str, *, device: str, lengths: list[int], tiny: bool, gemm: dict, seed: int):
+    """ropebench's perplexity pass vs `labels=` at each length on the random `shape` model (bf16)."""
+    import torch
+
+    from benchmarks.flops import forward_flops
+    from benchmarks.tiny_models import build_shape
+    from extend import memory
+    from tasks.scoring import token_nll
+
+    model = build_shape(shape, device=device, dtype=torch.bfloat16, tiny=tiny, seed=seed)
+    config, rows = model.config, []
+    ids_all = torch.randint(
+        0, config.vocab_size, (1, max(lengths)), generator=torch.Generator().manual_seed(seed)
+    )
+    token_nll(model, ids_all[:, :64], start=1)  # warm-up: kernels chosen, allocator primed
+    rate = (gemm.get("bfloat16") or {}).get("flops_per_second")
+    for length in lengths:
+        ids = ids_all[:, :length].to(device)
+        row = {"shape": shape, "length": length}
+        # the perplexity pass keeps no KV cache (use_cache=False)
+        estimate = memory.estimate(config, length, dtype="bfloat16", device=device, kv_cache=False).total
+        row["estimate_gb"] = estimate / 2**30
+        if not fits(config, length, device):
+            rows.append(dict(row, error="skipped: the estimate does not fit in free memory"))
+            continue
+        seconds, peak, error = timed(lambda ids=ids: token_nll(model, ids, start=1), device)
+        flops = forward_flops(config, length, head_rows=length - 1)["total"]
+        row.update(ropebench_s=seconds, ropebench_peak_gb=peak and peak / 2**30, ropebench_error=error)
+        row["flops"] = flops
+        if seconds and rate:
+            row["gemm_share"] = flops / seconds / rate
+        if peak:
+            row["memory_error"] = peak / estimate - 1
+        logits_bytes = length * config.vocab_size * (2 + 4 + 4)  # bf16 logits, their fp32 copy, its softmax
+        if fits(config, length, device, extra=logits_bytes):
+            seconds_l, peak_l, error_l = timed(lambda ids=ids: labels_forward(model, ids), device)
+        else:
+            seconds_l, peak_l, error_l = None, None, "skipped: its full logits do not fit"
+        row.update(labels_s=seconds_l, labels_peak_gb=peak_l and peak_l / 2**30, labels_error=error_l)
+        if seconds and seconds_l:
+            row["ratio_to_labels"] = seconds / seconds_l
+        rows.append(row)
+    return rows
+
+
+def remap_cost_rows(*, device: str, length: int, tiny: bool, seed: int):
+    """Wall of the perplexity pass at `length` on the Llama-3-8B shape: plain, then each remap method at the
+    factor that reaches `length`."""
+    import math
+
+    import torch
+
+    import extend
+    from benchmarks.tiny_models import build_shape
+    from tasks.scoring import token_nll
+
+    model = build_shape("llama-3-8b", device=device, dtype=torch.bfloat16, tiny=tiny, seed=seed)
+    factor = float(max(1, math.ceil(length / model.config.max_position_embeddings)))
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed)
+    )
+    ids = ids.to(device)
+    rows = []
+    for method in ("plain", *REMAP_METHODS):
+        f = 1.0 if method == "plain" else factor
+        with extend.patched(model, method, factor=f):
+            token_nll(model, ids[:, :64], start=1)  # warm-up
+            seconds, peak, error = timed(lambda: token_nll(model, ids, start=1), device)
+        rows.append(
+            {
+                "method": method,
+                "factor": f,
+                "length": length,
+                "seconds": seconds,
+                "peak_gb": peak and peak / 2**30,
+            }
+            | ({"error": error} if error else {})
+        )
+    plain = rows[0]["seconds"]
+    for row in rows:
+        if plain and row["seconds"]:
+            row["vs_plain"] = row["seconds"] / plain
+    return rows
+
+
+def run(args) -> dict:
+    import torch
+
+    import extend
+
+    s = settings(args)
+    device = s["device"]
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BenchmarkError("no CUDA GPU here — run `python -m benchmarks gpu --cpu-sizes` on a CPU")
+    families = args.families or (CPU_FAMILIES if args.cpu_sizes else list(extend.TESTED_FAMILIES))
+    methods = args.methods or extend.methods()
+    unknown = [f for f in families if f not in extend.TESTED_FAMILIES] + [
+        m for m in methods if m not in extend.methods()
+    ]
+    if unknown:
+        raise BenchmarkError(f"unknown family or method {unknown[0]!r} — see `ropebench inspect --help`")
+    data = {"settings": s, "environment": environment(device), "command": " ".join(sys.argv), "seconds": {}}
+    sections = [x for x in SECTIONS if x not in args.skip]
+    for section in sections:
+        start = time.perf_counter()
+        print(f"[gpu check] {section} ...", flush=True)
+        if section == "gemm":
+            data["gemm"] = gemm_section(device, s["gemm_size"])
+        elif section == "correctness":
+            from benchmarks.gpu_correctness import correctness
+
+            data["correctness"] = correctness(
+                device=device,
+                families=families,
+                methods=methods,
+                length=s["check_length"],
+                factor=4.0,
+                seed=args.seed,
+            )
+        elif section == "long-context":
+            data["long_context"] = [
+                row
+                for shape in args.shapes
+                for row in long_context_rows(
+                    shape,
+                    device=device,
+                    lengths=s["lengths"],
+                    tiny=s["tiny"],
+                    gemm=data.get("gemm", {}),
+                    seed=args.seed,
+                )
+            ]
+        elif section == "remap-cost":
+            data["remap_cost"] = remap_cost_rows(
+                device=device, length=s["remap_length"], tiny=s["tiny"], seed=args.seed
+            )
+        data["seconds"][section] = time.perf_counter() - start
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    start = time.perf_counter()
+    data = run(args)
+    data["seconds"]["total"] = time.perf_counter() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(data, indent=1, default=str))
+    from benchmarks.gpu_report import render
+
+    (out / "report.md").write_text(render(data))
+    failed = [r for r in data.get("correctness", []) if r["ok"] is False]
+    print(f"[gpu check] {len(failed)} failed check(s); report: {out / 'report.md'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, None))

@@ -1,0 +1,127 @@
+"""report.md of the GPU check (benchmarks/gpu_check.py) from its JSON: environment, GEMM rate, correctness
+(counts per check, every failure), long-context speed and memory against the issue's targets, remap cost."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+def _num(value, fmt: str = "{:.2f}", missing: str = "–") -> str:
+    return missing if value is None else fmt.format(value)
+
+
+def _environment(data: dict) -> list[str]:
+    env = data["environment"]
+    device = env.get("gpu") or f"CPU ({env['cpu']})"
+    lines = [
+        "# GPU check",
+        "",
+        (
+            f"- Date: {env['date']}; device: {device}; torch {env['torch']}, "
+            f"transformers {env['transformers']}, Python {env['python']}"
+        ),
+        f"- Command: `{data['command']}`; seconds per section: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in data["seconds"].items()),
+    ]
+    if data["settings"]["tiny"]:
+        lines.append(
+            "- **--cpu-sizes**: tiny shapes and lengths on the CPU — the code paths, not GPU numbers; "
+            "device = CPU compares the CPU with itself."
+        )
+    return lines
+
+
+def _gemm(data: dict) -> list[str]:
+    if "gemm" not in data:
+        return []
+    lines = [
+        "",
+        "## GEMM rate (TF32 off)",
+        "",
+        "| dtype | size | seconds | TFLOP/s |",
+        "|---|---:|---:|---:|",
+    ]
+    for dtype, g in data["gemm"].items():
+        lines.append(f"| {dtype} | {g['size']} | {g['seconds']:.4f} | {g['flops_per_second'] / 1e12:.2f} |")
+    return lines
+
+
+def _correctness(data: dict) -> list[str]:
+    rows = data.get("correctness")
+    if rows is None:
+        return []
+    counts = Counter((r["check"], r["ok"]) for r in rows)
+    checks = sorted({r["check"] for r in rows})
+    lines = ["", "## Correctness", "", "| check | passed | failed | not judged |", "|---|---:|---:|---:|"]
+    for check in checks:
+        lines.append(f"| {check} | {counts[check, True]} | {counts[check, False]} | {counts[check, None]} |")
+    families = sorted({r["family"] for r in rows})
+    lines += [
+        "",
+        f"Families: {', '.join(families)}; attention: {', '.join(sorted({r['attn'] for r in rows}))}.",
+    ]
+    failed = [r for r in rows if r["ok"] is False]
+    lines += ["", f"**{len(failed)} failed.**" if failed else "**All judged checks passed.**"]
+    if failed:
+        lines += ["", "| family | attention | method | check | detail |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {r['family']} | {r['attn']} | {r['method']} | {r['check']} | {r['detail']} |" for r in failed
+        ]
+    refused = sorted({f"{r['family']}/{r['method']}" for r in rows if r["check"] in ("patch", "build")})
+    if refused:
+        lines += ["", f"Refused by design or not built (not failures): {', '.join(refused)}."]
+    return lines
+
+
+def _long_context(data: dict) -> list[str]:
+    rows = data.get("long_context")
+    if rows is None:
+        return []
+    lines = [
+        "",
+        "## Long context: ropebench's perplexity pass vs `model(ids, labels=ids)` (bf16)",
+        "",
+        (
+            "Targets at 32k (issue 30): ropebench ≤ 0.6× the wall of `labels=`, ≥ 40% of the measured bf16 "
+            "GEMM rate, peak memory within 15% of `extend.memory`'s estimate."
+        ),
+        "",
+        (
+            "| shape | length | ropebench s | labels= s | ratio | share of GEMM rate | peak GB | estimate GB "
+            "| peak vs estimate | note |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        note = "; ".join(x for x in (r.get("error"), r.get("ropebench_error"), r.get("labels_error")) if x)
+        lines.append(
+            f"| {r['shape']} | {r['length']} | {_num(r.get('ropebench_s'))} | {_num(r.get('labels_s'))} | "
+            f"{_num(r.get('ratio_to_labels'))} | {_num(r.get('gemm_share'), '{:.0%}')} | "
+            f"{_num(r.get('ropebench_peak_gb'), '{:.1f}')} | {_num(r.get('estimate_gb'), '{:.1f}')} | "
+            f"{_num(r.get('memory_error'), '{:+.0%}')} | {note} |"
+        )
+    return lines
+
+
+def _remap(data: dict) -> list[str]:
+    rows = data.get("remap_cost")
+    if rows is None:
+        return []
+    lines = [
+        "",
+        "## Remap methods' cost (Llama-3-8B shape, bf16)",
+        "",
+        "| method | factor | length | seconds | × plain | peak GB | note |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['factor']:g} | {r['length']} | {_num(r.get('seconds'))} | "
+            f"{_num(r.get('vs_plain'))} | {_num(r.get('peak_gb'), '{:.1f}')} | {r.get('error', '')} |"
+        )
+    return lines
+
+
+def render(data: dict) -> str:
+    parts = _environment(data) + _gemm(data) + _correctness(data) + _long_context(data) + _remap(data)
+    return "\n".join(parts) + "\n"
