@@ -13,13 +13,15 @@ import datetime
 import os
 import sys
 
-from benchmarks.errors import ArgumentParser, exit_code
+from benchmarks.errors import ArgumentParser, exit_code, positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m benchmarks cpu-dtype", description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per side (best of), after one warm-up")
+    p.add_argument("--tokens", type=positive_int, nargs="+", default=[256, 512, 1024, 2048, 4096])
+    p.add_argument(
+        "--rounds", type=positive_int, default=3, help="timed rounds per side (best of), after one warm-up"
+    )
     args = p.parse_args(argv)
 
     import torch

@@ -8,7 +8,9 @@ Every command parses its arguments with `ArgumentParser` (a mistake raises Bench
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
 
 
 class BenchmarkError(Exception):
@@ -20,6 +22,53 @@ class BenchmarkError(Exception):
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):  # argparse would print the whole usage, then exit on its own
         raise BenchmarkError(f"{message} — run `{self.prog} --help` for usage")
+
+
+def at_least(low: int, example: int | None = None):
+    """An argparse `type=` for integers >= `low`: `--length -5` is refused while parsing, before any model
+    loads, as "argument --length: must be an integer >= 2, got -5 (e.g. 4096) — run `... --help` ..."."""
+
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            what = "a positive integer" if low == 1 else f"an integer >= {low}"
+            hint = f" (e.g. {example})" if example is not None else ""
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}{hint}")
+        return value
+
+    check.__name__ = "positive_int" if low == 1 else f"int_at_least_{low}"
+    return check
+
+
+positive_int = at_least(1)
+
+
+def fraction(text: str) -> float:
+    """An argparse `type=` for a number in [0, 1] (a depth, a share): `--depths 2.0` is refused while
+    parsing."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r} (e.g. 0.5)")
+    return value
+
+
+def check_json_path(path: str | None, flag: str = "--json") -> None:
+    """A file a benchmark writes at its end: its directory must exist now, not after an hour of measuring."""
+    if path is None:
+        return
+    where = Path(path).expanduser()
+    if where.is_dir():
+        raise BenchmarkError(f"{flag} {path} is a directory — give a file name, e.g. {flag} out.json")
+    if not where.parent.is_dir():
+        raise BenchmarkError(
+            f"{flag} {path}: directory {where.parent} does not exist — create it first or pick another path"
+        )
 
 
 def exit_code(main, argv: list[str] | None) -> int:

@@ -14,7 +14,11 @@ Sections (--skip NAME leaves one out):
   wall time and its ratio, forward FLOPs (benchmarks/flops.py) over the wall as a share of the GEMM rate,
   peak memory against `extend.memory.estimate`; a length whose estimate does not fit is skipped, and an out of
   memory is recorded as such;
-- remap-cost: plain vs self-extend, rerope and dca on the Llama-3-8B shape at one length (32k).
+- remap-cost: plain vs self-extend, rerope and dca on the Llama-3-8B shape at one length (32k);
+- demo-grid: benchmarks/gpu_demo_grid.py (the demo's grid through the sweep on a SmolLM2-shaped random model,
+  on the device in bf16 and fp32 and on the CPU in fp32; the tables compared: values, paired marks, reach).
+  It needs the SmolLM2 tokenizer: `python -m benchmarks gpu --save-tokenizer` writes runs/smollm2-tokenizer
+  here (from the embedded GGUF), for the device call to carry.
 """
 
 from __future__ import annotations
@@ -28,9 +32,23 @@ from pathlib import Path
 
 from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
-SECTIONS = ("gemm", "correctness", "long-context", "remap-cost")
-GPU = {"lengths": [32768, 65536, 131072], "remap_length": 32768, "gemm_size": 8192, "check_length": 192}
-CPU = {"lengths": [128, 256], "remap_length": 256, "gemm_size": 512, "check_length": 96}
+SECTIONS = ("gemm", "correctness", "long-context", "remap-cost", "demo-grid")
+GPU = {
+    "lengths": [32768, 65536, 131072],
+    "remap_length": 32768,
+    "gemm_size": 8192,
+    "check_length": 192,
+    "demo_scale": 1,  # the device runs the demo's own grid ...
+    "reference_scale": 4,  # ... and the CPU comparison a quarter of it (gpu_demo_grid.py)
+}
+CPU = {
+    "lengths": [128, 256],
+    "remap_length": 256,
+    "gemm_size": 512,
+    "check_length": 96,
+    "demo_scale": 16,
+    "reference_scale": 16,
+}
 # --cpu-sizes: rotate-half with grouped KV heads, and layer types (sliding + global): the paths, in seconds
 CPU_FAMILIES = ["llama", "gemma3_text"]
 REMAP_METHODS = ("self-extend", "rerope", "dca")
@@ -53,6 +71,28 @@ def parser() -> ArgumentParser:
     p.add_argument("--remap-length", type=int, default=None, help="the remap methods' length (GPU: 32k)")
     p.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--demo-scale", type=int, default=None, help="demo-grid: the device grid's divisor (GPU: 1, the demo)"
+    )
+    p.add_argument(
+        "--reference-scale",
+        type=int,
+        default=None,
+        help="demo-grid: the divisor of the grid compared with the CPU (GPU: 4; 1 = the demo's own grid)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="demo-grid: the SmolLM2 tokenizer's folder (default: see --save-tokenizer)",
+    )
+    p.add_argument(
+        "--save-tokenizer",
+        nargs="?",
+        const="runs/smollm2-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="write the SmolLM2 tokenizer (from the embedded GGUF) into DIR for the device call, and stop",
+    )
     return p
 
 
@@ -65,6 +105,8 @@ def settings(args) -> dict:
         "remap_length": args.remap_length or sizes["remap_length"],
         "gemm_size": sizes["gemm_size"],
         "check_length": sizes["check_length"],
+        "demo_scale": args.demo_scale or sizes["demo_scale"],
+        "reference_scale": args.reference_scale or sizes["reference_scale"],
     }
 
 
@@ -298,12 +340,31 @@ def run(args) -> dict:
             data["remap_cost"] = remap_cost_rows(
                 device=device, length=s["remap_length"], tiny=s["tiny"], seed=args.seed
             )
+        elif section == "demo-grid":
+            from benchmarks.gpu_demo_grid import demo_grid
+
+            data["demo_grid"] = demo_grid(
+                device=device,
+                tiny=s["tiny"],
+                scale=s["demo_scale"],
+                reference_scale=s["reference_scale"],
+                out=Path(args.out) / "demo-grid",
+                seed=args.seed,
+                tokenizer=args.tokenizer,
+            )
         data["seconds"][section] = time.perf_counter() - start
     return data
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.save_tokenizer:
+        from benchmarks.gpu_demo_grid import save_tokenizer
+
+        folder = save_tokenizer(args.save_tokenizer)
+        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        print(f"[gpu check] the SmolLM2 tokenizer: {folder} ({size / 2**20:.1f} MiB) — carry it", flush=True)
+        return 0
     start = time.perf_counter()
     data = run(args)
     data["seconds"]["total"] = time.perf_counter() - start
@@ -314,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
 
     (out / "report.md").write_text(render(data))
     failed = [r for r in data.get("correctness", []) if r["ok"] is False]
+    for c in data.get("demo_grid", {}).get("comparisons", []):  # reported, not failed: issue 30.4's target
+        verdict = "equal" if c["ok"] else f"{len(c['mismatches'])} difference(s)"
+        print(f"[gpu check] demo grid, {c['run']} vs {c['reference']}: {verdict}", flush=True)
     print(f"[gpu check] {len(failed)} failed check(s); report: {out / 'report.md'}", flush=True)
     return 1 if failed else 0
 

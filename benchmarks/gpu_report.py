@@ -1,5 +1,6 @@
 """report.md of the GPU check (benchmarks/gpu_check.py) from its JSON: environment, GEMM rate, correctness
-(counts per check, every failure), long-context speed and memory against the issue's targets, remap cost."""
+(counts per check, every failure), long-context speed and memory against the issue's targets, remap cost,
+the demo's grid (device vs CPU)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,82 @@ def _remap(data: dict) -> list[str]:
     return lines
 
 
+COMPARISON_HEADER = (
+    "| run | against | tolerance | values within | max relative diff | marks equal | reach equal | verdict |"
+)
+
+
+def _grid_text(g: dict) -> str:
+    lengths = "; ".join(f"{task} {', '.join(map(str, ls))}" for task, ls in g["lengths"].items())
+    return f"trained context {g['trained_context']}: {lengths}"
+
+
+def _demo_grid(data: dict) -> list[str]:
+    d = data.get("demo_grid")
+    if d is None:
+        return []
+    grids = d["grids"]
+    lines = [
+        "",
+        "## The demo's grid: device vs CPU",
+        "",
+        (
+            "The demo's tasks, methods and factor (scripts/configs/demo.yaml) through `ropebench sweep` on "
+            f"a {d['model']} with the SmolLM2 tokenizer (from {d['tokenizer']}). The real SmolLM2 does not "
+            "travel (its GGUF is 98 MB): the values are meaningless, the comparison is the point."
+        ),
+        "",
+        "Grids (scale s divides the demo's lengths and the trained context 8192 alike):",
+        "",
+    ]
+    lines += [f"- s = {s}: {_grid_text(g)}" for s, g in grids.items()]
+    if len(grids) > 1:
+        lines += [
+            "",
+            (
+                "The CPU reference runs the reduced grid (the demo's own takes ~17 min on a 2-core CPU); the "
+                "device runs both, and the demo's own grid is compared bf16 against fp32 on the device."
+            ),
+        ]
+    lines += ["", "| run | device | dtype | s | wall s | how | note |", "|---|---|---|---:|---:|---|---|"]
+    for r in d["runs"]:
+        note = (r.get("error") or "").splitlines()[0][:120] if r.get("error") else ""
+        lines.append(
+            f"| {r['name']} | {r['device']} | {r['dtype']} | {r['scale']} | "
+            f"{_num(r.get('seconds'), '{:.1f}')} | {r.get('how', '')} | {note} |"
+        )
+    lines += [
+        "",
+        (
+            "Values: every summary estimate (per method, factor, length) within the tolerance of the run's "
+            "dtype, relative to its magnitude; marks: every paired significance mark against plain equal; "
+            "reach: every reach verdict equal."
+        ),
+        "",
+        COMPARISON_HEADER,
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in d["comparisons"]:
+        lines.append(
+            f"| {c['run']} | {c['reference']} | {c['tolerance']:.1e} ({c['dtype']}) | "
+            f"{c['values_within']}/{c['values']} | {c['max_relative']:.1e} | "
+            f"{c['marks_equal']}/{c['marks']} | {c['reach_equal']}/{c['reach']} | "
+            f"{'equal' if c['ok'] else 'differs'} |"
+        )
+    if not d["comparisons"]:
+        lines.append("| – | – | – | – | – | – | – | no comparison: a run failed |")
+    for c in d["comparisons"]:
+        if c["mismatches"]:
+            lines += [
+                "",
+                f"Differences, {c['run']} vs {c['reference']} (first 20 of {len(c['mismatches'])}):",
+                "",
+            ]
+            lines += [f"- {m}" for m in c["mismatches"][:20]]
+    return lines
+
+
 def render(data: dict) -> str:
     parts = _environment(data) + _gemm(data) + _correctness(data) + _long_context(data) + _remap(data)
+    parts += _demo_grid(data)
     return "\n".join(parts) + "\n"

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, exit_code
+from benchmarks.errors import ArgumentParser, at_least, exit_code, positive_int
 
 
 def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=4096, num_docs=3, corpus="sotu"):
@@ -68,11 +68,9 @@ def _cache_at(path: Path):
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="ropebench bench longppl-bias", description=__doc__.splitlines()[0])
-    parser.add_argument("--length", type=int, default=4096, help="tokens per document (>= 2)")
-    parser.add_argument("--num-docs", type=int, default=3, help="documents of sotu (>= 1)")
+    parser.add_argument("--length", type=at_least(2, 4096), default=4096, help="tokens per document (>= 2)")
+    parser.add_argument("--num-docs", type=positive_int, default=3, help="documents of sotu (>= 1)")
     args = parser.parse_args(argv)
-    if args.length < 2 or args.num_docs < 1:
-        parser.error(f"--length must be >= 2 and --num-docs >= 1 (got {args.length}, {args.num_docs})")
     import torch
 
     import extend

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, exit_code
+from benchmarks.errors import ArgumentParser, at_least, check_json_path, exit_code, positive_int
 from benchmarks.orchestrate import machine
 
 
@@ -50,16 +50,37 @@ def cold(fn):
     return run
 
 
+def check_before_load(args, settings: dict) -> None:
+    """What the perplexity task would refuse only after the model loaded: the corpus and the options each case
+    passes (key_tokens settings, loss_by_position), by the task's own checks (tasks.checks, tasks.data,
+    tasks.key_tokens)."""
+    from tasks.checks import check_task
+    from tasks.data import check_corpus
+    from tasks.key_tokens import check_before_load as check_key_tokens
+
+    check_json_path(args.json)
+    check_corpus(args.corpus)
+    options = {"num_docs": 1, "key_tokens": settings or True, "loss_by_position": True}
+    check_task("perplexity", options)
+    check_key_tokens([args.length], options)  # e.g. a trunc_len at or above the length
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m benchmarks longppl-cost", description=__doc__.splitlines()[0])
-    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--length", type=at_least(2, 8192), default=8192, help="tokens of the document (>= 2)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--corpus", default="sotu")
-    ap.add_argument("--trunc-len", type=int, default=None, help="default: trained context / 8")
-    ap.add_argument("--sliding-window", type=int, default=None, help="default: trained context / 32")
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--trunc-len", type=positive_int, default=None, help="default: trained context / 8")
+    ap.add_argument("--sliding-window", type=positive_int, default=None, help="default: trained context / 32")
+    ap.add_argument("--repeats", type=positive_int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    settings = {
+        k: v
+        for k, v in (("trunc_len", args.trunc_len), ("sliding_window", args.sliding_window))
+        if v is not None
+    }
+    check_before_load(args, settings)
 
     import torch
 
@@ -69,9 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(tempfile.mkdtemp(prefix="ropebench-keytokens-"))
     key_tokens.cache_dir = lambda: cache
     model, tok = extend.load("smollm2-135m", device="cpu", dtype=getattr(torch, args.dtype))
-    settings = {
-        k: v for k, v in (("trunc_len", args.trunc_len), ("sliding_window", args.sliding_window)) if v
-    }
     kw = {"lengths": [args.length], "num_docs": 1, "corpus": args.corpus, "progress": False}
 
     def run(**extra):

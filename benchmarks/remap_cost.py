@@ -18,7 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from benchmarks.errors import (
+    ArgumentParser,
+    BenchmarkError,
+    at_least,
+    check_json_path,
+    exit_code,
+    positive_int,
+)
 
 DEFAULT_CELLS = ["plain", "self-extend:2", "rerope:2", "rerope:1:leaky=false", "dca:1"]
 
@@ -90,15 +97,15 @@ def run_cell(model, ids, method, factor, options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m benchmarks remap-cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--length", type=int, default=16384)
+    parser.add_argument("--length", type=at_least(2, 16384), default=16384, help="tokens (>= 2)")
     parser.add_argument(
-        "--block", type=int, help="queries per block (default: extend.remap_attention.QUERY_BLOCK)"
+        "--block", type=positive_int, help="queries per block (default: extend.remap_attention.QUERY_BLOCK)"
     )
     parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
     parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, help="method[:factor[:opt=value,...]]")
     parser.add_argument(
         "--layers",
-        type=int,
+        type=positive_int,
         help="keep only the first N decoder layers (cost only: the "
         "perplexity of a truncated model means nothing; every layer costs the same)",
     )
@@ -106,12 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     cells = [parse_cell(c) for c in args.cells]  # checked before the model loads
+    check_json_path(args.json)
 
     import torch
 
     import extend
     from extend import remap_attention
+    from extend.registry import check_method
     from tasks.data import iter_corpus
+
+    extend.load_builtin_methods()
+    for method, factor, options in cells:  # names, factors and options, by extend's own check
+        check_method(method, factor, options)
 
     if args.block:
         remap_attention.QUERY_BLOCK = args.block

@@ -17,7 +17,7 @@ import sys
 import time
 from unittest import mock
 
-from benchmarks.errors import ArgumentParser, exit_code
+from benchmarks.errors import ArgumentParser, exit_code, fraction, positive_int
 
 
 def _model(tiny: bool):
@@ -63,17 +63,16 @@ def _side(model, tok, share: bool, kw: dict):
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m benchmarks retrieval-sharing", description=__doc__.splitlines()[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[4096])
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096])
     p.add_argument("--variants", nargs="+", default=["niah_multikey", "niah_multiquery"])
-    p.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--depths", type=fraction, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--trials", type=positive_int, default=2)
     p.add_argument("--scoring", default="likelihood", choices=["likelihood", "generate", "both"])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument(
         "--tiny", action="store_true", help="a tiny random model with SmolLM2's vocabulary (a smoke run)"
     )
     args = p.parse_args(argv)
-    model, tok = _model(args.tiny)
     kw = {
         "lengths": args.lengths,
         "variants": args.variants,
@@ -81,6 +80,11 @@ def main(argv=None) -> int:
         "trials": args.trials,
         "scoring": args.scoring,
     }
+    from tasks.checks import check_task
+
+    # the retrieval task's own checks (variant names, pools), before SmolLM2 loads (with --tiny too)
+    check_task("retrieval", {k: v for k, v in kw.items() if k != "lengths"})
+    model, tok = _model(args.tiny)
     ratios, tokens, diff = [], None, 0.0
     for repeat in range(args.repeats):
         order = (True, False) if repeat % 2 == 0 else (False, True)

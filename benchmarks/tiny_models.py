@@ -123,24 +123,26 @@ def build_family(
     return model.to(device).eval()
 
 
-def shape_config(name: str, *, tiny: bool = False, attn_implementation: str = "sdpa"):
+def shape_config(name: str, *, tiny: bool = False, attn_implementation: str = "sdpa", **overrides):
     from transformers import LlamaConfig
 
-    params = dict((TINY_SHAPES if tiny else SHAPES)[name])
+    params = {**(TINY_SHAPES if tiny else SHAPES)[name], **overrides}
     theta = params.pop("rope_theta")
     config = LlamaConfig(**params, rope_parameters={"rope_type": "default", "rope_theta": theta})
     config._attn_implementation = attn_implementation
     return config
 
 
-def build_shape(name: str, *, device: str, dtype, tiny: bool = False, seed: int = 0):
+def build_shape(name: str, *, device: str, dtype, tiny: bool = False, seed: int = 0, **overrides):
     """A random-weight model of the shape `name`, built directly on `device` in `dtype` (an 8B model never
     exists in float32 or on the CPU). The rotary module keeps float32 inverse frequencies (transformers
-    computes them in float32 explicitly)."""
+    computes them in float32 explicitly). `overrides` change config fields (the demo grid's model: the
+    tokenizer's vocabulary and special tokens, a shorter trained context); those that change no parameter's
+    shape (max_position_embeddings, token ids) leave the weights of a seed unchanged."""
     import torch
     from transformers import LlamaForCausalLM
 
-    config = shape_config(name, tiny=tiny)
+    config = shape_config(name, tiny=tiny, **overrides)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -23,6 +23,9 @@ from .store import (
     record_files,
 )
 
+# What every row a sweep writes carries besides the measurement: a records file without any of them is not
+# a ropebench run (`check_identity`).
+IDENTITY = ("model", "method", "length")
 FLOAT_COLUMNS = ("factor", "depth", "value", "seconds")
 INT_COLUMNS = ("length", "trial", "distance", "n", "seed")
 STR_COLUMNS = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error")
@@ -87,11 +90,28 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
         )
     rows: list[dict[str, Any]] = []
     for f in files:
-        for r in read_jsonl(f, strict=True):  # a foreign file: one line naming it, not empty tables
+        found = read_jsonl(f, strict=True)  # a foreign file: one line naming it, not empty tables
+        check_identity(f, found)
+        for r in found:
             r.setdefault("run", default_run if f.parent == path or path.is_file() else f.parent.name)
             r["_source"] = str(f.parent)
             rows.append(r)
     return latest_rows_by_source(rows)
+
+
+def check_identity(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A records file whose rows say what was measured but never on which model, with which method or at which
+    length (e.g. only run/cell/task/metric/value) is not a ropebench run: its report would be near-empty
+    tables. Refused with the missing fields named; a field one row carries is enough (an error row may have
+    no length). lm-eval results files are read by `lm_eval_rows`, not here."""
+    missing = [k for k in IDENTITY if not any(r.get(k) not in (None, "") for r in rows)]
+    missing = [k for k in missing if k != "length" or not any("length" in r for r in rows)]
+    if rows and missing:
+        raise ResultsError(
+            f"{path} is not a ropebench run: none of its {len(rows)} records carries {', '.join(missing)} "
+            "(a sweep writes them on every row) — point to a sweep's run directory (an lm-eval results .json "
+            "loads as it is)"
+        )
 
 
 def latest_rows_by_source(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -47,6 +47,7 @@ class Metric:
     non-empty tuple means the metric has a pass/fail bar). independent_unit: what one independent unit is
     ("document", "trial", "haystack"); rows that share a unit carry the same ``cluster`` id and count once.
     role: one of ROLES. lo, hi: the range every value must lie in (None: open). description: one line.
+    by_position: the rows are bins along the sequence (``depth`` holds the bin's start): plotted by position.
     """
 
     kind: str
@@ -60,6 +61,7 @@ class Metric:
     role: str = "headline"
     lo: float | None = None
     hi: float | None = None
+    by_position: bool = False  # its rows are bins along the sequence (``depth`` = the bin's start position)
     declared: bool = field(default=True, compare=False)  # False only for the undeclared fallback
 
     def __post_init__(self):
@@ -125,11 +127,15 @@ class Metric:
         return json.dumps(self.to_record(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_record(cls, obj: Mapping[str, Any] | str) -> Metric:
-        """From a ``meaning`` column value (dict or JSON text); unknown keys are ignored (newer writers)."""
+    def from_record(cls, obj: Mapping[str, Any] | str, older: Metric | None = None) -> Metric:
+        """From a ``meaning`` column value (dict or JSON text); unknown keys are ignored (newer writers). A
+        field the record lacks (written before the field existed) takes its value from `older` when given
+        (ropebench's own metrics: `BUILT_IN`), else the field's default."""
         if isinstance(obj, str):
             obj = json.loads(obj)
         known = {k: v for k, v in obj.items() if k in cls.__dataclass_fields__ and k != "declared"}
+        if older is not None:
+            known = {**{k: v for k, v in older.to_record().items() if k not in known}, **known}
         known["reach"] = tuple(known.get("reach") or ())
         return cls(**known)
 
@@ -158,7 +164,7 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
         "mean", "lower", "nats/token", "mean NLL per token", role="detail", lo=0.0
     ),
     ("perplexity", "loss_bin"): Metric(
-        "mean", "lower", "nats/token", "mean NLL of a position bin", role="detail"
+        "mean", "lower", "nats/token", "mean NLL of a position bin", role="detail", by_position=True
     ),
     ("perplexity", "loss_fit_a"): Metric("mean", None, "nats/token", "a of a*p^-b+c", role="detail"),
     ("perplexity", "loss_fit_b"): Metric("mean", None, "", "b of a*p^-b+c", role="detail"),
@@ -301,7 +307,7 @@ def declarations(rows: Iterable[Mapping[str, Any]] | Any) -> dict[tuple[str, str
         raw = r.get(META_COLUMN)
         if isinstance(raw, (str, Mapping)) and raw:
             try:
-                out[key] = Metric.from_record(raw)
+                out[key] = Metric.from_record(raw, BUILT_IN.get(key))
                 missing.discard(key)
                 continue
             except (ValueError, TypeError):  # a malformed declaration counts as none

@@ -411,9 +411,14 @@ def plot_loss_by_position(
         ax.axvline(ctx, color="0.3", linestyle=":", linewidth=1.2, label=f"trained context ({_klabel(ctx)})")
     ax.set_xlabel("token position (log scale; half-octave bins)")
     ax.set_ylabel("mean loss (nats/token, lower is better)")
+    drawn = any(label in colours for label in fits)
+    fitted = (
+        "dashed: a·p^-b + c fitted within the trained context"
+        if drawn
+        else "no a·p^-b + c fit (too few documents or bins to support one)"
+    )
     ax.set_title(
-        f"Loss by position — {short_model(model)}\ncorpus: {short_model(corpus)} · {_factors(sub)} · dashed: "
-        f"a·p^-b + c fitted within the trained context"
+        f"Loss by position — {short_model(model)}\ncorpus: {short_model(corpus)} · {_factors(sub)} · {fitted}"
     )
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title=None, fontsize=9)
@@ -493,7 +498,8 @@ def plot_by_distance(
     df: pd.DataFrame, path: str | os.PathLike, *, task: str, metric: str, seed: int = 0, **where: Any
 ) -> Plot:
     """A metric vs the needle's distance from the question (the rows' ``distance``, tokens), one line per
-    method (x factor), pooled over the tested lengths; its 95% interval as a band where there is one."""
+    method (x factor), one point per needle position (length x depth) at its questions' median distance; its
+    95% interval (over independent units) as a band where there is one."""
     sub = _subset(df, task, metric, "plot_by_distance", **where)
     if "distance" not in sub.columns or sub["distance"].isna().all():
         raise ResultsError(f"plot_by_distance: no {task}/{metric} rows record a distance — nothing to plot")
@@ -503,13 +509,16 @@ def plot_by_distance(
     rows = select(df, task, metric, units=True, **where)
     rows = rows[rows["distance"].notna() & rows["model"].isin(sub["model"].unique())].copy()
     rows["label"] = _label_series(rows)
+    # One point per needle position (length x depth), at the median distance of its questions: the exact
+    # distance differs by a few tokens between haystacks (one point per exact value scatters the line).
+    rows["_place"] = rows["depth"].where(rows["depth"].notna(), rows["distance"])
     out = []
-    for (label, distance), g in rows.groupby(["label", "distance"], dropna=False):
+    for (label, _, _), g in rows.groupby(["label", "length", "_place"], dropna=False):
         ci = cell_interval(g, metric, seed=seed)
         out.append(
             {
                 "label": label,
-                "distance": int(distance),
+                "distance": round(float(g["distance"].median())),
                 "value": ci.estimate,
                 "lo": ci.lo,
                 "hi": ci.hi,

@@ -586,8 +586,8 @@ def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
         ]
     for q in shown:
         _metric_plots(r, ev, q)
-    for q in details:  # a per-position detail (rows with a bin start in ``depth``): loss by position
-        if q.meaning.direction == "lower" and select(ok, task, q.metric)["depth"].notna().any():
+    for q in details:  # a metric declared by position (rows are bins; ``depth`` = a bin's start): by position
+        if q.meaning.by_position and select(ok, task, q.metric)["depth"].notna().any():
             for model, corpus in _groups(select(ok, task, q.metric)):
                 r.add_plot(
                     _slug("loss_by_position", task, short_model(model), short_model(corpus)),

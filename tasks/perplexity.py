@@ -117,7 +117,9 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         "longppl_key_tokens": Metric(
             "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
         ),
-        "loss_bin": Metric("mean", "lower", "nats/token", "mean NLL of a position bin", role="detail"),
+        "loss_bin": Metric(
+            "mean", "lower", "nats/token", "mean NLL of a position bin", role="detail", by_position=True
+        ),
         "loss_fit_a": Metric("mean", None, "nats/token", "a of a*p^-b+c", role="detail"),
         "loss_fit_b": Metric("mean", None, "", "b of a*p^-b+c", role="detail"),
         "loss_fit_c": Metric("mean", None, "nats/token", "c of a*p^-b+c", role="detail"),

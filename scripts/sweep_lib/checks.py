@@ -8,13 +8,14 @@ from __future__ import annotations
 import sys
 
 from extend import registry
-from extend.errors import ExtendError
+from extend.errors import ExtendError, closest
 from extend.loading import check_device, check_model_spec
 from tasks.checks import check_lengths_fit, check_task, extra_tokens, needs_tokenizer
 from tasks.data import check_corpus
+from tasks.errors import TaskError
 
 from .config import ConfigError
-from .resolve import TASK_SWEEP_KEYS
+from .resolve import TASK_SWEEP_KEYS, base_task
 
 SET_BY_SWEEP = ("seed", "progress")  # task arguments the sweep passes itself
 
@@ -48,17 +49,21 @@ def check_against_model(cfg: dict, spec: str) -> None:
     tokenizer = preflight.tokenizer_of(spec, cfg["trust_remote_code"]) if _needs_tokenizer(cfg) else None
     for name, t in cfg["tasks"].items():
         for corpus in _task_corpora(cfg, t):
-            check_lengths_fit(name, t["lengths"], t["options"], corpus, tokenizer)
+            check_lengths_fit(base_task(name, t), t["lengths"], t["options"], corpus, tokenizer)
     device = cfg["device"] or default_device()
     dtype = cfg["dtype"] or str(default_dtype(device)).removeprefix("torch.")
-    longest = max(max(t["lengths"]) + extra_tokens(name, t["options"]) for name, t in cfg["tasks"].items())
+    longest = max(
+        max(t["lengths"]) + extra_tokens(base_task(name, t), t["options"]) for name, t in cfg["tasks"].items()
+    )
     blockwise = all(registry.get(m["method"]).remap for m in cfg["methods"])
     memory.check_fits(config, longest, model=spec, device=device, dtype=dtype, blockwise=blockwise)
 
 
 def _needs_tokenizer(cfg: dict) -> bool:
     """The tokenizer makes the short-length bounds exact: read it when a task has such a bound to check."""
-    return any(needs_tokenizer(name, t["lengths"], t["options"]) for name, t in cfg["tasks"].items())
+    return any(
+        needs_tokenizer(base_task(name, t), t["lengths"], t["options"]) for name, t in cfg["tasks"].items()
+    )
 
 
 def _task_corpora(cfg: dict, task: dict) -> list:
@@ -116,7 +121,52 @@ def check_tasks(cfg: dict) -> None:
                 raise ConfigError(
                     f"tasks.{name}.{key} is set by the sweep — use the top-level {key}: / --{key}"
                 )
-        check_task(name, t["options"], caller_keys=TASK_SWEEP_KEYS)
+        base = check_task_name(name, t)
+        if base == name:
+            check_task(name, t["options"], caller_keys=TASK_SWEEP_KEYS)
+            continue
+        try:  # an entry under its own name: say which entry, as two entries may run the same task
+            check_task(base, t["options"], caller_keys=TASK_SWEEP_KEYS)
+        except TaskError as e:
+            raise ConfigError(f"tasks.{name} (task {base}): {e}") from None
+
+
+def check_task_name(name: str, entry: dict) -> str:
+    """The registered task a `tasks:` entry runs (its `task:`, else its name), or one line naming the closest:
+    an entry named after no task and without `task:`, a `task:` naming no task, an entry named after one task
+    that runs another, or an entry under the theory rows' name."""
+    import tasks
+
+    from .run import THEORY_TASK
+
+    base = base_task(name, entry)
+    if base == name:
+        # a name such as retrieval-mk: meant as a second entry of retrieval (a typo gets check_task's line)
+        stems = [
+            t for t in tasks.TASKS if name.startswith(t) and name[len(t) : len(t) + 1] in ("-", "_", ".")
+        ]
+        stem = max(stems, key=len, default=None)
+        if stem is not None and name not in tasks.TASKS:
+            raise ConfigError(
+                f"unknown task {name!r} — did you mean {stem}? An entry under a name of its own says which "
+                f"task it runs: {name}: {{task: {stem}, ...}}"
+            )
+        return base
+    if base not in tasks.TASKS:
+        raise ConfigError(f"tasks.{name}.task: unknown task {base!r} — {closest(base, tasks.TASKS, 'tasks')}")
+    if name in tasks.TASKS or name == THEORY_TASK:
+        taken = "the theory rows" if name == THEORY_TASK else f"task {name!r}"
+        raise ConfigError(
+            f"tasks.{name} runs task {base!r} under the name of {taken} — give the entry a name of its own, "
+            f"e.g. {base}-2: {{task: {base}, ...}}"
+        )
+    bad = next((f"contains {c!r}" for c in ",= " if c in name), None) if name.strip() else "is empty"
+    if bad is not None:
+        raise ConfigError(
+            f"task entry name {name!r} {bad} — use letters, digits, '-' or '_' (e.g. {base}-2), so that "
+            f"--tasks and -t NAME.KEY=VALUE can name it"
+        )
+    return base
 
 
 def corpora(cfg: dict) -> set:

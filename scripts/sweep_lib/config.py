@@ -180,9 +180,10 @@ def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
     }
     raised = {}
     for name, task in cfg["tasks"].items():
-        if (name, "num_docs") in given or name not in tasks.TASKS:
+        base = task.get("task", name)  # an entry under its own name runs task: (resolve.base_task)
+        if (name, "num_docs") in given or base not in tasks.TASKS:
             continue
-        default = signature_options(tasks.TASKS[name])[0].get("num_docs")
+        default = signature_options(tasks.TASKS[base])[0].get("num_docs")
         have = task["options"].get("num_docs")
         if (
             isinstance(default, int)

@@ -12,6 +12,10 @@ import json
 from dataclasses import dataclass, field
 
 KEY_FIELDS = ("model", "method", "factor", "options", "task", "task_options", "lengths", "seed", "dtype")
+# A cell of a `tasks:` entry named otherwise than the task it runs (`retrieval-vt: {task: retrieval}`): `task`
+# is the entry's name (the rows' task column), and the registered task is recorded in task_options under this
+# key. Entries named after their task do not have it: their keys are what they always were.
+BASE_TASK = "task"
 
 
 def canonical(value) -> str:
@@ -60,6 +64,15 @@ class Cell:
     def corpus(self) -> str | None:
         return self.task_options.get("corpus")
 
+    @property
+    def base_task(self) -> str:
+        """The registered task this cell runs (tasks.TASKS): the entry's `task:`, else `task`."""
+        return self.task_options.get(BASE_TASK, self.task)
+
+    def call_options(self) -> dict:
+        """The options the task function receives: task_options without the recorded base task."""
+        return {k: v for k, v in self.task_options.items() if k != BASE_TASK or self.base_task == self.task}
+
     def label(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         lengths = ",".join(str(x) for x in self.lengths)
@@ -78,22 +91,27 @@ def make_cell(**definition) -> Cell:
 
 def build(cfg: dict, task_accepts=lambda task, option: True) -> list[Cell]:
     """All cells in loop order: model -> method x factor -> task -> corpus -> lengths.
-    `task_accepts(task, option)` says whether a task takes an option (the corpus goes only to those)."""
+    `task_accepts(task, option)` says whether a registered task takes an option (the corpus goes only to
+    those). A `tasks:` entry named otherwise than its task (`retrieval-vt: {task: retrieval}`) gives cells of
+    that name whose task_options record the task (BASE_TASK)."""
     cells, seen = [], set()
     for model in cfg["model"]:
         for m in cfg["methods"]:
             for factor in m["factors"]:
                 for task, t in cfg["tasks"].items():
+                    base = t.get("task", task)
                     own = t["options"].get("corpus")
                     if own is not None:
                         corpora = own if isinstance(own, list) else [own]
-                    elif task_accepts(task, "corpus"):
+                    elif task_accepts(base, "corpus"):
                         corpora = cfg["corpus"]
                     else:
                         corpora = [None]
                     groups = [(L,) for L in t["lengths"]] if t["per_length"] else [tuple(t["lengths"])]
                     for corpus in corpora:
                         opts = dict(t["options"])
+                        if base != task:
+                            opts[BASE_TASK] = base
                         if corpus is not None:
                             opts["corpus"] = corpus
                         for lengths in groups:

@@ -11,15 +11,23 @@ from . import grid as G
 from .run import describe_error
 
 
-def main_tables() -> list[tuple[str, str, str]]:
-    """(task, metric, caption) of the tables printed at the end: what each task declares (tasks/kit.py)."""
+def main_tables(entries: dict | None = None) -> list[tuple[str, str, str]]:
+    """(task, metric, caption) of the tables printed at the end: what each task declares (tasks/kit.py).
+    `entries`: the grid's `tasks:` (name -> resolved entry); then each entry's name with the tables of the
+    task it runs (`retrieval-vt: {task: retrieval}` gets retrieval's), in the registry's order. Default: every
+    registered task."""
     import tasks
     from tasks.kit import task_spec
 
+    if entries is None:
+        entries = {name: {} for name in tasks.TASKS}
+    order = list(tasks.TASKS)
+    named = [(name, entry.get("task", name)) for name, entry in entries.items()]
+    named = sorted((n for n in named if n[1] in tasks.TASKS), key=lambda n: order.index(n[1]))
     return [
         (name, metric, caption)
-        for name, run in tasks.TASKS.items()
-        for metric, caption in task_spec(name, run).tables
+        for name, base in named
+        for metric, caption in task_spec(base, tasks.TASKS[base]).tables
     ]
 
 
@@ -34,12 +42,14 @@ def print_plan(cfg: dict) -> None:
         f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr
     )
     for name, t in cfg["tasks"].items():
-        defaults, _ = signature_options(tasks.TASKS[name])
+        base = t.get("task", name)
+        defaults, _ = signature_options(tasks.TASKS[base])
         effective = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}
         effective.update(t["options"])
         effective.pop("corpus", None)
         opts = ", ".join(f"{k}={v}" for k, v in effective.items())
-        print(f"  {name}: lengths {t['lengths']}; {opts}", file=sys.stderr)
+        runs = f" (task {base})" if base != name else ""
+        print(f"  {name}{runs}: lengths {t['lengths']}; {opts}", file=sys.stderr)
     print(
         f"  corpus {', '.join(cfg['corpus'])}; seed {cfg['seed']}; methods "
         f"{', '.join(m['method'] for m in cfg['methods'])}",
@@ -79,7 +89,7 @@ def print_outcome(cfg: dict, cells: list[G.Cell]) -> int:
             print(f"\n{rules_caption()}")
         except results.ResultsError as e:
             print(f"(no summary: {e})")
-    for task, metric, caption in main_tables():
+    for task, metric, caption in main_tables(cfg["tasks"]):
         if ((ok["task"] == task) & (ok["metric"] == metric)).any():
             try:
                 t = results.table(in_grid, task, metric, with_ci=True)

@@ -18,7 +18,10 @@ TOP_KEYS = {
         "scale factors applied to every method (a method the factor does nothing for, e.g. plain, runs at 1)"
     ),
     "options": "method options by method: {yarn: {beta_fast: 32}}",
-    "tasks": "tasks: a list of names, or a mapping name -> task options (+ lengths, per_length)",
+    "tasks": (
+        "tasks: a list of names, or a mapping name -> task options (+ lengths, per_length, and task: the "
+        "task an entry named otherwise runs)"
+    ),
     "lengths": "context lengths for every task that does not set its own",
     "corpus": "corpus name(s) for the tasks (a list makes it a grid dimension)",
     "out": "run directory (records, manifest, report)",
@@ -30,7 +33,10 @@ TOP_KEYS = {
     "description": "free text, kept in the manifest",
 }
 METHOD_KEYS = ("method", "factors", "options")
-TASK_SWEEP_KEYS = ("lengths", "per_length")  # consumed by the sweep, not passed to the task
+TASK_SWEEP_KEYS = ("task", "lengths", "per_length")  # consumed by the sweep, not passed to the task
+# An entry of `tasks:` is named by its key; `task:` says which registered task it runs when the name is not
+# one (`retrieval-vt: {task: retrieval, variants: vt}`): one task twice with different options, each reported
+# under its own name. Its cells record the task in their task options under this key (grid.BASE_TASK).
 # Cells of these tasks hold one length each (finer resume and sharding; the tasks gain nothing from several
 # lengths in one call). Perplexity keeps all lengths in one cell: one forward gives the whole curve.
 PER_LENGTH_DEFAULT = {"passkey": True, "classification": True}
@@ -194,8 +200,15 @@ def _methods(cfg: dict) -> list[dict]:
     return methods
 
 
+def base_task(name: str, entry: dict) -> str:
+    """The registered task a resolved `tasks:` entry runs: its `task:`, else its name."""
+    return entry.get("task", name)
+
+
 def _tasks(cfg: dict) -> dict:
-    """Per task: {lengths, per_length, options} (options: what the task receives), with -t overrides."""
+    """Per task entry: {lengths, per_length, options} (options: what the task receives), with -t overrides,
+    and {task} when the entry runs a registered task under another name (`retrieval-vt: {task:
+    retrieval}`)."""
     raw = cfg.get("tasks")
     if isinstance(raw, (list, tuple)):
         raw = {t: None for t in raw}
@@ -234,14 +247,22 @@ def _tasks(cfg: dict) -> dict:
             lengths = check_lengths(cfg["lengths"], "lengths")
         else:
             lengths = check_lengths(opts["lengths"], f"tasks.{name}.lengths")
+        base = opts.get("task", name)
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(
+                f"tasks.{name}.task must be the name of a task, got {base!r} — write e.g. "
+                f"{name}: {{task: retrieval, variants: vt}}"
+            )
         per_length = _check_flag(
-            opts.get("per_length", PER_LENGTH_DEFAULT.get(name, False)), f"tasks.{name}.per_length"
+            opts.get("per_length", PER_LENGTH_DEFAULT.get(base, False)), f"tasks.{name}.per_length"
         )
         tasks[name] = {
             "lengths": lengths,
             "per_length": per_length,
             "options": {k: v for k, v in opts.items() if k not in TASK_SWEEP_KEYS},
         }
+        if base != name:  # an entry under its own name; a plain entry stays as it was (its cell keys too)
+            tasks[name]["task"] = base
     return tasks
 
 

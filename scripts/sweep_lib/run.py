@@ -35,15 +35,17 @@ def say(msg: str, quiet: bool = False) -> None:
 def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = None) -> list[dict]:
     """`options`: the patch's resolved options (start_from, trained_context, base_theta, shipped_rope, ...),
     recorded in every row; default the cell's. Each row carries its metric's declaration (``meaning``,
-    results/meaning.py): the task's own, the built-in one for theory rows, none for a metric a plugin task
+    results/meaning.py): the task's own (for a `tasks:` entry under a name of its own, the task it runs:
+    `cell.base_task`), the built-in one for theory rows, none for a metric a plugin task
     describes with a plain string (results then read it with their fallback)."""
     import tasks
     from results.meaning import BUILT_IN
     from tasks.kit import task_spec
 
     options = cell.options if options is None else options
-    if cell.task in tasks.TASKS:
-        declared = task_spec(cell.task, tasks.TASKS[cell.task]).meaning
+    base = cell.base_task  # the registered task: an entry under its own name (retrieval-vt) runs another
+    if base in tasks.TASKS:
+        declared = task_spec(base, tasks.TASKS[base]).meaning
     else:  # theory rows (THEORY_TASK): written here, declared in results.meaning
 
         def declared(metric):
@@ -83,6 +85,10 @@ def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = 
             status="ok",
             error=None,
         )
+        if base != cell.task:  # the task's records name the task; rows name the entry, and record the task
+            row["task"] = cell.task
+            recorded = row["task_options"] if isinstance(row["task_options"], dict) else cell.task_options
+            row["task_options"] = {**recorded, G.BASE_TASK: base}
         meaning = declared(row["metric"])
         if meaning is not None:
             row["meaning"] = meaning.to_json()
@@ -343,7 +349,7 @@ def run_cells(
                     t0 = time.perf_counter()
                     error = None
                     try:
-                        run_task = tasks.TASKS[cell.task]
+                        run_task = tasks.TASKS[cell.base_task]
                         warning = length_warning(method, factor, cell.lengths, resolved)
                         if warning:
                             say(f"{cell.label()}: {warning}")
@@ -353,7 +359,7 @@ def run_cells(
                             lengths=list(cell.lengths),
                             seed=cell.seed,
                             progress=show,
-                            **cell.task_options,
+                            **cell.call_options(),
                         )
                         if not records:
                             raise RuntimeError("the task returned no records")

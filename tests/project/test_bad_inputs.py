@@ -43,7 +43,10 @@ config's shape, its flags, the run directory and plugins (a syntax error or an e
 with its file and line). A rejected input leaves no run directory behind. `python -m results report` writes
 only into a new or empty directory or one ropebench made, never over a file ropebench did not write; records
 files that are damaged or not ropebench's are named with their file and first bad line (damaged lines among
-good ones are skipped with one warning).
+good ones are skipped with one warning); records that carry no model, method or length are no ropebench run
+and are refused, naming the missing fields. The benchmarks (`ropebench bench NAME`) check their numeric flags
+while parsing (`benchmarks/errors.py`: `positive_int`, `at_least`, `fraction`) and what they pass on by the
+owning layer's checks, before the model loads.
 
 This page is generated from `tests/project/test_bad_inputs.py`, which runs every case (`python
 tests/project/test_bad_inputs.py --write-docs` rewrites it; DIR is the test's scratch directory).
@@ -807,6 +810,46 @@ CASES += [
 ]
 
 
+def bench(command: str, expect: str) -> Case:
+    """`ropebench bench COMMAND` (split on spaces; DIR: the case's scratch directory), refused while parsing
+    or by the owning layer's check, before a model loads (`no_model_loads` fails a case that gets there)."""
+    args = command.replace("DIR", "{tmp}").split()
+    return raw(f"`ropebench bench {command}`", "bench", *args, kind="ropebench", expect=expect)
+
+
+# -- issue 32 item 4: the benchmarks' options checked before any model loads; records that are not a run
+POSITIVE = "must be a positive integer"
+CASES += [
+    bench("longppl-cost --length -5", "must be an integer >= 2"),
+    bench("longppl-cost --trunc-len 0", POSITIVE),
+    bench("longppl-cost --sliding-window -1", POSITIVE),
+    bench("longppl-cost --repeats 0", POSITIVE),
+    bench("longppl-cost --length 1024 --trunc-len 2048", "trunc_len"),
+    bench("longppl-cost --corpus nosuch", "unknown corpus"),
+    bench("longppl-cost --json DIR/no/out.json", "does not exist"),
+    bench("retrieval-sharing --tiny --trials 0", POSITIVE),  # SmolLM2 used to load first, even with --tiny
+    bench("retrieval-sharing --tiny --depths 2.0", "must be a number from 0 to 1"),
+    bench("retrieval-sharing --tiny --variants nosuch", "variants=['nosuch']"),
+    bench("retrieval-sharing --tiny --lengths 0", POSITIVE),
+    bench("retrieval-sharing --tiny --repeats 0", POSITIVE),
+    bench("cpu-dtype --tokens -5", POSITIVE),
+    bench("cpu-dtype --rounds 0", POSITIVE),
+    bench("remap-cost --length 1", "must be an integer >= 2"),
+    bench("remap-cost --layers -3", POSITIVE),
+    bench("remap-cost --block 0", POSITIVE),
+    bench("remap-cost --cells nosuch:2", "unknown RoPE method 'nosuch'"),
+    bench("shape-check --methods yarm", "unknown RoPE method 'yarm'"),
+    bench("longppl-bias --num-docs 0", POSITIVE),
+    raw(
+        "`ropebench report` a records file whose lines carry only run/cell/task/metric/value",
+        "report",
+        "{tmp}/idless",
+        kind="results",
+        expect="is not a ropebench run: none of its 2 records carries model, method, length",
+    ),
+]
+
+
 # -- issue 25 A: never write over a user's file; damaged or foreign records; plugins; unusable paths
 CASES += [
     raw(
@@ -941,6 +984,8 @@ WRITE_SAFETY_FILES = {
     "exit_plugin.py": "import sys\nsys.exit(3)\n",
     "kbi_plugin.py": "raise KeyboardInterrupt\n",
     "rd_foreign/records.jsonl": '{"id": 1, "score": 0.5}\n{"id": 2, "score": 0.7}\n',
+    "idless/records.jsonl": '{"run": "r", "cell": "a", "task": "perplexity", "metric": "ppl", "value": 9.5}\n'
+    '{"run": "r", "cell": "b", "task": "perplexity", "metric": "ppl", "value": 8.1}\n',
     "ownrun/tables/perplexity_ppl.md": "my own table\n",
 }
 

@@ -240,3 +240,20 @@ def test_the_sweep_attaches_each_metrics_declaration_to_its_rows(monkeypatch):
     assert passkey[0]["meaning"] == BUILT_IN[("passkey", "correct")].to_json()
     theory = ok_rows(_cell("theory"), "r", [{"metric": "men_reach", "value": 3616.0}])
     assert Metric.from_record(theory[0]["meaning"]).reference
+
+
+def test_a_field_newer_than_the_record_takes_the_built_in_value():
+    """Rows written before `by_position` existed still plot perplexity's loss_bin by position; a plugin metric
+    without the field gets the default."""
+    import json
+
+    from results.meaning import BUILT_IN, declarations
+
+    old = {k: v for k, v in BUILT_IN[("perplexity", "loss_bin")].to_record().items() if k != "by_position"}
+    rows = [
+        {"task": "perplexity", "metric": "loss_bin", "meaning": json.dumps(old)},
+        {"task": "mine", "metric": "loss_bin", "meaning": json.dumps(old)},
+    ]
+    got = declarations(rows)
+    assert got[("perplexity", "loss_bin")].by_position is True
+    assert got[("mine", "loss_bin")].by_position is False
