@@ -107,9 +107,9 @@ def count_forwards(cfg: dict, cells: list, *, progress: bool = False) -> dict:
             for cell in group:
                 counter = Counter(model)
                 try:
-                    tasks.TASKS[cell.task](
+                    tasks.TASKS[cell.base_task](
                         model, tokenizer, lengths=list(cell.lengths), seed=cell.seed, progress=progress,
-                        **cell.task_options,
+                        **cell.call_options(),
                     )  # fmt: skip
                 finally:
                     counter.close()

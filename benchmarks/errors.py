@@ -8,7 +8,6 @@ Every command parses its arguments with `ArgumentParser` (a mistake raises Bench
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -29,17 +28,14 @@ def at_least(low: int, example: int | None = None):
     loads, as "argument --length: must be an integer >= 2, got -5 (e.g. 4096) — run `... --help` ..."."""
 
     def check(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
+        value = int(text)  # not an integer: argparse's own "invalid int value: 'many'"
+        if value < low:
             what = "a positive integer" if low == 1 else f"an integer >= {low}"
             hint = f" (e.g. {example})" if example is not None else ""
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}{hint}")
         return value
 
-    check.__name__ = "positive_int" if low == 1 else f"int_at_least_{low}"
+    check.__name__ = "int"  # what argparse names in "invalid int value"
     return check
 
 
@@ -49,13 +45,13 @@ positive_int = at_least(1)
 def fraction(text: str) -> float:
     """An argparse `type=` for a number in [0, 1] (a depth, a share): `--depths 2.0` is refused while
     parsing."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value <= 1.0:  # NaN fails too
+    value = float(text)  # not a number: argparse's own "invalid float value: 'x'"
+    if not 0.0 <= value <= 1.0:  # nan fails too
         raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r} (e.g. 0.5)")
     return value
+
+
+fraction.__name__ = "float"
 
 
 def check_json_path(path: str | None, flag: str = "--json") -> None:

@@ -156,12 +156,19 @@ def demo_lengths() -> dict[str, list[int]]:
     return {name: list(opts["lengths"]) for name, opts in tasks.items() if opts and "lengths" in opts}
 
 
-def grid(scale: int) -> dict:
-    """The demo's grid at `scale`: its trained context and each task's lengths, divided by scale."""
+# --cpu-sizes: fewer units too (retrieval's 36 questions took ~36 s a method on the loaded 2-core CPU): the
+# comparison's code paths, not the demo's statistics (n < 6 marks nothing significant)
+TINY_OPTIONS = {"retrieval": {"haystacks": 2, "trials": 1}, "passkey": {"trials": 2}}
+
+
+def grid(scale: int, tiny: bool = False) -> dict:
+    """The demo's grid at `scale`: its trained context and each task's lengths, divided by scale (`tiny`:
+    with TINY_OPTIONS)."""
     return {
         "scale": scale,
         "trained_context": TRAINED // scale,
         "lengths": {task: [n // scale for n in ls] for task, ls in demo_lengths().items()},
+        "options": TINY_OPTIONS if tiny else {},
     }
 
 
@@ -171,6 +178,8 @@ def sweep_argv(model: Path, out: Path, *, device: str, dtype: str, g: dict) -> l
     if g["scale"] != 1:
         for task, lengths in g["lengths"].items():
             argv += ["-t", f"{task}.lengths=[{','.join(map(str, lengths))}]"]
+    for task, options in g.get("options", {}).items():
+        argv += [x for key, value in options.items() for x in ("-t", f"{task}.{key}={value}")]
     return argv
 
 
@@ -311,7 +320,7 @@ def demo_grid(
     """Run the grids, compare their tables; the section's JSON (runs with walls, comparisons)."""
     tokenizer, source = smollm2_tokenizer(tokenizer)
     out.mkdir(parents=True, exist_ok=True)
-    grids = {s: grid(s) for s in dict.fromkeys([scale, reference_scale])}
+    grids = {s: grid(s, tiny) for s in dict.fromkeys([scale, reference_scale])}
     planned = []  # (name, device, dtype, scale)
     if scale != reference_scale:
         planned += [

@@ -130,7 +130,12 @@ COMPARISON_HEADER = (
 
 def _grid_text(g: dict) -> str:
     lengths = "; ".join(f"{task} {', '.join(map(str, ls))}" for task, ls in g["lengths"].items())
-    return f"trained context {g['trained_context']}: {lengths}"
+    options = "; ".join(
+        f"{task} " + ", ".join(f"{k}={v}" for k, v in o.items()) for task, o in g.get("options", {}).items()
+    )
+    return f"trained context {g['trained_context']}: {lengths}" + (
+        f" (fewer units: {options})" if options else ""
+    )
 
 
 def _demo_grid(data: dict) -> list[str]:

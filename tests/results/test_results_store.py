@@ -76,7 +76,16 @@ def test_lines_are_whole_sorted_json(tmp_path):
 
 
 def test_missing_columns_become_na(tmp_path):
-    RecordWriter(tmp_path).write([{"task": "t", "metric": "m", "value": 2.0, "cell": "x"}])
+    row = {
+        "task": "t",
+        "metric": "m",
+        "value": 2.0,
+        "cell": "x",
+        "model": "m",
+        "method": "plain",
+        "length": None,
+    }
+    RecordWriter(tmp_path).write([row])
     df = results.load(tmp_path)
     assert set(results.SCHEMA) <= set(df.columns)
     assert df.loc[0, "run"] == tmp_path.name  # run defaults to the directory name
@@ -120,7 +129,7 @@ def test_killed_writer_leaves_only_whole_rows(tmp_path):
         "i = 0\n"
         "while True:\n"
         "    w.write([{'cell': f'c{i}', 'task': 't', 'metric': 'm', 'value': float(i), 'status': 'ok',"
-        " 'pad': 'x' * 5000} for _ in range(3)]); i += 1\n"
+        " 'model': 'm', 'method': 'plain', 'length': 64, 'pad': 'x' * 5000} for _ in range(3)]); i += 1\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(ROOT)])
     try:
