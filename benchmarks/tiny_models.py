@@ -1,12 +1,12 @@
 """Random-weight models built from a seed, so a CPU and a GPU see the same weights with nothing carried:
-the tiny model of every tested family (the configs of tests/extend/conftest.py's `family_model_factory`) and
-models shaped like SmolLM2-135M and Llama-3-8B (their published configs, random weights). Imports torch and
-transformers when called, not at import."""
+the tiny model of every tested family (tests/extend/conftest.py's `family_model_factory` uses this table)
+and models shaped like SmolLM2-135M and Llama-3-8B (their published configs, random weights). Imports torch
+and transformers when called, not at import."""
 
 from __future__ import annotations
 
 # A small config, and per tested family what it needs besides (head_dim, layer types, special token ids):
-# the same as tests/extend/conftest.py (kept equal by tests/project/test_gpu_check.py).
+# tests/extend/conftest.py builds its family models from this same table.
 SMALL_CONFIG = {
     "vocab_size": 128,
     "hidden_size": 64,

@@ -153,7 +153,8 @@ def legend_lines(
     )
     marked = (
         f"{SIGNIFICANT_MARK}: paired difference to {baseline} at that length significant (the interval "
-        "excludes no difference, ≥ 6 independent units differ, exact McNemar p < 0.05 for 0/1 outcomes)"
+        "excludes no difference, ≥ 6 independent units differ, and the exact test agrees: McNemar p < 0.05 "
+        "for 0/1 outcomes, sign-flip p < 0.05 over clusters where rows share one)"
     )
     walk = (
         "reach: the longest tested length that passes, lengths read upwards; ≥ L: no longer length "

@@ -536,7 +536,9 @@ def plot_by_distance(
         ax.axhline(float(chance.mean()), color="0.3", linestyle="--", linewidth=1.2, label="chance")
     lengths = sorted({int(x) for x in rows["length"].dropna()})
     pooled = (
-        f"at {lengths[0]} tokens" if len(lengths) == 1 else f"pooled over lengths {lengths[0]}–{lengths[-1]}"
+        f"at {lengths[0]} tokens"
+        if len(lengths) == 1
+        else f"one point per length x depth, {lengths[0]}–{lengths[-1]}"
     )
     ax.set_xlabel("needle distance from the question (tokens)")
     ax.set_ylabel(f"{metric} ({meaning.unit or 'value'}{_direction_text(meaning)})")

@@ -42,10 +42,11 @@ from typing import Any
 
 import pandas as pd
 
+from .comparisons import paired_cells
 from .meaning import Metric, declarations
-from .stats import Interval, Paired, paired_interval
+from .stats import Interval, Paired
 from .store import ResultsError, atomic_write_text
-from .tables import IDENTITY, cell_interval, is_unit, select, unit_key
+from .tables import IDENTITY, cell_interval, is_unit, select
 
 RULE_NAMES = ("threshold", "short", "trained")
 # NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
@@ -85,11 +86,6 @@ def default_metric(df: pd.DataFrame, task: str) -> str:
         f"no metric of task {task!r} declares reach rules (have: {', '.join(have)}) — pass metric=... "
         f"naming one that does"
     )
-
-
-def rules_for(kind: str) -> list[str]:
-    """The rules a statistics kind ("rate", "log") supports, in ``RULE_NAMES`` order."""
-    return [r for r in RULE_NAMES if (kind, r) in RULES]
 
 
 def check_trained_context(given: Any) -> None:
@@ -154,26 +150,12 @@ def claim(effective: float, first_failure: float, stopped: str | None, shortest:
 
 
 def ratio_to(at: pd.DataFrame, ref: pd.DataFrame, metric: str, *, seed: int = 0) -> Interval | Paired:
-    """value(L) / value(reference length) of one setting: a paired t over the documents both lengths share
-    (per-document log ratios) when per-document rows exist, else the bare ratio of the cell estimates (no
-    interval)."""
+    """value(L) / value(reference length) of one setting, paired over the units both lengths share
+    (`comparisons.paired_cells`: per-document log ratios; rows sharing a cluster count once) when per-unit
+    rows exist, else the bare ratio of the cell estimates (no interval)."""
     ua, ub = at[is_unit(at) & at["value"].notna()], ref[is_unit(ref) & ref["value"].notna()]
-    if len(ua) and len(ub):
-        ua, ub = (
-            ua.assign(_key=unit_key(ua)),
-            ub.assign(_key=unit_key(ub)),
-        )  # the key holds no length: same doc
-        m = ua.merge(ub[["_key", "value", "n"]], on="_key", suffixes=("", "_ref")).sort_values("_key")
-        if len(m):
-            return paired_interval(
-                "log",
-                m["value"].to_numpy(float),
-                m["value_ref"].to_numpy(float),
-                m["n"].fillna(1).to_numpy(float),
-                m["n_ref"].fillna(1).to_numpy(float),
-                how="ratio",
-                seed=seed,
-            )
+    if len(ua) and len(ub):  # unit keys hold no length: the same document at both lengths
+        return paired_cells(ua, ub, metric, "ratio", seed=seed)
     a, b = cell_interval(at, metric, seed=seed), cell_interval(ref, metric, seed=seed)
     return Interval(a.estimate / b.estimate, math.nan, math.nan, min(a.n, b.n), "none")
 
@@ -583,14 +565,6 @@ def predicted_for(predicted: pd.DataFrame, info: dict) -> dict[str, Any]:
         "predicted_reach": hit["predicted_reach"].iloc[0],
         "predicted_limit": hit["predicted_limit"].iloc[0],
     }
-
-
-def predicted_claim(reach: Any, limit: Any) -> str:
-    """ "3616", or "≥ 65536" when the criterion held up to the limit it was checked to;
-    "–" without a prediction."""
-    if pd.isna(reach):
-        return "–"
-    return f"≥ {int(reach)}" if not pd.isna(limit) and int(reach) >= int(limit) else str(int(reach))
 
 
 def setting_rows(df: pd.DataFrame, info: dict) -> pd.DataFrame:

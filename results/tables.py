@@ -51,7 +51,7 @@ def unit_labels(rows: pd.DataFrame) -> pd.Series:
         return "row:" + keys
     clusters = rows["cluster"]
     return pd.Series(
-        [f"cluster:{c}" if isinstance(c, str) else f"row:{k}" for c, k in zip(clusters, keys)],
+        [f"cluster:{c}" if pd.notna(c) else f"row:{k}" for c, k in zip(clusters, keys)],
         index=rows.index,
         dtype=object,
     )

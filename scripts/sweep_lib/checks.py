@@ -15,7 +15,8 @@ from tasks.data import check_corpus
 from tasks.errors import TaskError
 
 from .config import ConfigError
-from .resolve import TASK_SWEEP_KEYS, base_task
+from .grid import base_task
+from .resolve import TASK_SWEEP_KEYS
 
 SET_BY_SWEEP = ("seed", "progress")  # task arguments the sweep passes itself
 

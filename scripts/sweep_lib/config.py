@@ -17,6 +17,8 @@ import yaml
 
 from extend.errors import RopebenchError
 
+from .grid import base_task
+
 SCRIPTS = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = SCRIPTS / "configs" / "demo.yaml"
 
@@ -180,7 +182,7 @@ def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
     }
     raised = {}
     for name, task in cfg["tasks"].items():
-        base = task.get("task", name)  # an entry under its own name runs task: (resolve.base_task)
+        base = base_task(name, task)
         if (name, "num_docs") in given or base not in tasks.TASKS:
             continue
         default = signature_options(tasks.TASKS[base])[0].get("num_docs")

@@ -34,6 +34,11 @@ def cell_key(definition: dict) -> str:
     return hashlib.sha256(canonical({k: definition[k] for k in KEY_FIELDS}).encode("utf-8")).hexdigest()[:16]
 
 
+def base_task(name: str, entry: dict) -> str:
+    """The registered task a resolved `tasks:` entry runs: its `task:`, else its name."""
+    return entry.get("task", name)
+
+
 @dataclass(frozen=True)
 class Cell:
     model: str
@@ -99,7 +104,7 @@ def build(cfg: dict, task_accepts=lambda task, option: True) -> list[Cell]:
         for m in cfg["methods"]:
             for factor in m["factors"]:
                 for task, t in cfg["tasks"].items():
-                    base = t.get("task", task)
+                    base = base_task(task, t)
                     own = t["options"].get("corpus")
                     if own is not None:
                         corpora = own if isinstance(own, list) else [own]

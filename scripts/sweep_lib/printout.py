@@ -22,7 +22,7 @@ def main_tables(entries: dict | None = None) -> list[tuple[str, str, str]]:
     if entries is None:
         entries = {name: {} for name in tasks.TASKS}
     order = list(tasks.TASKS)
-    named = [(name, entry.get("task", name)) for name, entry in entries.items()]
+    named = [(name, G.base_task(name, entry)) for name, entry in entries.items()]
     named = sorted((n for n in named if n[1] in tasks.TASKS), key=lambda n: order.index(n[1]))
     return [
         (name, metric, caption)
@@ -42,7 +42,7 @@ def print_plan(cfg: dict) -> None:
         f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr
     )
     for name, t in cfg["tasks"].items():
-        base = t.get("task", name)
+        base = G.base_task(name, t)
         defaults, _ = signature_options(tasks.TASKS[base])
         effective = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}
         effective.update(t["options"])

@@ -200,11 +200,6 @@ def _methods(cfg: dict) -> list[dict]:
     return methods
 
 
-def base_task(name: str, entry: dict) -> str:
-    """The registered task a resolved `tasks:` entry runs: its `task:`, else its name."""
-    return entry.get("task", name)
-
-
 def _tasks(cfg: dict) -> dict:
     """Per task entry: {lengths, per_length, options} (options: what the task receives), with -t overrides,
     and {task} when the entry runs a registered task under another name (`retrieval-vt: {task:

@@ -165,14 +165,6 @@ THEORY_LIMIT = 4
 THEORY_TASK = "theory"  # results.reach.THEORY_TASK: rows the report sets beside the measured reaches
 
 
-def theory_meaning(metric: str) -> str:
-    """The JSON declaration a theory row of `metric` carries as its "meaning": results.meaning.BUILT_IN's
-    ("theory", metric), whose description is the label a report shows."""
-    from results.meaning import BUILT_IN
-
-    return BUILT_IN[(THEORY_TASK, metric)].to_json()
-
-
 def theory_records(model, handle, longest: int) -> list[dict]:
     """What RoPE theory predicts for the patched frequencies (extend.theory), as records with task "theory",
     each with its declaration (`meaning`, results.meaning.BUILT_IN), over the layer types the method extends
@@ -224,7 +216,7 @@ def theory_records(model, handle, longest: int) -> list[dict]:
         row = {"metric": metric, "value": value, "n": 1, "task_options": options}
         if metric == "base_lower_bound":
             row["length"] = context
-        rows.append(dict(row, meaning=theory_meaning(metric)))
+        rows.append(row)  # its meaning (results.meaning.BUILT_IN) is attached by ok_rows
     return rows
 
 

@@ -278,6 +278,7 @@ def test_a_p_rope_model_with_a_factor_restarts_from_p_rope_at_factor_one():
     assert torch.equal(shipped[:KEPT], pretrained[:KEPT] / 2) and not shipped[KEPT:].any()
 
 
+@needs_transformers_p_rope
 def test_a_long_p_rope_gemma3_keeps_its_context():
     """Gemma3's published pretraining context (32k) applies to a shipped scaling only: a p-RoPE Gemma3 at
     128k without a factor was trained at 128k."""
