@@ -11,11 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from extend.errors import RopebenchError  # imports nothing heavy (extend loads its names lazily)
 
-class BenchmarkError(Exception):
-    """A user error of a benchmark command (bad flag value, unusable JSON): one line, exit 2. Not derived from
-    extend's RopebenchError because importing extend loads torch, and importing a benchmark module must not;
-    `exit_code` treats the two alike."""
+
+class BenchmarkError(RopebenchError):
+    """A user error of a benchmark command (bad flag value, unusable JSON): one line, exit 2."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -73,7 +73,7 @@ def exit_code(main, argv: list[str] | None) -> int:
     gives 1."""
     try:
         return main(argv) or 0
-    except BenchmarkError as e:
+    except RopebenchError as e:  # BenchmarkError and every layer's user error
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:
@@ -81,9 +81,3 @@ def exit_code(main, argv: list[str] | None) -> int:
             return e.code or 0
         print(e.code, file=sys.stderr)
         return 1
-    except Exception as e:
-        errors = sys.modules.get("extend.errors")  # imported whenever one of its errors was raised
-        if errors is None or not isinstance(e, errors.RopebenchError):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2

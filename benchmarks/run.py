@@ -28,7 +28,7 @@ from argparse import SUPPRESS
 from pathlib import Path
 
 from benchmarks import orchestrate, report
-from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code, positive_int
 
 HERE = Path(__file__).resolve().parent
 PROG = "python -m benchmarks run"
@@ -130,16 +130,24 @@ def parser() -> ArgumentParser:
     p.add_argument(
         "--quick", action="store_true", help="CI smoke run: tiny lengths, 1 repeat, BENCHMARKS.quick.md"
     )
-    p.add_argument("--lengths", type=int, nargs="+", help=f"perplexity lengths (default {FULL_LENGTHS})")
-    p.add_argument("--max-length", type=int, help="drop lengths above this (e.g. 8192 for a shorter run)")
-    p.add_argument("--repeats", type=int, help="runs per figure (default 3; quick: 1)")
-    p.add_argument("--window", type=int, help="rolling-perplexity window (default 4096; quick: 256)")
+    p.add_argument(
+        "--lengths", type=at_least(2, 4096), nargs="+", help=f"perplexity lengths (default {FULL_LENGTHS})"
+    )
+    p.add_argument(
+        "--max-length", type=at_least(2, 8192), help="drop lengths above this (e.g. 8192 for a shorter run)"
+    )
+    p.add_argument("--repeats", type=positive_int, help="runs per figure (default 3; quick: 1)")
+    p.add_argument(
+        "--window", type=at_least(2, 4096), help="rolling-perplexity window (default 4096; quick: 256)"
+    )
     p.add_argument(
         "--rolling-tokens",
-        type=int,
+        type=at_least(0, 16384),
         help="cut the rolling document to this many tokens (default 16384; quick: 1024; 0 = whole document)",
     )
-    p.add_argument("--passkey-length", type=int, help="passkey prompt length (default 8192; quick: 512)")
+    p.add_argument(
+        "--passkey-length", type=at_least(2, 8192), help="passkey prompt length (default 8192; quick: 512)"
+    )
     p.add_argument(
         "--dtype", default="auto", help="float32, bfloat16 or auto (default: extend.load's CPU default)"
     )
@@ -162,13 +170,19 @@ def parser() -> ArgumentParser:
         help="run only this section (its part of the report is replaced, the rest kept)",
     )
     p.add_argument(
-        "--prefix-length", type=int, help="prefix-sharing prompt length (default 8192; quick: 512)"
+        "--prefix-length",
+        type=at_least(2, 8192),
+        help="prefix-sharing prompt length (default 8192; quick: 512)",
     )
-    p.add_argument("--prefix-queries", type=int, help="many-shot queries per cell (default 24; quick: 4)")
-    p.add_argument("--prefix-trials", type=int, help="passkey trials, x 5 depths (default 4; quick: 1)")
+    p.add_argument(
+        "--prefix-queries", type=positive_int, help="many-shot queries per cell (default 24; quick: 4)"
+    )
+    p.add_argument(
+        "--prefix-trials", type=positive_int, help="passkey trials, x 5 depths (default 4; quick: 1)"
+    )
     p.add_argument(
         "--prefix-zero-shot-queries",
-        type=int,
+        type=positive_int,
         help="zero-shot documents for the nothing-to-share figure (default 4; quick: 2)",
     )
     p.add_argument(
@@ -179,7 +193,7 @@ def parser() -> ArgumentParser:
     )
     p.add_argument(
         "--prefix-repeats",
-        type=int,
+        type=positive_int,
         default=1,
         help="repeats of the prefix-sharing child in a full "
         "run (default 1; it takes ~35 min at 8192 on a quiet 2-core CPU)",
@@ -187,7 +201,7 @@ def parser() -> ArgumentParser:
     p.add_argument("--prefix-json", help=SUPPRESS)
     p.add_argument("--child", help=SUPPRESS)
     p.add_argument("--model-dir", help=SUPPRESS)
-    p.add_argument("--repeat-index", type=int, default=0, help=SUPPRESS)
+    p.add_argument("--repeat-index", type=at_least(0), default=0, help=SUPPRESS)
     return p
 
 

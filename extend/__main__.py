@@ -5,7 +5,6 @@ one line, exit code 2."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -13,13 +12,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         print(f"error: {message} — run `ropebench inspect --help`", file=sys.stderr)
         raise SystemExit(2)
-
-
-def _value(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text  # a bare word: a string option (e.g. start_from=shipped)
 
 
 def main(argv=None) -> int:
@@ -35,13 +27,14 @@ def main(argv=None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="method/common option, e.g. start_from=shipped or beta_fast=16 (JSON values)",
+        help="method/common option, e.g. start_from=shipped or beta_fast=16 (values as the sweep's -o)",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
 
     import extend
     from extend.inspector import skeleton
+    from extend.values import parse_text
 
     try:
         options = {}
@@ -49,7 +42,7 @@ def main(argv=None) -> int:
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise extend.ExtendError(f"option {item!r} is not KEY=VALUE — e.g. -o start_from=shipped")
-            options[key] = _value(value)
+            options[key] = parse_text(value, f"-o {key}")  # extend.values' rules, as the sweep's -o
         if options and not args.method:
             raise extend.ExtendError("options need --method — e.g. --method yarn --factor 2 -o beta_fast=16")
         config = extend.loading.load_config(args.model, trust_remote_code=args.trust_remote_code)

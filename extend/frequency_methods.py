@@ -212,18 +212,9 @@ def ntk_parts(rope: RopeBase, *, factor: float, beta_fast: Rotations = 32.0, bet
     Reference: YaRN paper eq. 17-18 (bloc97 2023)
 
     Per dimension, interpolate by s where the wavelength is long (fewer than beta_slow rotations in L), keep
-    where short (more than beta_fast rotations), linear ramp between. No attention temperature (YaRN without
-    its 0.1 ln s + 1). On frequencies other than theta's series (the shipped ones a method starts
-    from under start_from="shipped", e.g. Llama 3.1's llama3 x8; p-RoPE's) the ramp counts their rotations,
-    eq. 17-18 as written: gamma = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1) with
-    r = L / wavelength (`yarn_on_frequencies`; transformers' ramp runs over pair indices between the bounds
-    rounded to whole pairs, which only theta's series has)."""
-    _check_ramp(beta_fast, beta_slow)
-    if rope.start is not None:
-        return yarn_on_frequencies(rope, factor, beta_fast, beta_slow, 1.0)
-    inv_freq, _ = transformers_rope(
-        "yarn", rope, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=1.0
-    )
+    where short (more than beta_fast rotations), linear ramp between. No attention temperature: `yarn` with
+    attention_factor 1 (its ramp on shipped frequencies included)."""
+    inv_freq, _ = yarn(rope, factor=factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=1.0)
     return inv_freq, 1.0
 
 

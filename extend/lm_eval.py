@@ -59,6 +59,7 @@ from extend.errors import ExtendError, RopebenchError
 from extend.forward import body, logit_postprocess, with_cache
 from extend.registry import COMMON_OPTIONS, check_factor, check_options
 from extend.registry import get as get_method
+from extend.values import as_length, parse_text
 
 log = logging.getLogger(__name__)
 
@@ -107,41 +108,71 @@ def overrides_apply() -> bool:
     return LM_EVAL_VERSION in LM_EVAL_RANGE
 
 
-def parse_value(value):
-    """A model_args value as a Python object: numbers/bools/None/lists from strings (lm-eval's parsers may
-    hand over strings); `a;b;c` is a list (commas split model_args strings)."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            return parse(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            pass
-    if ";" in text:
-        return [parse_value(v) for v in text.split(";") if v.strip()]
-    return text
+def parse_value(value, key: str = "value"):
+    """A model_args value by ropebench's rules (`extend.values.parse_text`: 16k, 1e5, true, none, [1, 2], ...,
+    the same as the sweep's -o and config files); `a;b;c` is the list [a, b, c] (model_args strings are split
+    at commas, so `;` separates a list's items there). A value that is not a string is kept as it is."""
+    where = f"model_args {key}"
+    if isinstance(value, str) and ";" in value and value.strip()[:1] not in ("[", "{", "'", '"'):
+        return [parse_text(v, where) for v in value.split(";") if v.strip()]
+    return parse_text(value, where)
+
+
+def raw_model_args(argv: list[str], split) -> dict[str, str]:
+    """The `--model_args`/`-a` of an lm-eval command line as written (key -> text), so that ropebench's rules
+    type them rather than lm-eval's (which reads -1 as -1.0, 0x10 as 16 and nan as a number). `split`:
+    lm-eval's own splitting of `k=v,k2=v2` at top-level commas. A JSON object keeps JSON's types."""
+    texts, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token in ("--model_args", "-a"):
+            while i + 1 < len(argv) and not argv[i + 1].startswith("-"):  # nargs="+"
+                texts.append(argv[i + 1])
+                i += 1
+        elif token.startswith("--model_args="):
+            texts.append(token.split("=", 1)[1])
+        i += 1
+    out = {}
+    for text in texts:
+        if text.strip().startswith("{"):
+            continue
+        for item in split(text):
+            key, sep, value = item.partition("=")
+            if sep:
+                out[key] = value
+    return out
+
+
+def typed_model_args(argv: list[str], given: dict | None) -> dict:
+    """lm-eval's parsed model_args with each value written as `k=v` on the command line typed again from its
+    text by ropebench's rules (`raw_model_args`). Text stays as written: `parse_value` reads it once where it
+    is used (`'16k'` is the text 16k, not 16384 read twice)."""
+    from lm_eval._cli.utils import split_top_level
+
+    written = raw_model_args(argv, split_top_level)
+    out = {}
+    for key, value in (given or {}).items():
+        if key in written:
+            typed = parse_value(written[key], key)
+            value = written[key] if isinstance(typed, str) else typed
+        out[key] = value
+    return out
+
+
+def _max_length(value):
+    """model_args max_length: unset, or a positive whole number of tokens (16384, 16k, 1e5)."""
+    value = parse_value(value, "max_length")
+    return None if value is None else as_length(value, "model_args max_length", "max_length=16384")
 
 
 def split_model_args(method: str, args: dict) -> tuple[dict, dict]:
-    """(method options, HFLM keyword arguments) from the remaining model_args; unknown keys -> ExtendError."""
+    """(method options, HFLM keyword arguments) from the remaining model_args, text typed by `parse_value`;
+    unknown keys -> ExtendError."""
     spec = get_method(method)
     option_names = set(spec.options) | set(COMMON_OPTIONS)
     hflm = _hflm_args()
-    options, passthrough, unknown = {}, {}, []
-    for key, value in args.items():
-        if key in option_names:
-            options[key] = parse_value(value)
-        elif key in hflm:
-            passthrough[key] = value
-        else:
-            unknown.append(key)
-    if unknown:
+    unknown = [key for key in args if key not in option_names and key not in hflm]
+    if unknown:  # before parsing values: `short_factor=[1,1.2]` split at its comma is an unknown key `1.2]`
         odd = [k for k in unknown if not k.isidentifier()]
         hint = (
             " — a list value was split at its commas: write it as a;b;c (or pass model_args as a dict/JSON)"
@@ -154,28 +185,24 @@ def split_model_args(method: str, args: dict) -> tuple[dict, dict]:
             f"{hint} — method options: {valid}; loading: {', '.join(OWN_ARGS)}; or any HFLM "
             f"argument (batch_size, add_bos_token, ...)"
         )
+    options = {k: parse_value(v, k) for k, v in args.items() if k in option_names}
+    passthrough = {k: parse_value(v, k) for k, v in args.items() if k not in option_names}
     return options, passthrough
 
 
 def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
     """Validate ropebench model_args without loading a model: (method, factor, options, HFLM kwargs)."""
     rest = {k: v for k, v in args.items() if k not in OWN_ARGS}
-    method = parse_value(args.get("method", "plain"))
+    method = parse_value(args.get("method", "plain"), "method")
     if not isinstance(method, str) or not method:
         raise ExtendError(
             f"method must be a method name, got {method!r} — choose one of {', '.join(extend.methods())}"
         )
     spec = get_method(method)
-    factor = check_factor(spec, parse_value(args.get("factor", 1.0)))
+    factor = check_factor(spec, parse_value(args.get("factor", 1.0), "factor"))
     options, passthrough = split_model_args(method, rest)
     check_options(spec, dict(options))
-    max_length = parse_value(args.get("max_length"))
-    if max_length is not None and (
-        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0
-    ):
-        raise ExtendError(
-            f"max_length must be a positive integer, got {max_length!r} — e.g. max_length=16384"
-        )
+    _max_length(args.get("max_length"))
     _check_device_arg(args.get("device"))
     _check_batch_size(passthrough)
     pretrained = args.get("pretrained", DEFAULT_PRETRAINED)
@@ -321,7 +348,7 @@ class RopebenchLM(HFLM):
                 f"sharing) — install 'lm-eval{LM_EVAL_RANGE}' for bounded-memory scoring",
                 stacklevel=2,
             )
-        max_length = parse_value(max_length)
+        max_length = _max_length(max_length)
         if isinstance(pretrained, (str, os.PathLike)):
             spec = str(pretrained)
             device = None if device in (None, "", "auto") else str(device)
@@ -828,6 +855,7 @@ def main(argv: list[str] | None = None, *, tasks_dir=None) -> int:
             if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
                 args.include_path = None if tasks_dir is None else str(checked_tasks_dir(tasks_dir))
             if getattr(args, "model", None) == MODEL_NAME:
+                args.model_args = typed_model_args(argv, args.model_args)
                 check_model_args(dict(args.model_args or {}))
                 if needs_snapshot(dict(args.model_args or {}), args.metadata):
                     check_task_names(args.tasks, args.include_path)  # before converting a GGUF's weights

@@ -27,7 +27,7 @@ from .errors import ExtendError
 GB = 1024**3
 LOGIT_CHUNK = 1024  # positions per LM-head call in the tasks (perplexity chunk_size default)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-REMAP_BLOCK = 512  # extend.remap_attention.QUERY_BLOCK (not imported: that module imports transformers)
+REMAP_BLOCK = 512  # queries per block of the remap attention (remap_attention.QUERY_BLOCK is this)
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,9 @@ class RopeBase:
         None."""
         if self.start is None:
             return self.inv_freq
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).to(self.inv_freq.device, torch.float)
-        return 1.0 / (self.theta ** (exponents / self.dim))
+        from .shipped import pretrained_frequencies  # imports transformers: only on this path
+
+        return pretrained_frequencies(self.theta, self.dim, self.inv_freq.device)
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 from .errors import ExtendError
 from .families import family, layer_types, rotary_module
+from .memory import REMAP_BLOCK as QUERY_BLOCK  # queries per block, and the width of mixed key tiles
 from .remap import Remap
 from .scoped import Change, Shared
 
-QUERY_BLOCK = 512  # queries per block, and the width of mixed key tiles
 SUPPORTED = ("sdpa", "eager")
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # CPU only: it has no CUDA kernel
 

@@ -10,8 +10,9 @@ import argparse
 import sys
 
 from extend.errors import RopebenchError
+from extend.values import as_length, as_number
 
-from .store import ResultsError
+from .reach import DEFAULT_BAR, RULER_BAR, bar_value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,19 +37,22 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="report directory (default: the first RUN_DIR)")
     r.add_argument(
         "--trained-context",
-        type=int,
         default=None,
-        help="the model's trained context in tokens (reference of the summary / effective lengths)",
+        help="the model's trained context in tokens, e.g. 8192 or 8k (reference of the summary / effective "
+        "lengths)",
     )
     r.add_argument(
         "--threshold",
-        type=float,
-        default=0.8,
-        help="passkey effective length: Wilson lower bound at or above this (default 0.8)",
+        "--bar",
+        dest="threshold",
+        default=DEFAULT_BAR,
+        metavar="BAR",
+        help=f"the 0/1 rates' threshold reach (passkey, retrieval): Wilson lower bound at or above this "
+        f"absolute bar, per task (default {DEFAULT_BAR:g}, RULER-style); 'ruler' for RULER's own "
+        f"{RULER_BAR:g} (Llama-2-7B's 4K average over its 13 tasks)",
     )
     r.add_argument(
         "--tolerance",
-        type=float,
         default=0.10,
         help="perplexity effective length: ppl_tail within this fraction of its trained-context value",
     )
@@ -85,11 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning  # damaged records: one line each, not a source excerpt
     args = _parser().parse_args(argv)
     try:
-        if args.command == "report" and args.trained_context is not None and args.trained_context <= 0:
-            raise ResultsError(
-                f"--trained-context must be a positive number of tokens, got {args.trained_context} "
-                f"— e.g. --trained-context 8192 (or leave it out: the sweep records it)"
-            )
+        if args.command == "report":  # flag values by extend.values' rules (8k, 1e5): one line when bad
+            if args.trained_context is not None:
+                args.trained_context = as_length(
+                    args.trained_context,
+                    "--trained-context",
+                    "--trained-context 8192 (or leave it out: the sweep records it)",
+                )
+            args.tolerance = as_number(args.tolerance, "--tolerance", "--tolerance 0.1", low=0)
+            args.threshold = bar_value(args.threshold)  # an accuracy, or 'ruler' (RULER's own 0.856)
         if args.command == "report":
             from .reporting import report
 

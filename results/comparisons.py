@@ -20,9 +20,11 @@ from .tables import (
     _auto_rows,
     _order_methods,
     cell_interval,
+    copy_frame,
     fmt_interval,
     is_unit,
     meaning_for,
+    remember,
     select,
     unit_key,
     unit_labels,
@@ -34,7 +36,7 @@ SIGNIFICANT_MARK = "*"
 def _units(rows: pd.DataFrame) -> pd.DataFrame:
     u = rows[is_unit(rows) & rows["value"].notna()]
     u = u.assign(_key=unit_key(u)).drop_duplicates("_key", keep="last")
-    return u.assign(_unit=unit_labels(u))
+    return u.assign(_unit=unit_labels(u, u["_key"]))
 
 
 def _stat_kind(meaning: Metric, values: np.ndarray) -> str:
@@ -58,8 +60,21 @@ def paired_cells(
     share one (`results.stats.paired_clusters`: n = clusters, rows = questions), else row by row; only totals
     of a rate: Newcombe's unpaired interval; else the bare contrast of the estimates."""
     meaning = meaning or meaning_for(pd.concat([rows, base]), metric=metric)
+    return _paired_cells(rows, base, _units(rows), _units(base), metric, how, seed, meaning)
+
+
+def _paired_cells(
+    rows: pd.DataFrame,
+    base: pd.DataFrame,
+    ua: pd.DataFrame,
+    ub: pd.DataFrame,
+    metric: str,
+    how: str,
+    seed: int,
+    meaning: Metric,
+) -> Paired:
+    """`paired_cells` with the unit rows of both sides (`_units`) given: a baseline's serve every setting."""
     unit = meaning.independent_unit
-    ua, ub = _units(rows), _units(base)
     if len(ua) and len(ub):
         values = np.concatenate([ua["value"].to_numpy(float), ub["value"].to_numpy(float)])
         kind = _stat_kind(meaning, values)
@@ -125,6 +140,30 @@ def paired_differences(
     ratios — with at least 6 differing pairs, and the exact test's p < 0.05 where there is one), ``how`` and
     ``baseline``. The baseline's own rows carry the null value and ``interval="baseline"``.
     """
+    args = (task, metric, baseline, rows, cols, how, seed, where)
+    return remember(
+        "paired_differences",
+        df,
+        args,
+        lambda: _paired_differences(
+            df, task, metric, baseline, rows=rows, cols=cols, how=how, seed=seed, **where
+        ),
+        copy_frame,
+    )
+
+
+def _paired_differences(
+    df: pd.DataFrame,
+    task: str,
+    metric: str,
+    baseline: str,
+    *,
+    rows: str | Sequence[str],
+    cols: str | Sequence[str] | None,
+    how: str | None,
+    seed: int,
+    **where: Any,
+) -> pd.DataFrame:
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     if "method" not in rows_l:
         raise ResultsError("compare needs 'method' in rows — call compare(..., rows='method')")
@@ -158,6 +197,7 @@ def paired_differences(
         lookup[mk] = key
     null = 1.0 if how == "ratio" else 0.0
     out = []
+    base_units: dict[tuple, pd.DataFrame] = {}  # the baseline's unit rows, once per baseline cell
     for key, g in groups.items():
         base_key = lookup.get(tuple(str(key[keys.index(c)]) for c in match))
         if base_key == key:
@@ -165,7 +205,10 @@ def paired_differences(
         elif base_key is None:
             res = Paired(math.nan, math.nan, math.nan, 0, 0, "no baseline cell", null)
         else:
-            res = paired_cells(g, groups[base_key], metric, how, seed=seed, meaning=meaning)
+            if base_key not in base_units:
+                base_units[base_key] = _units(groups[base_key])
+            base = groups[base_key]
+            res = _paired_cells(g, base, _units(g), base_units[base_key], metric, how, seed, meaning)
         out.append(
             {
                 **dict(zip(keys, key)),
@@ -174,7 +217,6 @@ def paired_differences(
                 "hi": res.hi,
                 "n": res.n,
                 "rows": res.rows,
-                "unit": res.unit,
                 "informative": res.informative,
                 "interval": res.method,
                 "p": res.p,
@@ -183,7 +225,9 @@ def paired_differences(
                 "baseline": baseline,
             }
         )
-    return pd.DataFrame(out)
+    frame = pd.DataFrame(out)
+    frame.attrs["unit"] = meaning.independent_unit  # the same for every row: stated once
+    return frame
 
 
 def compare(

@@ -30,8 +30,8 @@ DIRECTIONS = ("higher", "lower", None)
 # headline: a summary value and a paired difference; detail: tables and plots only; reference: shown beside
 # its task's values, never compared (a chance rate)
 ROLES = ("headline", "detail", "reference")
-# Reach rules (results/reach.py): threshold (RULER's absolute bar), short (NoLiMa: a share of the
-# short-context score), trained (as good as the baseline at the trained context)
+# Reach rules (results/reach.py): threshold (an absolute bar: 0.8, or RULER's 0.856), short (NoLiMa: a
+# share of the short-context score), trained (as good as the baseline at the trained context)
 REACH_RULES = ("threshold", "short", "trained")
 META_COLUMN = "meaning"
 
@@ -222,6 +222,17 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
         "the true answer ranks first among the candidates",
         reach=("threshold", "trained"),
         independent_unit="haystack",
+        chance_metric="chance",
+    ),
+    ("retrieval", "chance"): Metric(
+        "rate",
+        None,
+        "fraction of prompts",
+        "top-1 of a ranking at random: 1 / (1 + candidates)",
+        role="reference",
+        independent_unit="haystack",
+        lo=0.0,
+        hi=1.0,
     ),
     ("retrieval", "string_match_all"): Metric(
         "mean",
@@ -296,8 +307,7 @@ def declarations(rows: Iterable[Mapping[str, Any]] | Any) -> dict[tuple[str, str
     different runs may differ only if the task changed, and then the newest wording is as good as any);
     (task, metric) pairs without one get `fallback` (``declared=False``)."""
     if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
-        cols = [c for c in ("task", "metric", META_COLUMN) if c in rows.columns]
-        rows = rows[cols].drop_duplicates().to_dict("records")
+        rows = _distinct_records(rows)
     out: dict[tuple[str, str], Metric] = {}
     missing: set[tuple[str, str]] = set()
     for r in rows:
@@ -317,6 +327,28 @@ def declarations(rows: Iterable[Mapping[str, Any]] | Any) -> dict[tuple[str, str
         if key not in out:
             out[key] = fallback(*key)
     return out
+
+
+def _distinct_records(frame: Any) -> list[dict[str, Any]]:
+    """The distinct (task, metric, meaning) records of a frame, first occurrence first: what
+    ``frame[cols].drop_duplicates().to_dict("records")`` gives, without pandas' cost per call (a frame of
+    one metric holds one declaration string). Unhashable values or a missing task or metric take pandas'
+    path; declarations that are not strings (none) may repeat, which changes nothing above."""
+    cols = [c for c in ("task", "metric", META_COLUMN) if c in frame.columns]
+    if len(cols) == 3 and not frame.columns.duplicated().any():
+        try:
+            seen: set = set()
+            out = []
+            for t in zip(*(frame[c].tolist() for c in cols)):
+                if not (isinstance(t[0], str) and isinstance(t[1], str)):
+                    raise TypeError  # a missing task or metric: pandas decides what equals what
+                if t not in seen:
+                    seen.add(t)
+                    out.append(dict(zip(cols, t)))
+            return out
+        except TypeError:
+            pass
+    return frame[cols].drop_duplicates().to_dict("records")
 
 
 def meaning_of(rows: Any, task: str, metric: str) -> Metric:

@@ -26,9 +26,11 @@ import pandas as pd
 from .comparisons import SIGNIFICANT_MARK, paired_differences
 from .meaning import Metric, declarations
 from .reach import (
+    DEFAULT_BAR,
     MIN_BAR,
     NOLIMA_FRACTION,
     THEORY_TASK,
+    bar_text,
     check_rules,
     check_trained_context,
     effective_length,
@@ -39,7 +41,7 @@ from .reach import (
 )
 from .stats import Interval
 from .store import ResultsError
-from .tables import UNIT_COLUMNS, cell_interval, fmt_interval, select
+from .tables import UNIT_COLUMNS, cell_interval, copy_frame, fmt_interval, remember, select, shared
 
 SETTING = ("model", "method", "factor", "options")
 # The display's width, index columns (method, factor, ...) included: the demo's kind of run (3 methods x 4
@@ -142,7 +144,7 @@ def reach_column(q: Quantity, rule: str) -> str:
 
 def legend_lines(
     rules: set[tuple[str, str]] | None = None,
-    threshold: float = 0.8,
+    threshold: float | str = DEFAULT_BAR,
     tolerance: float = 0.10,
     baseline: str = "plain",
 ) -> list[str]:
@@ -163,7 +165,7 @@ def legend_lines(
     )
     lines = [values, marked, walk]
     per_rule = {
-        ("rate", "threshold"): f"reach (0/1 rate, RULER): Wilson lower bound ≥ {threshold:g}",
+        ("rate", "threshold"): f"reach (0/1 rate): Wilson lower bound ≥ {bar_text(threshold)}",
         ("rate", "short"): (
             f"reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's "
             f"own rate at a base length ≤ a quarter of the trained context (base lower bound ≥ {MIN_BAR:g})"
@@ -185,7 +187,9 @@ def legend_lines(
     return lines
 
 
-def rules_caption(threshold: float = 0.8, tolerance: float = 0.10, baseline: str = "plain") -> str:
+def rules_caption(
+    threshold: float | str = DEFAULT_BAR, tolerance: float = 0.10, baseline: str = "plain"
+) -> str:
     """The bars behind the reach columns, in words (the sweep's printout): the legend lines joined."""
     return "; ".join(legend_lines(None, threshold, tolerance, baseline))
 
@@ -278,7 +282,7 @@ def summary(
     df: pd.DataFrame,
     *,
     trained_context: int | Mapping[str, int] | None = None,
-    threshold: float = 0.8,
+    threshold: float | str = DEFAULT_BAR,
     tolerance: float = 0.10,
     baseline: str = "plain",
     seed: int = 0,
@@ -297,12 +301,50 @@ def summary(
     (trained)`` for the rules its declaration names and its kind supports (see
     :func:`results.effective_length`), and the reference metrics (``chance``).
 
-    ``trained_context``: an int > 0 or {model: int}; else what each setting's rows record (the patch's
-    resolved ``trained_context`` in options, else task_options). ``baseline``: a method of the rows (the
-    default "plain" may be absent: then no difference is marked and no "trained" reach computed).
+    ``threshold``: the "threshold" rule's bar for rates, an accuracy or "ruler" (RULER's 0.856; see
+    :func:`results.reach.bar_value`). ``trained_context``: an int > 0 or {model: int}; else what each
+    setting's rows record (the patch's resolved ``trained_context`` in options, else task_options).
+    ``baseline``: a method of the rows (the default "plain" may be absent: then no difference is marked and
+    no "trained" reach computed).
     """
-    check_rules(threshold, tolerance)
+    with shared():  # effective lengths and paired differences computed once (memo.py)
+        return _summary(df, trained_context, threshold, tolerance, baseline, seed, with_ci)
+
+
+def _summary(
+    df: pd.DataFrame,
+    trained_context: int | Mapping[str, int] | None,
+    threshold: float | str,
+    tolerance: float,
+    baseline: str,
+    seed: int,
+    with_ci: bool,
+) -> pd.DataFrame:
+    threshold = check_rules(threshold, tolerance)
     ok = check_summary_args(df, trained_context, baseline)
+    numeric, columns = remember(
+        "summary",
+        df,
+        (trained_context, threshold, tolerance, baseline, seed),
+        lambda: _numeric(ok, trained_context, threshold, tolerance, baseline, seed),
+        lambda v: (copy_frame(v[0]), list(v[1])),
+    )  # with_ci=True and False share it
+    if not with_ci:
+        return numeric
+    shown, dropped = _display(ok, numeric, columns)
+    shown.attrs["left_out"] = dropped
+    return shown
+
+
+def _numeric(
+    ok: pd.DataFrame,
+    trained_context: int | Mapping[str, int] | None,
+    threshold: float,
+    tolerance: float,
+    baseline: str,
+    seed: int,
+) -> tuple[pd.DataFrame, list[tuple[str, str, Quantity]]]:
+    """summary(with_ci=False) and the columns in display order."""
     qs = quantities(ok)
     reach = {}
     for q in qs.reaches:
@@ -338,11 +380,7 @@ def summary(
         rows.append(r)
     numeric = pd.DataFrame(rows)
     numeric.attrs["columns"] = [(name, kind) for name, kind, _ in columns]
-    if not with_ci:
-        return numeric
-    shown, dropped = _display(ok, numeric, columns)
-    shown.attrs["left_out"] = dropped
-    return shown
+    return numeric, columns
 
 
 def _task_columns(

@@ -187,7 +187,8 @@ def plot_perplexity(
     **where: Any,
 ) -> Plot:
     """Perplexity vs length, one line per method (x factor), log y, dashed line at the trained context; the
-    band is the 95% t interval over documents on the log scale (none below 3 documents)."""
+    band is the 95% skew-robust t interval (stats.skew_t) over documents on the log scale (none below 3
+    documents)."""
     sub = _subset(df, task, metric, "plot_perplexity", **where)
     model = _single(sub, "model", "plot_perplexity")
     corpus = _single(sub, "corpus", "plot_perplexity")
@@ -210,7 +211,7 @@ def plot_perplexity(
     ax.set_ylabel(f"{metric} (log scale, lower is better)")
     n = _n_range(data)
     # promise a band only when one is drawn (none below 3 documents)
-    band = ", band: 95% t interval" if _has_band(data) else ", no band (too few documents for an interval)"
+    band = ", band: 95% skew-robust t" if _has_band(data) else ", no band (too few documents for an interval)"
     ax.set_title(
         f"{metric} vs length — {short_model(model)}\ncorpus: {short_model(corpus)} · {_factors(sub)} · "
         f"{n} documents{band}"
@@ -476,22 +477,59 @@ def plot_metric(
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     _length_axis(ax, data["length"])
+    chance = _finish_metric_axes(
+        ax,
+        df,
+        sub,
+        data,
+        task=task,
+        metric=metric,
+        meaning=meaning,
+        model=model,
+        corpus=corpus,
+        x="length (tokens)",
+        what="vs length",
+        detail=f"{_n_range(data)} {meaning.independent_unit}s",
+        where=where,
+    )
+    return Plot(_save(fig, path), data, fig, extra={"chance": chance})
+
+
+def _finish_metric_axes(
+    ax,
+    df: pd.DataFrame,
+    sub: pd.DataFrame,
+    data: pd.DataFrame,
+    *,
+    task: str,
+    metric: str,
+    meaning,
+    model: Any,
+    corpus: Any,
+    x: str,
+    what: str,
+    detail: str,
+    where: dict,
+) -> dict | None:
+    """What :func:`plot_metric` and :func:`plot_by_distance` draw alike: the declared chance level dashed,
+    the axis labels (the y label with the metric's unit and direction), the title (task, metric, ``what``,
+    model, corpus, factors, ``detail``, and a band only where one is drawn), grid and legend. ``where``: the
+    plot's row filters. Returns the chance level by length (None when none is declared)."""
     chance = _chance_level(df, task, meaning, **where)
     if chance is not None and len(chance):
         ax.axhline(float(chance.mean()), color="0.3", linestyle="--", linewidth=1.2, label="chance")
-    ax.set_xlabel("length (tokens)")
+    ax.set_xlabel(x)
     ax.set_ylabel(f"{metric} ({meaning.unit or 'value'}{_direction_text(meaning)})")
     band = ", band: 95% interval" if _has_band(data) else ""
-    unit = meaning.independent_unit
     ax.set_title(
-        f"{task}: {metric} vs length — {short_model(model)}\n"
+        f"{task}: {metric} {what} — {short_model(model)}\n"
         + (f"corpus: {short_model(corpus)} · " if corpus is not None else "")
-        + f"{_factors(sub)} · {_n_range(data)} {unit}s{band}"
+        + f"{_factors(sub)} · {detail}{band}"
     )
     ax.grid(True, alpha=0.3)
     ax.legend(title=None, fontsize=9)
-    fig.tight_layout()
-    return Plot(_save(fig, path), data, fig, extra={"chance": None if chance is None else chance.to_dict()})
+    ax.figure.tight_layout()
+    return None if chance is None else chance.to_dict()
 
 
 def plot_by_distance(
@@ -531,24 +569,25 @@ def plot_by_distance(
     _line_plot(ax, data, "value")
     data = data.rename(columns={"length": "distance"})
     _length_axis(ax, data["distance"])
-    chance = _chance_level(df, task, meaning, **where)
-    if chance is not None and len(chance):
-        ax.axhline(float(chance.mean()), color="0.3", linestyle="--", linewidth=1.2, label="chance")
     lengths = sorted({int(x) for x in rows["length"].dropna()})
     pooled = (
         f"at {lengths[0]} tokens"
         if len(lengths) == 1
         else f"one point per length x depth, {lengths[0]}–{lengths[-1]}"
     )
-    ax.set_xlabel("needle distance from the question (tokens)")
-    ax.set_ylabel(f"{metric} ({meaning.unit or 'value'}{_direction_text(meaning)})")
-    band = ", band: 95% interval" if _has_band(data) else ""
-    ax.set_title(
-        f"{task}: {metric} by needle distance — {short_model(model)}\n"
-        + (f"corpus: {short_model(corpus)} · " if corpus is not None else "")
-        + f"{_factors(sub)} · {pooled}{band}"
+    chance = _finish_metric_axes(
+        ax,
+        df,
+        sub,
+        data,
+        task=task,
+        metric=metric,
+        meaning=meaning,
+        model=model,
+        corpus=corpus,
+        x="needle distance from the question (tokens)",
+        what="by needle distance",
+        detail=pooled,
+        where=where,
     )
-    ax.grid(True, alpha=0.3)
-    ax.legend(title=None, fontsize=9)
-    fig.tight_layout()
-    return Plot(_save(fig, path), data, fig)
+    return Plot(_save(fig, path), data, fig, extra={"chance": chance})

@@ -8,8 +8,10 @@ counted. Which metrics have a reach, and under which rules, is what their declar
 (:class:`results.meaning.Metric` ``reach``; never guessed from a name or the values). The rules (``RULES``,
 by the statistics' kind and rule name; a rule is one small function), the three published ways to state an
 effective length:
-- 0/1 rates, ``rule="threshold"`` (RULER's absolute bar, Hsieh et al. 2024): the Wilson lower bound is at
-  or above ``threshold`` (default 0.8).
+- 0/1 rates, ``rule="threshold"`` (an absolute bar, RULER-style): the Wilson lower bound is at or above
+  ``threshold`` (default ``DEFAULT_BAR`` 0.8, per task and metric). RULER's own bar (Hsieh et al. 2024,
+  arXiv:2404.06654) is ``RULER_BAR`` 0.856, Llama-2-7B's score at 4K averaged over its 13 tasks: pass
+  ``threshold="ruler"`` for that number (here still applied per task, to the Wilson lower bound).
 - 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
   own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
   at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must be a
@@ -46,9 +48,15 @@ from .comparisons import paired_cells
 from .meaning import Metric, declarations
 from .stats import Interval, Paired
 from .store import ResultsError, atomic_write_text
-from .tables import IDENTITY, cell_interval, is_unit, select
+from .tables import IDENTITY, cell_interval, copy_frame, is_unit, remember, select
 
 RULE_NAMES = ("threshold", "short", "trained")
+# The "threshold" rule's default bar: an absolute bar in RULER's style, applied per task and metric
+DEFAULT_BAR = 0.8
+# RULER's own bar (Hsieh et al. 2024, arXiv:2404.06654): Llama-2-7B's 4K score, 85.6% on the average of its 13
+# tasks; RULER compares a model's 13-task average with it. ``threshold="ruler"`` gives this number.
+RULER_BAR = 0.856
+BARS = {"ruler": RULER_BAR}
 # NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
 NOLIMA_FRACTION = 0.85
 # Rows the sweep writes beside the tasks' (one per setting):
@@ -160,14 +168,51 @@ def ratio_to(at: pd.DataFrame, ref: pd.DataFrame, metric: str, *, seed: int = 0)
     return Interval(a.estimate / b.estimate, math.nan, math.nan, min(a.n, b.n), "none")
 
 
-def check_rules(threshold: float, tolerance: float) -> None:
-    """Bad rule parameters are a user error, not a silently empty column."""
-    if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
-        raise ResultsError(f"threshold must be an accuracy in (0, 1], got {threshold!r} — e.g. threshold=0.8")
+def bar_value(threshold: float | str) -> float:
+    """The "threshold" rule's bar as a number: an accuracy in (0, 1] (a number, or its text), or a named bar
+    (``BARS``: "ruler" -> ``RULER_BAR``, 0.856). Anything else is a ResultsError."""
+    value = threshold
+    if isinstance(value, str):
+        named = BARS.get(value.strip().lower())
+        try:
+            value = named if named is not None else float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise ResultsError(
+            f"threshold must be an accuracy in (0, 1] or one of: {', '.join(BARS)}; got {threshold!r} "
+            f"— e.g. threshold=0.8 or threshold='ruler'"
+        )
+    return float(value)
+
+
+def bar_text(threshold: float | str, short: bool = False) -> str:
+    """The "threshold" rule's bar in words, naming its value and whose it is: RULER's own number (0.856) is
+    called RULER's; any other is an absolute bar in RULER's style, with RULER's number beside it. ``short``:
+    the name and value only ("absolute bar 0.8", "RULER's bar 0.856"), for a line that links to the legend."""
+    bar = bar_value(threshold)
+    if short:
+        return f"RULER's bar {bar:g}" if math.isclose(bar, RULER_BAR) else f"absolute bar {bar:g}"
+    if math.isclose(bar, RULER_BAR):
+        return (
+            f"absolute bar {bar:g} (RULER's: Llama-2-7B's 4K average over its 13 tasks; applied here per "
+            f"task)"
+        )
+    return (
+        f"absolute bar {bar:g} (RULER-style; RULER's own bar is {RULER_BAR:g}, Llama-2-7B's 4K average "
+        f"over 13 tasks)"
+    )
+
+
+def check_rules(threshold: float | str, tolerance: float) -> float:
+    """Bad rule parameters are a user error, not a silently empty column. Returns the bar as a number (see
+    :func:`bar_value`)."""
+    bar = bar_value(threshold)
     if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < 100):
         raise ResultsError(
             f"tolerance must be a fraction >= 0 (0.1 = +10%), got {tolerance!r} — e.g. tolerance=0.1"
         )
+    return bar
 
 
 def _no_reference(tc: int | None, metric: str) -> str:
@@ -254,7 +299,7 @@ class Verdicts:
 
 def _rate_threshold(s: Setting) -> Verdicts:
     return Verdicts(
-        f"Wilson lower bound ≥ {s.threshold:g}",
+        f"Wilson lower bound ≥ {bar_text(s.threshold)}",
         {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()},
     )
 
@@ -377,7 +422,7 @@ def effective_length(
     task: str,
     metric: str | None = None,
     *,
-    threshold: float = 0.8,
+    threshold: float | str = DEFAULT_BAR,
     rule: str = "threshold",
     tolerance: float = 0.10,
     trained_context: int | Mapping | None = None,
@@ -394,7 +439,8 @@ def effective_length(
     stopped, value / lo / hi / n (``at_*`` and ``fail_*`` columns: the accuracy and its Wilson interval, or
     the ratio to the reference and its paired t interval over documents).
 
-    ``rule``: "threshold" (Wilson lower bound >= ``threshold``: RULER's absolute bar), "short" (>= 0.85 x the
+    ``rule``: "threshold" (Wilson lower bound >= ``threshold``: an absolute bar, RULER-style; default 0.8,
+    ``threshold="ruler"`` for RULER's own 0.856), "short" (>= 0.85 x the
     setting's own rate at its shortest tested length: NoLiMa) or "trained" (>= the ``baseline`` method's
     Wilson lower bound at the trained context, when that is >= ``MIN_BAR``; the setting's own when the
     baseline did not run) for rates; perplexities use ``tolerance`` on the upper bound of the ratio to their
@@ -409,7 +455,43 @@ def effective_length(
     Which rules apply is the metric's declaration (``meaning``; see :mod:`results.meaning`): a metric that
     declares no reach, or not this rule, is a ResultsError.
     """
-    check_rules(threshold, tolerance)
+    args = (task, metric, threshold, rule, tolerance, trained_context, baseline, seed, short_length, where)
+    return remember(
+        "effective_length",
+        df,
+        args,
+        lambda: _effective_length(
+            df,
+            task,
+            metric,
+            threshold=threshold,
+            rule=rule,
+            tolerance=tolerance,
+            trained_context=trained_context,
+            baseline=baseline,
+            seed=seed,
+            short_length=short_length,
+            **where,
+        ),
+        copy_frame,
+    )
+
+
+def _effective_length(
+    df: pd.DataFrame,
+    task: str,
+    metric: str | None,
+    *,
+    threshold: float | str,
+    rule: str,
+    tolerance: float,
+    trained_context: int | Mapping | None,
+    baseline: str,
+    seed: int,
+    short_length: int | None,
+    **where: Any,
+) -> pd.DataFrame:
+    threshold = check_rules(threshold, tolerance)
     check_trained_context(trained_context)
     metric = metric or default_metric(df, task)
     if rule not in RULE_NAMES:

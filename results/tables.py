@@ -8,12 +8,14 @@ one unit, and ``rows`` counts the rows behind them.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -30,23 +32,130 @@ IDENTITY = ("model", "method", "factor", "options", "corpus")
 UNIT_COLUMNS = ("doc", "depth", "trial")
 
 
+# -- sharing what one report computes several times --------------------------------------------------------
+# Inside `shared`, a selection, estimates, a paired comparison or an effective length asked for again on the
+# same rows (the same frame, or one equal to it) with the same arguments is computed once and handed out as a
+# copy. Outside it nothing is kept, so a caller that edits its frame between calls never reads a stale
+# answer; the report and the summary open one scope around their own work.
+T = TypeVar("T")
+
+
+class _Memo:
+    def __init__(self) -> None:
+        self.frames: list[pd.DataFrame] = []  # kept alive: a token stays one frame's for the scope's life
+        self.types: dict[int, list] = {}  # a kept frame's Python value types, per object column
+        self.values: dict[tuple, Any] = {}
+
+    def token(self, df: pd.DataFrame) -> int:
+        """The same number for the same frame or one with equal content (index, columns, dtypes, attrs, and
+        the Python types of object values: ``equals`` takes 1 for 1.0 and None for NaN, which print apart)."""
+        for i, f in enumerate(self.frames):
+            if f is df:
+                return i
+        mine = None
+        for i, f in enumerate(self.frames):
+            try:
+                same = (
+                    f.shape == df.shape
+                    and f.columns.equals(df.columns)
+                    and f.index.equals(df.index)
+                    and f.dtypes.equals(df.dtypes)
+                    and f.attrs == df.attrs
+                    and f.equals(df)
+                )
+                if same:
+                    if i not in self.types:
+                        self.types[i] = _value_types(f)
+                    mine = _value_types(df) if mine is None else mine
+                    same = self.types[i] == mine
+            except Exception:  # noqa: BLE001 - content that will not compare is simply not shared
+                same = False
+            if same:
+                return i
+        self.frames.append(df)
+        return len(self.frames) - 1
+
+
+def _value_types(df: pd.DataFrame) -> list:
+    return [list(map(type, df.iloc[:, k].tolist())) for k, dtype in enumerate(df.dtypes) if dtype == object]
+
+
+_SCOPE: contextvars.ContextVar[_Memo | None] = contextvars.ContextVar("ropebench_results_memo", default=None)
+
+
+@contextmanager
+def shared() -> Iterator[None]:
+    """A scope in which `remember` keeps its answers (nested scopes share the outermost one)."""
+    if _SCOPE.get() is not None:
+        yield
+        return
+    reset = _SCOPE.set(_Memo())
+    try:
+        yield
+    finally:
+        _SCOPE.reset(reset)
+
+
+def freeze(value: Any) -> Hashable:
+    """A hashable stand-in for an argument (dicts and lists by their items; anything else by its repr)."""
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(k), freeze(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(freeze(v) for v in value))
+    return (type(value).__name__, repr(value))
+
+
+def remember(name: str, df: pd.DataFrame, args: Any, compute: Callable[[], T], copy: Callable[[T], T]) -> T:
+    """``compute()``, or inside `shared` the answer an earlier call with the same ``name``, rows (``df``) and
+    ``args`` got (a ``copy`` of it: callers may edit what they get). Errors are not kept."""
+    memo = _SCOPE.get()
+    if memo is None or not isinstance(df, pd.DataFrame):
+        return compute()
+    key = (name, memo.token(df), freeze(args))
+    if key not in memo.values:
+        memo.values[key] = compute()
+    return copy(memo.values[key])
+
+
+def copy_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.copy(deep=True)  # attrs travel with it
+
+
 def is_unit(rows: pd.DataFrame) -> pd.Series:
     """True for per-unit rows (a document, a prompt, a query), False for aggregated rows."""
-    return rows[list(UNIT_COLUMNS)].notna().any(axis=1)
+    cols = list(UNIT_COLUMNS)
+    missing = [c for c in cols if c not in rows.columns]
+    if missing or rows.columns.duplicated().any():
+        return rows[cols].notna().any(axis=1)  # the KeyError / the general case
+    mask = np.zeros(len(rows), dtype=bool)
+    for c in cols:
+        mask |= rows[c].notna().to_numpy(dtype=bool)
+    return pd.Series(mask, index=rows.index, dtype=bool)
+
+
+def _scalars(column: pd.Series) -> list:
+    """The column's values as the Python scalars iterating it yields (what ``itertuples`` hands out)."""
+    values = column._values
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biufO":
+        return values.tolist()  # the same objects ``ndarray.item`` gives, in one call
+    return list(column)
 
 
 def unit_key(rows: pd.DataFrame) -> pd.Series:
     """One string per unit row that names the same document / prompt in every setting (pairs them)."""
     cols = [*UNIT_COLUMNS, "seed"]
-    return pd.Series(
-        ["|".join(map(str, t)) for t in rows[cols].itertuples(index=False)], index=rows.index, dtype=object
-    )
+    if rows.columns.duplicated().any() or any(c not in rows.columns for c in cols):
+        tuples = rows[cols].itertuples(index=False)  # the KeyError / the general case
+    else:
+        tuples = zip(*(_scalars(rows[c]) for c in cols))
+    return pd.Series(["|".join(map(str, t)) for t in tuples], index=rows.index, dtype=object)
 
 
-def unit_labels(rows: pd.DataFrame) -> pd.Series:
+def unit_labels(rows: pd.DataFrame, keys: pd.Series | None = None) -> pd.Series:
     """The independent unit of each unit row: its ``cluster`` id when it has one (rows that share it are one
-    unit, paired across settings by that id), else the row itself (its `unit_key`)."""
-    keys = unit_key(rows)
+    unit, paired across settings by that id), else the row itself (its `unit_key`; ``keys`` when the caller
+    has them already)."""
+    keys = unit_key(rows) if keys is None else keys
     if "cluster" not in rows.columns:
         return "row:" + keys
     clusters = rows["cluster"]
@@ -97,12 +206,13 @@ def cell_interval(
     """Estimate, n and 95% interval of one table cell, treated as ``meaning`` says (default: the rows'
     declaration, `meaning_for`).
 
-    Per-unit rows present: the cell statistic over units (perplexities token-weighted on the log scale) with
-    a Wilson interval for 0/1 rates, else a t interval over the units (none below 3 units); rows that share a
-    ``cluster`` count as one unit (results.stats: Wilson at the effective number of clusters, t over the
-    clusters' statistics). Only aggregated rows: a rate (accuracy over ``n`` queries) gets its Wilson
-    interval from value x n; one other aggregate has no interval (n = its own ``n``); several (e.g. runs with
-    different seeds) get a Student-t interval. A declared rate whose values leave [0, 1] gets no interval
+    Per-unit rows present: the cell statistic over units (perplexities token-weighted on the log scale) with a
+    Wilson interval for 0/1 rates, a skew-robust t (stats.skew_t) for perplexities on the log scale, else a t
+    interval over the units (none below 3 units); rows that share a ``cluster`` count as one unit
+    (results.stats: Wilson at the effective number of clusters, t over the clusters' statistics). Only
+    aggregated rows: a rate (accuracy over ``n`` queries) gets its Wilson interval from value x n; one other
+    aggregate has no interval (n = its own ``n``); several (e.g. runs with different seeds) get a Student-t
+    interval. A declared rate whose values leave [0, 1] gets no interval
     (`out_of_range` names those rows).
     """
     meaning = meaning or meaning_for(rows, metric=metric)
@@ -115,7 +225,7 @@ def cell_interval(
         units = units.assign(_key=unit_key(units)).sort_values("_key", kind="stable")
         values = units["value"].to_numpy(float)
         weights = None if kind == "rate" else units["n"].fillna(1).to_numpy(float)
-        labels = unit_labels(units).to_numpy(object)
+        labels = unit_labels(units, units["_key"]).to_numpy(object)
         return stats_cell_interval(kind, values, weights, seed=seed, clusters=labels, unit=unit)
     values = rows["value"].to_numpy(float)
     if not len(values):
@@ -156,6 +266,18 @@ def select(
     returned unless ``units=True`` (then all). Unknown task or metric -> :class:`ResultsError` listing the
     available ones.
     """
+    return remember(
+        "select",
+        df,
+        (task, metric, status_ok, units, where),
+        lambda: _select(df, task, metric, status_ok=status_ok, units=units, **where),
+        copy_frame,
+    )
+
+
+def _select(
+    df: pd.DataFrame, task: str, metric: str, *, status_ok: bool, units: bool, **where: Any
+) -> pd.DataFrame:
     if not isinstance(df, pd.DataFrame):
         raise ResultsError(
             f"expected the records as a DataFrame, got {type(df).__name__} — pass results.load(run_dir) "
@@ -248,9 +370,21 @@ def estimates(
 ) -> pd.DataFrame:
     """The estimates a table shows, in long form: one row per group of ``by`` (a table cell) with ``mean``
     (the estimate), ``n`` (independent units behind it: documents, trials, haystacks), ``rows`` (the rows
-    behind them: questions, prompts), ``unit`` (the declared independent unit), ``lo``/``hi`` (95% interval,
+    behind them: questions, prompts), ``lo``/``hi`` (95% interval,
     see :func:`cell_interval`), ``half`` (half-width) and ``interval`` (how it was computed: wilson, t,
-    wilson (clusters), t (clusters) or none)."""
+    wilson (clusters), t (clusters) or none). ``attrs["unit"]``: the declared independent unit."""
+    return remember(
+        "estimates",
+        df,
+        (task, metric, by, seed, where),
+        lambda: _estimates(df, task, metric, by, seed=seed, **where),
+        copy_frame,
+    )
+
+
+def _estimates(
+    df: pd.DataFrame, task: str, metric: str, by: str | Sequence[str], *, seed: int, **where: Any
+) -> pd.DataFrame:
     sub = select(df, task, metric, units=True, **where)
     by = _auto_rows(sub, _as_list(by), [])
     meaning = meaning_for(sub, task, metric)
@@ -264,14 +398,15 @@ def estimates(
                 "mean": ci.estimate,
                 "n": ci.n,
                 "rows": ci.rows,
-                "unit": ci.unit,
                 "lo": ci.lo,
                 "hi": ci.hi,
                 "half": (ci.hi - ci.lo) / 2,
                 "interval": ci.method,
             }
         )
-    return pd.DataFrame(out)
+    frame = pd.DataFrame(out)
+    frame.attrs["unit"] = meaning.independent_unit  # the same for every row: stated once
+    return frame
 
 
 def fmt_interval(
@@ -327,10 +462,10 @@ def table(
     ``stat`` picks the cell value: "mean" (default), "n" (independent units), "rows", "lo", "hi" or "half"
     (95% half-width). ``with_ci=True`` returns strings "mean [lo, hi] n=N" (no brackets where no interval
     exists; "n=1 (6 rows)" when rows share a cluster) ready to render: as the metric's declaration says,
-    Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities on the log
-    scale, from 3 units on). Columns
-    such as factor/model/corpus are added to the rows when they vary, so different settings are never
-    averaged together. ``where`` filters rows, e.g. ``corpus="sotu", factor=[1, 4]``.
+    Wilson intervals for 0/1 rates, a t interval over documents / prompts otherwise (perplexities:
+    skew-robust, on the log scale; from 3 units on). Columns such as factor/model/corpus are added to the rows
+    when they vary, so different settings are never averaged together. ``where`` filters rows, e.g.
+    ``corpus="sotu", factor=[1, 4]``.
     """
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     sub = select(df, task, metric, **where)

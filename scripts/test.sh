@@ -8,12 +8,15 @@ venv="${ROPEBENCH_VENV:-$root/.venv}"
 cd "$root"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Two workers by default (pytest-xdist; each module runs whole on one worker, so module fixtures are built
-# once); ROPEBENCH_TEST_WORKERS=0 runs in one process (e.g. for -s or a debugger).
+# once); ROPEBENCH_TEST_WORKERS=0 runs in one process (e.g. for -s or a debugger). Modules are handed out in
+# collection order (--no-loadscope-reorder; xdist's default orders them by test count, which sent the long
+# two-test modules last), and tests/conftest.py collects the slowest modules first (SLOWEST_FIRST), so the run
+# does not end with one worker alone on a long module.
 workers="${ROPEBENCH_TEST_WORKERS:-2}"
 if [ "$workers" -gt 0 ] 2>/dev/null; then
   # the cores shared among the workers (torch would give each worker every core: oversubscribed)
   threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
-  exec "$venv/bin/python" -m pytest -n "$workers" --dist loadscope "$@"
+  exec "$venv/bin/python" -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder "$@"
 fi
 exec "$venv/bin/python" -m pytest "$@"

@@ -14,13 +14,18 @@ The evaluator: "self" (default) is the evaluated model with no patch (`extend.pa
 force): past C a token's long context is a window of C tokens (windows start every C/2 tokens, each scoring
 its second half), so key tokens at L > C can only be those whose evidence lies within C (rows there carry
 task_options.key_evidence_within = C). Within C this is the package's definition exactly
-(tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`). `split="positions"`: the
-split-sample selection (`split_sample`), for an evaluator that is also the baseline.
+(tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`).
+
+The selection: with evaluator "self" the package's rule would pick tokens partly for the baseline's own low
+loss, so the default there is `split="positions"`, a cross-fitted split sample (`split_sample`): the
+positions fall in alternate blocks of sliding_window tokens, each half's key tokens are chosen by the
+package's verdicts on the other half, and both halves are scored. A named evaluator keeps the package's rule
+(`split="none"`, also available for "self" to compare with the package).
 
 Defaults (the rule at SHORT_FRACTION below): trunc_len T/32, sliding_window T/64 (T: the trained context in
 force, the one the rows record), alpha by the evaluator's size (0.5 up to 1B parameters, the package's 2 from
-7B), beta -2. A length's `longppl` is written only when its key tokens over all documents reach
-MIN_KEY_TOKENS; `longppl_key_tokens` says how many there were at every length.
+7B), beta -2, split by the evaluator (above). A length's `longppl` is written only when its key tokens over
+all documents reach MIN_KEY_TOKENS; `longppl_key_tokens` says how many there were at every length.
 
 Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2))
 and ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins
@@ -36,7 +41,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -119,7 +124,7 @@ class Settings:
     alpha: float
     beta: float
     evaluator: str  # "self" or an extend.load spec
-    split: str = "none"  # "positions": the split-sample selection (see split_sample_key_positions)
+    split: str = "none"  # "positions": the split sample (`split_sample`; resolve's default for self)
 
 
 def default_alpha(parameters: int | None) -> float:
@@ -132,7 +137,8 @@ def default_alpha(parameters: int | None) -> float:
 
 def resolve(value, trained_context: int, parameters: int | None = None) -> Settings:
     """The settings of option `value`, missing ones from the default rule: trunc_len T/32, sliding_window
-    T/64 (T = `trained_context`, the one in force), alpha by the evaluator's `parameters`, beta -2."""
+    T/64 (T = `trained_context`, the one in force), alpha by the evaluator's `parameters`, beta -2, split
+    "positions" for evaluator "self" and "none" for a named one (`default_split`)."""
     problem = option_problem(value)
     if problem:
         raise TaskError(f"perplexity option key_tokens {problem}")
@@ -143,8 +149,14 @@ def resolve(value, trained_context: int, parameters: int | None = None) -> Setti
         alpha=float(given.get("alpha", default_alpha(parameters))),
         beta=float(given.get("beta", PACKAGE_DEFAULTS["beta"])),
         evaluator=evaluator_spec(value),
-        split=given.get("split") or "none",
+        split=given.get("split") or default_split(evaluator_spec(value)),
     )
+
+
+def default_split(evaluator: str) -> str:
+    """The split-sample selection when the evaluator is the evaluated model ("self": its own losses would
+    select the tokens it is scored on), the package's rule for a separate evaluator."""
+    return "positions" if evaluator == SELF else "none"
 
 
 def in_force(model) -> int:
@@ -328,18 +340,22 @@ def find_key_spans(
         long = long_losses(ev.model, ids, trunc, ev.context, chunk_size, reuse)
         short = short_losses(ev.model, ids, trunc, settings.sliding_window, chunk_size)
     key = ((short - long) > settings.alpha) & (long < -settings.beta)
-    if settings.split == "positions":
-        key = split_sample(key, offsets, text, trunc, settings.sliding_window)
-    return merge_touching([offsets[i] for i in key.nonzero().flatten().tolist()])
+    raw = merge_touching([offsets[i] for i in key.nonzero().flatten().tolist()])
+    return split_spans(text, raw, settings, ev.tokenizer) if settings.split == "positions" else raw
 
 
 def split_sample(key: torch.Tensor, offsets, text: str, trunc: int, window: int) -> torch.Tensor:
-    """Key tokens by a split sample: the positions >= trunc fall in alternate blocks of `window` tokens
-    (halves 0 and 1; a block shares one short window). A token of one half is key when its string is the
-    string of a key token (by the package's rule) of the other half, and it occurs in the text before the
-    token's short window (so its evidence lies only in the long context). Which tokens of a half are key never
-    depends on the evaluator's losses on that half: its own errors there cannot favour it (self = the
-    baseline)."""
+    """Key tokens by a cross-fitted split sample: the positions >= trunc fall in alternate blocks of `window`
+    tokens (halves 0 and 1; a block shares one short window). A token of one half is key when its string is
+    the string of a key token (by the package's rule) of the other half, and it occurs in the text before the
+    token's short window (so its evidence lies only in the long context). Each half is selected by the other
+    and both are scored, so every key token is scored once and selected without its own loss: which tokens of
+    a half are key never depends on the evaluator's losses on that half, so its own errors there cannot favour
+    it (self = the baseline).
+
+    One pass over the tokens, then one search of the text per distinct string asked about, up to the furthest
+    point asked (its first occurrence there: the string lies before a position exactly when that occurrence
+    ends there), where a prefix scan per token was quadratic."""
     n = len(offsets)
     strings = [text[s:e] for s, e in offsets]
     half = [((i - trunc) // window) % 2 if i >= trunc else -1 for i in range(n)]
@@ -347,12 +363,34 @@ def split_sample(key: torch.Tensor, offsets, text: str, trunc: int, window: int)
     for i in key.nonzero().flatten().tolist():
         if strings[i].strip():
             keyed[half[i]].add(strings[i])
-    out = torch.zeros(n, dtype=torch.bool)
+    asked = []  # (token, where its short window starts in the text): tokens whose string the other half keyed
+    furthest: dict[str, int] = {}
     for i in range(trunc, n):
         if strings[i] in keyed[1 - half[i]]:
             start = ((i - trunc) // window) * window  # the token's short window starts here (the package's)
-            out[i] = strings[i] in text[: offsets[start][0]] if offsets[start][0] else False
-    return out
+            asked.append((i, offsets[start][0]))
+            furthest[strings[i]] = max(furthest.get(strings[i], 0), offsets[start][0])
+    first_end = {}  # where the string first occurs in text[:furthest] ends (inf: not there)
+    for string, limit in furthest.items():
+        at = text.find(string, 0, limit)
+        first_end[string] = at + len(string) if at >= 0 else math.inf
+    out = [False] * n
+    for i, before in asked:
+        out[i] = first_end[strings[i]] <= before
+    return torch.tensor(out, dtype=torch.bool)
+
+
+def split_spans(text: str, raw: list, settings: Settings, tokenizer) -> list[list[int]]:
+    """The split-sample key spans (`split_sample`) from the package's key spans `raw` of the same text, in the
+    evaluator's tokens (its BOS as its own encoding puts it). One path whether `raw` was just computed or
+    read from the cache, so the result never depends on the cache."""
+    from .common import special_prefix
+
+    _, offsets = encode_with_offsets(tokenizer, text, special_prefix(tokenizer))
+    if len(offsets) <= settings.trunc_len:
+        return []
+    key = split_sample(key_mask(raw, offsets), offsets, text, settings.trunc_len, settings.sliding_window)
+    return merge_touching([offsets[i] for i in key.nonzero().flatten().tolist()])
 
 
 _MEMORY: dict[str, list] = {}
@@ -377,7 +415,11 @@ def key_spans(text: str, settings: Settings, ev: Evaluator, *, chunk_size: int =
     try:
         spans = json.loads(path.read_text())["spans"]
     except (OSError, ValueError, KeyError, TypeError):
-        spans = find_key_spans(text, settings, ev, chunk_size=chunk_size, shared=shared)
+        if settings.split == "positions":  # from the package's selection, itself cached (the forwards once)
+            raw = key_spans(text, replace(settings, split="none"), ev, chunk_size=chunk_size, shared=shared)
+            spans = split_spans(text, raw, settings, ev.tokenizer)
+        else:
+            spans = find_key_spans(text, settings, ev, chunk_size=chunk_size, shared=shared)
         _write_atomic(
             path,
             {
@@ -653,13 +695,14 @@ class PassExtras:
             if (self.settings.evaluator == SELF and as_loaded(self.model))
             else None
         )
-        spans = key_spans(text, self.settings, self.evaluator, chunk_size=self.chunk_size, shared=shared)
-        mask = key_mask(spans, offsets)
-        mask[: max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
+        # the package's selection on the longest text: causal, so its part within a window is the selection on
+        # that window's text; the split sample is drawn per length from that part (`_masks`)
+        raw = replace(self.settings, split="none")
+        spans = key_spans(text, raw, self.evaluator, chunk_size=self.chunk_size, shared=shared)
+        masks = self._masks(text, offsets, spans, per_length)
         key_seconds = time.perf_counter() - t0
         for L, (nll, secs) in per_length.items():
-            text_tokens = L - len(self.prefix)
-            index = torch.nonzero(mask[:text_tokens]).flatten() + len(self.prefix) - self.first
+            index = torch.nonzero(masks[L]).flatten() + len(self.prefix) - self.first
             total = self.key_totals[L]
             total[2] += secs + key_seconds
             total[3] += 1
@@ -681,6 +724,23 @@ class PassExtras:
                     doc=doc.id,
                 )
             )
+
+    def _masks(self, text: str, offsets, spans: list, per_length: dict) -> dict[int, torch.Tensor]:
+        """{L: which of the window's text tokens are key}. The package's rule: its spans inside the window.
+        The split sample: drawn from the package's spans on the window's own text (cut after its last token),
+        so a length's key tokens never depend on text past it (nor on the other lengths of the run)."""
+        masks = {}
+        for L in per_length:
+            text_tokens = min(L - len(self.prefix), len(offsets))
+            if self.settings.split == "positions":
+                cut = text[: offsets[text_tokens - 1][1]]
+                chosen = split_spans(cut, spans, self.settings, self.evaluator.tokenizer)
+                mask = key_mask(chosen, offsets[:text_tokens])
+            else:
+                mask = key_mask(spans, offsets[:text_tokens])
+            mask[: max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
+            masks[L] = mask
+        return masks
 
     def _text_of(self, doc, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
         """The document's text up to the end of its last token in the window, and every such token's span."""

@@ -137,7 +137,8 @@ def retrieval_docs(
     tokenizer, lengths, depths, trials, variants=retrieval.VARIANTS, seed: int = 0
 ) -> list[dict]:
     """One doc per (variant, trial, length, depth): the retrieval task's scene, its haystack cut to fill the
-    length less the variant's greedy answer (what `retrieval.build_prompt` fits with scoring "generate")."""
+    length less the variant's greedy answer (what `retrieval.run` fits with scoring "generate", haystack
+    "filler" and length_rule "fill")."""
     encode = encoder(tokenizer)
     prefix = special_prefix(tokenizer)
     docs = []

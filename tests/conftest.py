@@ -228,3 +228,32 @@ def synthetic_task_records(synthetic):
 def synthetic_theory_records(synthetic):
     """`synthetic_theory_records(run, *, limit=...)`: rows of RoPE theory (predicted reach) beside them."""
     return synthetic.synthetic_theory_records
+
+
+# ---------------------------------------------------------------------------------------------- test order
+# The longest modules first. scripts/test.sh runs `--dist loadscope --no-loadscope-reorder`: each module runs
+# whole on one worker, handed out in collection order, so a long module collected last would end the run with
+# one worker alone on it (xdist's default reorder, by test count, sends the two-test benchmark smoke run
+# last). Ordered by `--durations`, one module at a time (2026-11-27, 2-core AMD EPYC under other load), and
+# docs/layout.md's profile ("The test suite's time"); a path that no longer exists is ignored, and every other
+# module keeps its collection order behind these.
+SLOWEST_FIRST = (
+    "tests/sweep/test_benchmarks_quick.py",
+    "tests/project/test_gpu_check_demo_grid.py",
+    "tests/tasks/test_key_tokens.py",
+    "tests/project/test_wheel.py",
+    "tests/tasks/test_retrieval.py",
+    "tests/lm_eval/test_lm_eval.py",
+    "tests/lm_eval/test_lm_eval_ruler.py",
+    "tests/sweep/test_reliability.py",
+    "tests/extend/test_real_model.py",
+    "tests/project/test_bad_inputs.py",
+    "tests/sweep/test_cli.py",
+    "tests/sweep/test_sweep.py",
+    "tests/project/test_gpu_check.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: modules stay whole

@@ -51,13 +51,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} — run `ropebench sweep --help` for usage")
 
 
-def _int(text):
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-
-
 def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ropebench sweep",
@@ -90,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
         "--corpus", nargs="+", action=_Once, help="corpus name(s): sotu, pg19, proof-pile, hub id, path"
     )
     p.add_argument("--out", action=_Once, help="run directory (rerun with the same --out to resume)")
-    p.add_argument("--seed", type=_int, action=_Once, help="random seed")
+    p.add_argument("--seed", action=_Once, help="random seed (an integer >= 0)")
     p.add_argument("--device", action=_Once, help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", action=_Once, help="float32, bfloat16, float16 or auto")
     p.add_argument(
@@ -98,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
         "--option",
         action="append",
         metavar="[METHOD.]KEY=VALUE",
-        help="method option, e.g. yarn.beta_fast=16 (without METHOD: every method that takes KEY)",
+        help="method option, e.g. yarn.beta_fast=16 (without METHOD: every method that takes KEY); VALUE as "
+        "in a config file: 16k, 1e5, true, none, [1, 2], 'quoted text' (docs/sweeps.md)",
     )
     p.add_argument(
         "-t",

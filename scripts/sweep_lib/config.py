@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from pathlib import Path
 
 import yaml
 
 from extend.errors import RopebenchError
+from extend.values import ValueLoader, parse_text
 
 from .grid import base_task
 
@@ -28,14 +28,15 @@ class ConfigError(RopebenchError):
 
 
 # ---------------------------------------------------------------------------------------------- reading
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+class _UniqueKeyLoader(ValueLoader):
+    """yaml.safe_load with plain scalars read by ropebench's rules (extend.values: `no` is the text no,
+    `1e5` a number, `16k` 16384), and a key given twice in one mapping is an error (PyYAML keeps the last)."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str):  # `1:` or `on:` (YAML 1.1 reads a bool): every config key is a name
+            if not isinstance(key, str):  # `1:` or `true:`: every config key is a name
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} is not a name", key_node.start_mark
                 )
@@ -89,19 +90,7 @@ def read_yaml(path: str | os.PathLike) -> dict:
     return data
 
 
-NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
-def parse_value(text: str):
-    """A CLI value as YAML (2 -> int, 2.5 -> float, [1, 2] -> list, true -> bool, else the string). Numbers
-    YAML 1.1 leaves as strings (1e3, 2E-1) are numbers too."""
-    if isinstance(text, str) and NUMBER.match(text.strip()):
-        t = text.strip()
-        return int(t) if re.fullmatch(r"[+-]?\d+", t) else float(t)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+parse_value = parse_text  # a CLI value: extend.values' rules (docs/sweeps.md, "How text becomes a value")
 
 
 def parse_assignment(text: str, flag: str) -> tuple[str | None, str, object]:
@@ -113,7 +102,7 @@ def parse_assignment(text: str, flag: str) -> tuple[str | None, str, object]:
     name, _, key = lhs.rpartition(".")
     if not key:
         raise ConfigError(f"{flag} {text!r} has an empty key — write e.g. {flag} yarn.beta_fast=32")
-    return (name or None), key, parse_value(value)
+    return (name or None), key, parse_text(value, f"{flag} {lhs}")
 
 
 # ---------------------------------------------------------------------------------------------- merging
@@ -138,14 +127,14 @@ def merge_cli(cfg: dict, args) -> dict:
             entries += kept or [n]
         cfg["methods"] = entries
     if args.factors:
-        cfg["factors"] = [parse_value(f) for f in _listed(args.factors)]
+        cfg["factors"] = [parse_text(f, "--factors") for f in _listed(args.factors)]
         if isinstance(cfg.get("methods"), list):  # the CLI factors win over per-method factors
             cfg["methods"] = [
                 {k: v for k, v in e.items() if k != "factors"} if isinstance(e, dict) else e
                 for e in cfg["methods"]
             ]
     if args.lengths:
-        cfg["lengths"] = [parse_value(x) for x in _listed(args.lengths)]
+        cfg["lengths"] = [parse_text(x, "--lengths") for x in _listed(args.lengths)]
         cfg["_cli_lengths"] = True
     if args.tasks:
         old = cfg.get("tasks") if isinstance(cfg.get("tasks"), dict) else {}

@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from extend.errors import closest
+from extend.values import as_int, as_length, not_value, parse_text
 
-from .config import NUMBER, ConfigError, parse_value
+from .config import ConfigError
 
 TOP_KEYS = {
     "model": "model spec(s): hub id, local dir, .gguf file or alias (smollm2-135m)",
@@ -63,21 +64,11 @@ def _as_list(value, key: str) -> list:
 
 
 def check_lengths(values, where: str) -> list[int]:
+    """Positive whole numbers of tokens; text by extend.values' rules (`16k` = 16384, `1e5` = 100000)."""
     values = _as_list(values, where)
     if not values:
         raise ConfigError(f"empty grid: {where} has no lengths — give at least one, e.g. --lengths 2048 4096")
-    out = []
-    for v in values:
-        if isinstance(v, str) and v.strip().lower().endswith("k") and v.strip()[:-1].isdigit():
-            v = int(v.strip()[:-1]) * 1024  # "8k" -> 8192
-        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-            v = int(v)  # 1e5 is a whole number of tokens
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"{where}: length {v!r} is not an integer — use whole token counts, e.g. 4096")
-        if v <= 0:
-            raise ConfigError(f"{where}: length {v} is not positive — use lengths > 0, e.g. 4096")
-        out.append(v)
-    return sorted(set(out))
+    return sorted({as_length(v, where) for v in values})
 
 
 def check_factors(values, where: str) -> list[float]:
@@ -86,15 +77,11 @@ def check_factors(values, where: str) -> list[float]:
         raise ConfigError(f"empty grid: {where} is empty — give at least one factor, e.g. --factors 2")
     out = []
     for v in values:
-        if isinstance(v, str) and NUMBER.match(v.strip()):
-            v = parse_value(v)  # 1e3 in a YAML file is a string (YAML 1.1 wants 1.0e+3)
+        v = parse_text(v, where)  # text (a quoted '2' in YAML, the Python API) by extend.values' rules
         if isinstance(v, float) and not math.isfinite(v):  # 1e400 parses to inf
-            raise ConfigError(
-                f"{where}: factor {v!r} is not finite (too large for a float) — use a positive "
-                f"number such as 2 or 4"
-            )
+            raise not_value(where, v, "finite (too large for a float)", "2 or 4")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ConfigError(f"{where}: factor {v!r} is not a positive number — use e.g. 2 or 4")
+            raise not_value(where, v, "a positive number", "2 or 4")
         out.append(float(v))
     return sorted(set(out))
 
@@ -263,11 +250,7 @@ def _tasks(cfg: dict) -> dict:
 
 def _run_settings(cfg: dict) -> dict:
     """seed, device, dtype, trust_remote_code, plugins, description, out."""
-    seed = cfg.get("seed", 0)
-    if isinstance(seed, str) and seed.strip().lstrip("-").isdigit():
-        seed = int(seed)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"seed must be an integer, got {seed!r} — e.g. --seed 0")
+    seed = as_int(cfg.get("seed", 0), "seed", "--seed 0")
     if seed < 0:  # random.Random(-1) is random.Random(1): the same prompts under another cell key
         raise ConfigError(
             f"seed must be >= 0, got {seed} — e.g. --seed 0 (a negative seed repeats the positive one)"

@@ -25,7 +25,7 @@ ENV = dict(
     PYTHONPATH=str(ROOT),
 )
 RULER_EXTRA = "lm-eval's RULER tasks need the ruler extra (pip install -e '.[ruler]': wonderwords, nltk)"
-NIAH_LENGTH, NIAH_SAMPLES = 2048, 3
+NIAH_LENGTH, NIAH_SAMPLES = 1024, 3  # RULER generates its 500 samples at this length in each of the runs
 
 
 def run(module: str, *args, timeout=600):
@@ -231,7 +231,7 @@ def _niah_samples(out_dir: Path) -> dict[int, tuple[str, list[str]]]:
 @pytest.mark.real
 @pytest.mark.slow
 def test_ruler_niah_single_1_plain_answers_as_stock_hf(tmp_path, smollm2):
-    """lm-eval 0.4.13's own niah_single_1 (RULER's string match), a few samples at 2048 tokens, run by the
+    """lm-eval 0.4.13's own niah_single_1 (RULER's string match), a few samples at 1024 tokens, run by the
     instructions of its README (tokenizer=<path> in model_args, max_seq_lengths in metadata): the ropebench
     model with method plain generates exactly what `--model hf` generates on the same weights (the GGUF's
     snapshot)."""
@@ -290,6 +290,7 @@ RULER_FILES = {
     "niah_multivalue": "niah_multivalue.yaml",
     "niah_multiquery": "niah_multiquery.yaml",
     "vt": "vt.yaml",
+    "niah_single": "niah_single_1.yaml",
 }  # RULER's task of each variant
 SMALL_RETRIEVAL = {
     "passkey_lengths": [256],
@@ -339,7 +340,7 @@ def test_retrieval_tasks_load_offline_with_ruler_s_generation_settings(retrieval
 
 def test_retrieval_task_prompts_are_the_suites_token_for_token(retrieval_tasks, tiny_model, tok, monkeypatch):
     """The prompts lm-eval builds from the exported docs are the ones retrieval.run builds with scoring
-    "generate" (prompt + the variant's greedy budget <= L, RULER's rule)."""
+    "generate", haystack "filler" and length_rule "fill" (prompt + the variant's greedy budget <= L)."""
     from lm_eval.tasks import TaskManager
 
     from tasks import retrieval
@@ -357,6 +358,8 @@ def test_retrieval_task_prompts_are_the_suites_token_for_token(retrieval_tasks, 
         lengths=SMALL_RETRIEVAL["retrieval_lengths"],
         variants=retrieval.VARIANTS,
         scoring="generate",
+        haystack="filler",  # what the export writes (tasks/lm_eval_tasks/utils.py): the filler, filled
+        length_rule="fill",
         depths=SMALL_RETRIEVAL["retrieval_depths"],
         trials=SMALL_RETRIEVAL["retrieval_trials"],
         progress=False,

@@ -184,7 +184,7 @@ CASES = [
         "0.5",
         expect="only extends context",
     ),
-    sweep("`--seed x`", "--seed", "x", expect="invalid integer"),
+    sweep("`--seed x`", "--seed", "x", expect="seed: 'x' is not an integer"),
     sweep("`--seed -1`", "--seed", "-1", expect="seed must be >= 0"),
     sweep("`--out ''`", "--out", "", expect="out must be a directory path"),
     sweep("`--out` below a file", "--out", "{tmp}/afile/sub", expect="cannot write to --out"),
@@ -491,7 +491,7 @@ CASES = [
         "--trained-context",
         "-5",
         kind="results",
-        expect="--trained-context must be a positive number",
+        expect="--trained-context: '-5' is not positive",
     ),
     raw(
         "`python -m results report --trained-context x`",
@@ -500,7 +500,7 @@ CASES = [
         "--trained-context",
         "x",
         kind="results",
-        expect="invalid int value",
+        expect="--trained-context: 'x' is not an integer",
     ),
     raw(
         "`python -m results table --rows nosuchcol`",

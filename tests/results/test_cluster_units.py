@@ -1,7 +1,11 @@
 """Honest units (issue 29 item 2): rows that share a cluster (the questions asked about one haystack) are one
 independent unit. Seeded simulations hold the cell intervals' coverage and the paired test's level at
 intra-cluster correlation 0.5 with 2, 4 and 8 clusters of 6 questions, for a 0/1 rate and a mean; the tidy
-frame's functions count clusters (n) and rows, and pair settings by cluster id."""
+frame's functions count clusters (n) and rows, and pair settings by cluster id.
+
+The level check allows the nominal 5% plus the binomial noise of LEVEL_REPS simulated nulls: a test whose
+true level is exactly 5% exceeds the bound with probability 0.001 whatever the seed, and one at 7% passes it
+with probability about 0.01."""
 
 from __future__ import annotations
 
@@ -15,11 +19,28 @@ import pytest
 import results
 from results.frame import normalize
 from results.meaning import Metric
-from results.stats import MIN_INFORMATIVE_PAIRS, cell_interval, paired_interval
+from results.stats import MIN_INFORMATIVE_PAIRS, cell_interval, paired_clusters, paired_interval
 
 ICC = 0.5  # intra-cluster correlation of the latent score
 QUESTIONS = 6  # questions per cluster (haystack)
 REPS = 1000
+LEVEL_REPS = 4000  # simulated true nulls per level check
+NOMINAL = 0.05
+
+
+def binomial_bound(reps: int, p: float, tail: float = 0.001) -> int:
+    """The smallest count k with P(Binomial(reps, p) > k) <= tail: the most rejections a test at level p
+    shows in ``reps`` independent nulls, but for a 1-in-1000 draw."""
+    pmf, cdf = (1 - p) ** reps, 0.0
+    for k in range(reps + 1):
+        cdf += pmf
+        if 1 - cdf <= tail:
+            return k
+        pmf *= (reps - k) / (k + 1) * p / (1 - p)
+    return reps
+
+
+LEVEL_BOUND = binomial_bound(LEVEL_REPS, NOMINAL)  # 244 of 4000 (6.1%)
 
 
 def _latent(rng, clusters: int, mu: float, settings: int) -> np.ndarray:
@@ -78,20 +99,37 @@ def test_intervals_that_count_rows_as_units_undercover():
     assert covered / REPS < 0.85
 
 
+def test_the_level_bound_is_the_binomial_quantile():
+    # exact rational tail sums at p = 1/20 (independent of the float recursion above):
+    # P(X > bound) <= 1/1000 < P(X > bound - 1)
+    assert NOMINAL == 1 / 20
+
+    n, k = LEVEL_REPS, LEVEL_BOUND
+    term = math.comb(n, k) * 19 ** (n - k)  # 20**n * P(X = k), an integer
+    at_bound, above = term, 0
+    for j in range(k, n):
+        term = term * (n - j) // ((j + 1) * 19)  # 20**n * P(X = j + 1), exactly
+        above += term
+    scale = 20**n
+    assert 1000 * above <= scale < 1000 * (above + at_bound)
+    assert LEVEL_BOUND / LEVEL_REPS < 0.062
+
+
 @pytest.mark.parametrize("kind", ["rate", "mean"])
 @pytest.mark.parametrize("clusters", [2, 4, 8])
 def test_paired_test_holds_its_level_under_a_true_null(kind, clusters):
-    """Two settings with the same distribution: the paired test over clusters marks a difference in <= 6% of
-    runs. Below MIN_INFORMATIVE_PAIRS (6) differing clusters it never marks one."""
+    """Two settings with the same distribution: the paired test over clusters marks a difference no more
+    often than a 5% test could by chance (LEVEL_BOUND of LEVEL_REPS). Below MIN_INFORMATIVE_PAIRS (6)
+    differing clusters it never marks one."""
     rng = np.random.default_rng(2000 * clusters + (kind == "rate"))
     labels = _labels(clusters)
     rejected = 0
-    for _ in range(REPS):
+    for _ in range(LEVEL_REPS):
         a, b = _observed(kind, _latent(rng, clusters, 0.5, 2))
-        p = paired_interval(kind, a, b, clusters=labels, unit="haystack")
+        p = paired_clusters(kind, a, labels, b, labels, unit="haystack")
         assert p.n == clusters and p.rows == clusters * QUESTIONS
         rejected += p.significant
-    assert rejected / REPS <= 0.06, (kind, clusters, rejected / REPS)
+    assert rejected <= LEVEL_BOUND, (kind, clusters, rejected / LEVEL_REPS)
     if clusters < MIN_INFORMATIVE_PAIRS:
         assert rejected == 0
 
@@ -105,7 +143,7 @@ def test_paired_test_over_eight_clusters_finds_a_large_difference(kind):
     for _ in range(200):
         a = _observed(kind, _latent(rng, 8, 1.5, 1)[0])
         b = _observed(kind, _latent(rng, 8, 0.0, 1)[0])
-        found += paired_interval(kind, a, b, clusters=labels).significant
+        found += paired_clusters(kind, a, labels, b, labels).significant
     assert found / 200 > 0.6
 
 
@@ -156,10 +194,11 @@ def test_six_questions_on_one_haystack_are_one_unit_and_get_no_star():
     frame = _frame(1, {"plain": set(), "ext": {0}})
     long = results.paired_differences(frame, "needles", "hit", cols="length")
     ext = long[long["method"] == "ext"].iloc[0]
-    assert (ext["estimate"], ext["n"], ext["rows"], ext["unit"]) == (1.0, 1, 6, "haystack")
+    assert (ext["estimate"], ext["n"], ext["rows"], long.attrs["unit"]) == (1.0, 1, 6, "haystack")
     assert not ext["significant"]
-    cell = results.estimates(frame, "needles", "hit", by=["method"]).set_index("method").loc["ext"]
-    assert (cell["n"], cell["rows"], cell["unit"]) == (1, 6, "haystack")
+    cells = results.estimates(frame, "needles", "hit", by=["method"])
+    cell = cells.set_index("method").loc["ext"]
+    assert (cell["n"], cell["rows"], cells.attrs["unit"]) == (1, 6, "haystack")
     # Wilson at one effective unit with one success: the same interval as 1 of 1
     z = 1.959963984540054
     assert cell["lo"] == pytest.approx(1 / (1 + z * z)) and cell["hi"] == 1.0

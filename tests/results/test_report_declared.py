@@ -101,13 +101,13 @@ DEMO_SETTINGS = (("plain", 1.0, {}), ("ntk", 2.0, {}), ("yarn", 2.0, {}))
 LONG = 12288
 
 
-def _retrieval_rows():
-    """Retrieval at 12288: 2 haystacks x 6 questions, the needle 4096-8192 tokens from the question. plain
+def _retrieval_rows(haystacks=2):
+    """Retrieval at 12288: ``haystacks`` x 6 questions, the needle 4096-8192 tokens from the question. plain
     ranks the answer first on none, ntk and yarn on all; log-probability -3 for plain, -0.5 for the others
     (+0.1 per question so it has a spread)."""
     rows = []
     for method, factor, _ in DEMO_SETTINGS:
-        for h in range(2):
+        for h in range(haystacks):
             for q in range(6):
                 good = method != "plain"
                 for metric, value in (
@@ -195,9 +195,29 @@ def test_headline_cites_n_and_p(demo_like, tmp_path):
     assert 2 / 2**17 < 0.001
     assert "17/18 and 17/18 vs 0/18" in passkey and "p < 0.001" in passkey
     assert "n = 18 trials" in passkey
+    assert "vs 0/18 (n = 18 trials, McNemar" in passkey  # one row per trial: the counts are of the units
     # retrieval has plots by length and by needle distance
     assert "plots/retrieval_answer_top1_by_distance_smollm2-135m_essays.png" in md
     assert "plots/retrieval_answer_logprob_by_distance_smollm2-135m_essays.png" in md
+
+
+def test_headline_gives_n_in_haystacks_and_names_question_counts_as_rows(tmp_path):
+    """6 haystacks x 6 questions: n is 6 (haystacks), never the 36 questions. Each haystack's contrast is the
+    same one way, so the exact sign-flip test over 6 clusters gives p = 2 / 2**6 = 0.031 for both settings;
+    the 0/1 counts are of the 36 rows (questions) and say so, the log-probability line names its rows apart
+    from n."""
+    run = tmp_path / "run"
+    results.RecordWriter(run).write(_declare(_retrieval_rows(haystacks=6)))
+    head = results.report(run).read_text().split("\n\n", 2)[1].splitlines()
+    top1 = next(line for line in head if "answer_top1" in line)
+    logprob = next(line for line in head if "answer_logprob" in line)
+    assert f"{2 / 2**6:.3f}" == "0.031"
+    assert top1.endswith(": 36/36 and 36/36 vs 0/36 rows (n = 6 haystacks, sign-flip p ≤ 0.031).")
+    # ntk/yarn minus plain per question: (-0.5 + 0.1 q) - (-3 + 0.1 q) = 2.5 on every question
+    assert "difference 2.500 [2.500, 2.500]" in logprob
+    assert logprob.endswith("(n = 6 haystacks, sign-flip p ≤ 0.031; 36 rows on them).")
+    for line in (top1, logprob):
+        assert "n = 36" not in line and "rows on 6" not in line
 
 
 def test_headline_says_when_nothing_is_significant(tmp_path):
@@ -267,7 +287,7 @@ def test_summary_of_an_empty_frame_is_one_line():
 # ------------------------------------------------------------------------------------------------ the plots
 def test_perplexity_title_promises_a_band_only_when_drawn(demo_like, tmp_path):
     three = results.plot_perplexity(demo_like, tmp_path / "three.png")
-    assert "band: 95% t interval" in three.figure.axes[0].get_title()
+    assert "band: 95% skew-robust t" in three.figure.axes[0].get_title()
     one = demo_like[(demo_like["task"] != "perplexity") | demo_like["doc"].isin([None, "doc0"])]
     one = one[(one["task"] != "perplexity") | one["doc"].notna()]
     single = results.plot_perplexity(one, tmp_path / "one.png")

@@ -17,7 +17,7 @@ import pytest
 import results
 from results.frame import normalize
 from results.meaning import BUILT_IN
-from results.stats import newcombe, wilson
+from results.stats import newcombe, skew_t, wilson
 
 ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
@@ -323,15 +323,14 @@ def test_real_sweep_perplexity_intervals_by_hand(real_sweep):
     agg = df[(df["metric"] == "ppl") & df["doc"].isna() & (df["method"] == "yarn") & (df["length"] == 256)]
     # the token-weighted estimate over the task's per-document rows is the task's own aggregate
     assert t.loc["yarn", 256] == pytest.approx(float(agg["value"].iloc[0]), rel=1e-9)
-    # t over the 3 documents' losses (2 degrees of freedom), exp'd back
-    centre, half = (loss * tokens).sum() / tokens.sum(), _t_half(loss, tokens, 2)
+    # the skew-robust t over the 3 documents' token-weighted losses (results.stats.skew_t, calibrated in
+    # tests/results/test_interval_calibration.py), exp'd back
+    _, lo, hi = skew_t(loss, tokens)
     got = (
         results.table(df, "perplexity", "ppl", stat="lo").loc["yarn", 256],
         results.table(df, "perplexity", "ppl", stat="hi").loc["yarn", 256],
     )
-    assert (math.log(got[0]), math.log(got[1])) == pytest.approx(
-        (centre - half, centre + half), abs=1e-4 * half
-    )
+    assert (math.log(got[0]), math.log(got[1])) == pytest.approx((float(lo), float(hi)), rel=1e-9)
     # paired ratio yarn / plain over the same three documents: t over the per-document log ratios
     plain = df[
         (df["metric"] == "loss") & df["doc"].notna() & (df["method"] == "plain") & (df["length"] == 256)

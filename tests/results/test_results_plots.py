@@ -185,3 +185,54 @@ def test_classification_interval_band_and_chance(synthetic_frame, tmp_path):
     ) in bands
     assert "n=20 queries" in ax.get_title()
     assert [line for line in ax.get_lines() if line.get_linestyle() == "--"]  # chance line still there
+
+
+def test_metric_and_distance_plots_label_chance_axes_and_title_alike(tmp_path):
+    """plot_metric and plot_by_distance share one finishing step: the declared chance (0.25 here) dashed and
+    labelled, the y axis named by the declaration's unit and direction, a title naming task, metric, model,
+    corpus and factor. 4 prompts per setting at each of two lengths, the needle at distance L / 2."""
+    from results.frame import normalize
+    from results.meaning import Metric
+    from results.plots import plot_by_distance, plot_metric
+
+    hit = Metric("rate", "higher", "fraction of prompts", "hit", chance=0.25, lo=0, hi=1)
+    rows = [
+        {
+            "run": "r",
+            "task": "quiz",
+            "model": "/tmp/x/tiny",
+            "method": method,
+            "factor": factor,
+            "options": "{}",
+            "corpus": "c",
+            "length": L,
+            "depth": 0.5,
+            "trial": t,
+            "distance": L // 2,
+            "seed": 0,
+            "metric": "hit",
+            "value": float(t < k),
+            "n": 1,
+            "status": "ok",
+            "meaning": hit.to_json(),
+        }
+        for method, factor, k in (("plain", 1.0, 1), ("ext", 2.0, 3))
+        for L in (1000, 2000)
+        for t in range(4)
+    ]
+    df = normalize(pd.DataFrame(rows))
+    by_length = plot_metric(df, tmp_path / "l.png", task="quiz", metric="hit")
+    by_distance = plot_by_distance(df, tmp_path / "d.png", task="quiz", metric="hit")
+    for plot, what in ((by_length, "vs length"), (by_distance, "by needle distance")):
+        ax = plot.figure.axes[0]
+        chance = [line for line in ax.get_lines() if line.get_label() == "chance"]
+        assert len(chance) == 1 and tuple(chance[0].get_ydata()) == (0.25, 0.25)
+        assert chance[0].get_linestyle() == "--" and plot.extra["chance"] == {0: 0.25}
+        assert ax.get_ylabel() == "hit (fraction of prompts, higher is better)"
+        title = ax.get_title()
+        assert title.startswith(f"quiz: hit {what} — tiny\ncorpus: c · factors 1, 2 · ")
+        assert "chance" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert by_length.figure.axes[0].get_xlabel() == "length (tokens)"
+    assert by_distance.figure.axes[0].get_xlabel() == "needle distance from the question (tokens)"
+    # the distance plot: one point per length x depth, at the needle's distance
+    assert sorted(by_distance.data["distance"].unique()) == [500, 1000]

@@ -276,9 +276,10 @@ def test_cli_table(synthetic_run_dir, capsys):
         == 0
     )
     assert "0.026" in capsys.readouterr().out
-    # plain at 16384: 3 documents at 560 x exp(-0.1, 0, +0.1): t(2 dof) = 4.303 on the log scale, s = 0.1
+    # plain at 16384: 3 documents at 560 x exp(-0.1, 0, +0.1), equal tokens, not skewed: t on the log scale,
+    # s = 0.1, 0.65 x 2 = 1.3 dof (results.stats.skew_t): 560 x exp(+-7.5005 x 0.1 / sqrt(3))
     for task, metric, cell in (
-        ("perplexity", "ppl", "| 560.0 [436.8, 717.9] n=3 |"),
+        ("perplexity", "ppl", "| 560.0 [363.2, 863.5] n=3 |"),
         ("passkey", "correct", "| 0.833 [0.436, 0.970] n=6 |"),
         ("classification", "accuracy", "| 0.500 [0.299, 0.701] n=20 |"),
     ):
@@ -314,7 +315,8 @@ def test_cli_table(synthetic_run_dir, capsys):
         (["table", "{run}", "--task", "nope", "--metric", "ppl"], "unknown task 'nope' — available tasks"),
         (["table", "{run}", "--task", "perplexity", "--metric", "acc"], "unknown metric 'acc'"),
         (["report", "{run}", "--threshold", "80"], "threshold must be an accuracy in (0, 1]"),
-        (["report", "{run}", "--tolerance", "-0.1"], "tolerance must be a fraction >= 0"),
+        (["report", "{run}", "--tolerance", "-0.1"], "--tolerance: '-0.1' is not 0 or more"),
+        (["report", "{run}", "--bar", "strict"], "threshold must be an accuracy in (0, 1] or one of: ruler"),
     ],
 )
 def test_cli_errors_exit_2_with_one_line(argv, needle, synthetic_run_dir, tmp_path, capsys):

@@ -129,14 +129,20 @@ def test_t_interval_over_units_by_hand():
 
 def test_perplexity_interval_is_t_over_documents_token_weighted():
     # three documents of different lengths: the cell is exp(sum n_i loss_i / sum n_i); the interval is t on
-    # the per-document losses with Kish's variance s^2 sum(n^2) / sum(n)^2, exp'd back
+    # the per-document losses, exp'd back, with the larger of Kish's variance s^2 sum(n^2) / sum(n)^2 and
+    # HC2's sum(n_i^2 r_i^2 / (1 - n_i / N)) / N^2 (results.stats.skew_t)
     docs = [("d0", 2.0, 100), ("d1", 3.0, 300), ("d2", 2.5, 50)]
     frame = _frame([{"metric": "ppl", "doc": d, "value": math.exp(loss), "n": n} for d, loss, n in docs])
     loss, n = np.array([d[1] for d in docs]), np.array([d[2] for d in docs], float)
     s = results.estimates(frame, "t", "ppl", by=["method"])
     centre = (loss * n).sum() / n.sum()  # 2.7222...
     assert s.loc[0, "mean"] == pytest.approx(math.exp(centre), rel=1e-12) and s.loc[0, "interval"] == "t"
-    half = T975[2] * 0.5 * math.sqrt(100**2 + 300**2 + 50**2) / 450  # s = 0.5 (losses 2, 3, 2.5)
+    kish = (0.5 * math.sqrt(100**2 + 300**2 + 50**2) / 450) ** 2  # s = 0.5 (losses 2, 3, 2.5)
+    hc2 = ((n * (loss - centre)) ** 2 / (1 - n / 450)).sum() / 450**2
+    assert hc2 > kish  # the heavy document sits far from the centre: HC2's variance, on effective n - 1 =
+    # 450^2 / (100^2 + 300^2 + 50^2) - 1 = 0.98 dof x 0.65 -> at least 1 dof, t = 12.706; the losses are not
+    # skewed (2, 2.5, 3), so the interval is symmetric
+    half = 12.706205 * math.sqrt(hc2)
     assert (math.log(s.loc[0, "lo"]), math.log(s.loc[0, "hi"])) == pytest.approx(
         (centre - half, centre + half), abs=1e-4 * half
     )

@@ -257,7 +257,7 @@ def test_table_axes_raise_results_errors(perplexity_run_dir, kwargs, match):
 def test_config_keys_must_be_names_at_every_level(tmp_path):
     from ropebench.sweep_lib.config import ConfigError, read_yaml
 
-    for text, key in (("1: x\n", "1"), ("options: {yarn: {2: 3}}\n", "2"), ("on: 3\n", "True")):
+    for text, key in (("1: x\n", "1"), ("options: {yarn: {2: 3}}\n", "2"), ("true: 3\n", "True")):
         (tmp_path / "c.yaml").write_text("model: smollm2-135m\n" + text)
         with pytest.raises(ConfigError, match=rf"c.yaml \(line \d+, column \d+\): key {key} is not a name"):
             read_yaml(tmp_path / "c.yaml")

