@@ -1,8 +1,8 @@
-"""`python -m benchmarks NAME [ARGS]`: see benchmarks/cli.py."""
+"""`ropebench bench NAME [ARGS]`: see benchmarks/cli.py."""
 
 import sys
 
-from benchmarks.cli import main
+from ropebench.benchmarks.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

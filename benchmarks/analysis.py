@@ -3,8 +3,8 @@ number from this run's measurements or from what its children read off the model
 
 from __future__ import annotations
 
-from benchmarks import cost_model
-from benchmarks.measured import MB, method_of, model_facts, per_repeat
+from ropebench.benchmarks import cost_model
+from ropebench.benchmarks.measured import MB, method_of, model_facts, per_repeat
 
 CURVE_TARGET = 0.55  # the one-pass curve target of the figures table
 

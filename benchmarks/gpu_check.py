@@ -3,8 +3,8 @@ context against transformers' `model(ids, labels=ids)` and the GPU's measured bf
 models generated from a seed (nothing carried). Writes report.md and gpu_check.json into --out. Budget: at
 most 8 minutes on one H100. `--cpu-sizes` runs the same code at tiny sizes on the CPU (CI runs it that way).
 
-    python -m benchmarks gpu --out runs/gpu-check                 # on the GPU machine (docs/benchmarks.md)
-    python -m benchmarks gpu --cpu-sizes --out /tmp/gpu-check     # the same code on a CPU, in seconds
+    python -m ropebench.benchmarks gpu --out runs/gpu-check  # on the GPU machine (docs/benchmarks.md: no install)
+    ropebench bench gpu --cpu-sizes --out /tmp/gpu-check     # the same code on a CPU, in seconds
 
 Sections (--skip NAME leaves one out):
 - gemm: the measured matmul rate (bf16 and fp32; TF32 off) of one size x size product;
@@ -17,7 +17,7 @@ Sections (--skip NAME leaves one out):
 - remap-cost: plain vs self-extend, rerope and dca on the Llama-3-8B shape at one length (32k);
 - demo-grid: benchmarks/gpu_demo_grid.py (the demo's grid through the sweep on a SmolLM2-shaped random model,
   on the device in bf16 and fp32 and on the CPU in fp32; the tables compared: values, paired marks, reach).
-  It needs the SmolLM2 tokenizer: `python -m benchmarks gpu --save-tokenizer` writes runs/smollm2-tokenizer
+  It needs the SmolLM2 tokenizer: `ropebench bench gpu --save-tokenizer` writes runs/smollm2-tokenizer
   here (from the embedded GGUF), for the device call to carry.
 """
 
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
 SECTIONS = ("gemm", "correctness", "long-context", "remap-cost", "demo-grid")
 GPU = {
@@ -56,7 +56,7 @@ TARGETS = {"ratio_to_labels": 0.6, "gemm_share": 0.40, "memory_error": 0.15}  # 
 
 
 def parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks gpu", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="ropebench bench gpu", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/gpu-check", help="folder for report.md and gpu_check.json")
     p.add_argument("--cpu-sizes", action="store_true", help="tiny sizes on the CPU (CI): the same code paths")
     p.add_argument("--device", default=None, help="default: cuda (with --cpu-sizes: cpu)")
@@ -120,8 +120,7 @@ def sync(device: str) -> None:
 def environment(device: str) -> dict:
     import torch
     import transformers
-
-    from extend.loading import cpu_key
+    from ropebench.extend.loading import cpu_key
 
     env = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -141,8 +140,7 @@ def environment(device: str) -> dict:
 
 def gemm_section(device: str, size: int) -> dict:
     import torch
-
-    from benchmarks.flops import gemm_rate
+    from ropebench.benchmarks.flops import gemm_rate
 
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -187,7 +185,7 @@ def timed(fn, device: str) -> tuple[float | None, int | None, str]:
 
 def fits(config, length: int, device: str, extra: int = 0) -> bool:
     """Does a forward of `length` tokens fit in the device's free memory, by extend.memory's estimate?"""
-    from extend import memory
+    from ropebench.extend import memory
 
     room = memory.available(device)
     if room is None:
@@ -207,11 +205,10 @@ def labels_forward(model, ids):
 def long_context_rows(shape: str, *, device: str, lengths: list[int], tiny: bool, gemm: dict, seed: int):
     """ropebench's perplexity pass vs `labels=` at each length on the random `shape` model (bf16)."""
     import torch
-
-    from benchmarks.flops import forward_flops
-    from benchmarks.tiny_models import build_shape
-    from extend import memory
-    from tasks.scoring import token_nll
+    from ropebench.benchmarks.flops import forward_flops
+    from ropebench.benchmarks.tiny_models import build_shape
+    from ropebench.extend import memory
+    from ropebench.tasks.scoring import token_nll
 
     model = build_shape(shape, device=device, dtype=torch.bfloat16, tiny=tiny, seed=seed)
     config, rows = model.config, []
@@ -255,10 +252,9 @@ def remap_cost_rows(*, device: str, length: int, tiny: bool, seed: int):
     import math
 
     import torch
-
-    import extend
-    from benchmarks.tiny_models import build_shape
-    from tasks.scoring import token_nll
+    from ropebench import extend
+    from ropebench.benchmarks.tiny_models import build_shape
+    from ropebench.tasks.scoring import token_nll
 
     model = build_shape("llama-3-8b", device=device, dtype=torch.bfloat16, tiny=tiny, seed=seed)
     factor = float(max(1, math.ceil(length / model.config.max_position_embeddings)))
@@ -291,13 +287,12 @@ def remap_cost_rows(*, device: str, length: int, tiny: bool, seed: int):
 
 def run(args) -> dict:
     import torch
-
-    import extend
+    from ropebench import extend
 
     s = settings(args)
     device = s["device"]
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise BenchmarkError("no CUDA GPU here — run `python -m benchmarks gpu --cpu-sizes` on a CPU")
+        raise BenchmarkError("no CUDA GPU here — run `ropebench bench gpu --cpu-sizes` on a CPU")
     families = args.families or (CPU_FAMILIES if args.cpu_sizes else list(extend.TESTED_FAMILIES))
     methods = args.methods or extend.methods()
     unknown = [f for f in families if f not in extend.TESTED_FAMILIES] + [
@@ -313,7 +308,7 @@ def run(args) -> dict:
         if section == "gemm":
             data["gemm"] = gemm_section(device, s["gemm_size"])
         elif section == "correctness":
-            from benchmarks.gpu_correctness import correctness
+            from ropebench.benchmarks.gpu_correctness import correctness
 
             data["correctness"] = correctness(
                 device=device,
@@ -341,7 +336,7 @@ def run(args) -> dict:
                 device=device, length=s["remap_length"], tiny=s["tiny"], seed=args.seed
             )
         elif section == "demo-grid":
-            from benchmarks.gpu_demo_grid import demo_grid
+            from ropebench.benchmarks.gpu_demo_grid import demo_grid
 
             data["demo_grid"] = demo_grid(
                 device=device,
@@ -359,7 +354,7 @@ def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.save_tokenizer:
-        from benchmarks.gpu_demo_grid import save_tokenizer
+        from ropebench.benchmarks.gpu_demo_grid import save_tokenizer
 
         folder = save_tokenizer(args.save_tokenizer)
         size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
@@ -371,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(data, indent=1, default=str))
-    from benchmarks.gpu_report import render
+    from ropebench.benchmarks.gpu_report import render
 
     (out / "report.md").write_text(render(data))
     failed = [r for r in data.get("correctness", []) if r["ok"] is False]

@@ -42,8 +42,7 @@ def tolerance(reference, ulps: float = TOL_ULPS) -> float:
 
 def logits(model, ids, **kwargs):
     import torch
-
-    from extend.forward import device_of
+    from ropebench.extend.forward import device_of
 
     with torch.no_grad():
         return model(ids.to(device_of(model)), **kwargs).logits.float().cpu()
@@ -140,12 +139,11 @@ def reference_logits(family: str, method: str, factor: float, ids, *, seed: int)
     """Logits of the unpatched CPU float32 model of `family` whose attention scores each pair at the remap
     method's relative position, in float64."""
     import torch
+    from ropebench.benchmarks.tiny_models import build_family
+    from ropebench.extend import registry
+    from ropebench.extend.patching import rope_bases
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
-
-    from benchmarks.tiny_models import build_family
-    from extend import registry
-    from extend.patching import rope_bases
 
     model = build_family(family, seed=seed)
     rotary = model.base_model.rotary_emb
@@ -169,9 +167,8 @@ def xpos_generate_gap(model, ids, *, prompt: int, new: int) -> tuple[float, floa
     """(max |generate's logits - a full forward's|, tolerance) for xpos with its automatic centre: `generate`
     with its KV cache keeps the prompt's centre, so each step equals one forward of the sequence before it."""
     import torch
-
-    import extend
-    from extend.forward import device_of
+    from ropebench import extend
+    from ropebench.extend.forward import device_of
 
     x = ids[:, :prompt].to(device_of(model))
     with extend.patched(model, "xpos", factor=2.0), torch.no_grad():
@@ -196,7 +193,7 @@ def xpos_generate_gap(model, ids, *, prompt: int, new: int) -> tuple[float, floa
 def identity_remap(model, spec) -> bool:
     """A remap method that promises plain RoPE at factor 1 (self-extend, rerope: plain_within is infinite;
     DCA still cuts chunks there)."""
-    from extend.patching import rope_bases
+    from ropebench.extend.patching import rope_bases
 
     if not spec.remap:
         return False
@@ -214,10 +211,9 @@ def family_rows(
 ):
     """Every check of every method on one family under one attention implementation."""
     import torch
-
-    import extend
-    from benchmarks.tiny_models import build_family
-    from extend import registry
+    from ropebench import extend
+    from ropebench.benchmarks.tiny_models import build_family
+    from ropebench.extend import registry
 
     fp32 = attn != "flash_attention_2"  # flash-attention-2 runs only in half precision
     dtype = torch.float32 if fp32 else torch.bfloat16
@@ -269,8 +265,8 @@ def family_rows(
 
 
 def _compare_rows(family, attn, method, cpu, got, ids, f, options, seed):
-    import extend
-    from extend import registry
+    from ropebench import extend
+    from ropebench.extend import registry
 
     rows = []
     try:

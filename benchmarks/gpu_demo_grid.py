@@ -8,7 +8,7 @@ equal, every reach verdict (`results.effective_length`, each rule the metric dec
 
 The real SmolLM2 does not travel (its GGUF is 98 MB, more than one device call carries; the device image has
 no gguf): the weights are generated from the seed on each side, so values are meaningless and the comparison
-is the point. The tokenizer (3.5 MB) travels: `python -m benchmarks gpu --save-tokenizer` writes it from the
+is the point. The tokenizer (3.5 MB) travels: `ropebench bench gpu --save-tokenizer` writes it from the
 embedded GGUF into runs/smollm2-tokenizer (ignored), which the device call carries.
 
 Grids: a scale s divides the demo's lengths and the model's trained context (8192) alike, so every length
@@ -22,7 +22,6 @@ same shape family, and the "device" is the CPU itself (bf16 vs fp32 still runs t
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -31,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.errors import BenchmarkError
+from ropebench.benchmarks.errors import BenchmarkError
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "scripts" / "configs" / "demo.yaml"
+DEMO = ROOT / "scripts" / "configs" / "demo.yaml"  # the checkout's (the device runs from one)
 DEFAULT_TOKENIZER = ROOT / "runs" / "smollm2-tokenizer"
 TRAINED = 8192  # SmolLM2-135M's trained context: the demo's lengths are placed against it
 VOCAB = 49152  # the SmolLM2 tokenizer's vocabulary (the tiny shape's 512 would not hold its ids)
@@ -79,15 +78,15 @@ def smollm2_tokenizer(folder: str | os.PathLike | None = None):
     if (candidate / "tokenizer.json").is_file() or (candidate / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(str(candidate)), str(candidate)
     if folder:
-        raise BenchmarkError(f"no tokenizer in {candidate} — run `python -m benchmarks gpu --save-tokenizer`")
-    from extend.errors import ExtendError
-    from extend.loading import _snapshot_dir, embedded_gguf
+        raise BenchmarkError(f"no tokenizer in {candidate} — run `ropebench bench gpu --save-tokenizer`")
+    from ropebench.extend.errors import ExtendError
+    from ropebench.extend.loading import _snapshot_dir, embedded_gguf
 
     try:
         path = embedded_gguf("smollm2-135m")
     except ExtendError as e:
         raise BenchmarkError(
-            f"no SmolLM2 tokenizer here ({e}) — run `python -m benchmarks gpu --save-tokenizer` where the "
+            f"no SmolLM2 tokenizer here ({e}) — run `ropebench bench gpu --save-tokenizer` where the "
             f"embedded model is installed and carry {DEFAULT_TOKENIZER.relative_to(ROOT)}"
         ) from None
     snapshot = _snapshot_dir(path)
@@ -108,8 +107,7 @@ def save_tokenizer(folder: str | os.PathLike = DEFAULT_TOKENIZER) -> Path:
 def save_model(folder: Path, tokenizer, *, tiny: bool, context: int, seed: int) -> Path:
     """The SmolLM2-shaped random model (fp32 weights from `seed`; trained context `context`) + tokenizer."""
     import torch
-
-    from benchmarks.tiny_models import build_shape
+    from ropebench.benchmarks.tiny_models import build_shape
 
     if len(tokenizer) > VOCAB:
         raise BenchmarkError(f"the tokenizer has {len(tokenizer)} tokens, more than the model's {VOCAB}")
@@ -132,20 +130,9 @@ def save_model(folder: Path, tokenizer, *, tiny: bool, context: int, seed: int) 
 
 
 def sweep_cli():
-    """`ropebench.sweep_lib.cli`; where ropebench is not installed (the device image), scripts/ under its
-    import name, as pyproject.toml maps it."""
-    try:
-        from ropebench.sweep_lib import cli
-    except ModuleNotFoundError as e:
-        if e.name != "ropebench":
-            raise
-        spec = importlib.util.spec_from_file_location(
-            "ropebench", ROOT / "scripts" / "__init__.py", submodule_search_locations=[str(ROOT / "scripts")]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["ropebench"] = module
-        spec.loader.exec_module(module)
-        from ropebench.sweep_lib import cli
+    """`ropebench.sweep_lib.cli` (imported when used: the sweep's command line is a tool above this one)."""
+    from ropebench.sweep_lib import cli
+
     return cli
 
 
@@ -199,7 +186,7 @@ def run_in_process(argv: list[str]) -> tuple[int, float]:
 
 def start_subprocess(argv: list[str], log: Path) -> tuple[subprocess.Popen, float, object]:
     f = log.open("w")
-    command = [sys.executable, "-m", "benchmarks.gpu_demo_grid", *argv]
+    command = [sys.executable, "-m", "ropebench.benchmarks.gpu_demo_grid", *argv]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the CPU's run: no CUDA context beside the device's
     proc = subprocess.Popen(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
     return proc, time.perf_counter(), f
@@ -222,10 +209,10 @@ def _flag(value) -> bool | None:
 
 def tables(run_dir: Path) -> dict:
     """What the run's report shows, keyed alike in every run: estimates, paired marks, reach verdicts."""
-    import results
-    from results.overview import ok_rows, quantities
-    from results.reach import rules_of
-    from results.store import ResultsError
+    from ropebench import results
+    from ropebench.results.overview import ok_rows, quantities
+    from ropebench.results.reach import rules_of
+    from ropebench.results.store import ResultsError
 
     df = ok_rows(results.load(run_dir))
     qs = quantities(df)

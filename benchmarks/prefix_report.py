@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from benchmarks import cost_model
-from benchmarks.measured import LEGACY_METHOD, median
+from ropebench.benchmarks import cost_model
+from ropebench.benchmarks.measured import LEGACY_METHOD, median
 
 START, END = "<!-- prefix-sharing:start -->", "<!-- prefix-sharing:end -->"
 
@@ -135,7 +135,7 @@ def rolling_windows_text(full_json: dict) -> str:
 def perplexity_restated(full_json: dict | None) -> list[str]:
     """The perplexity targets restated against their floors, from the full run's saved measurements."""
     if not full_json:
-        return ["(no full run saved in benchmarks/BENCHMARKS.json: run `python -m benchmarks run`)"]
+        return ["(no full run saved in benchmarks/BENCHMARKS.json: run `ropebench bench run`)"]
     runs = full_json["runs"]
     lmax = max(int(k) for k in runs[0]["perlength"]["length_seconds"])
     curve = median([r["onepass"]["seconds"] / r["perlength"]["seconds"] for r in runs])

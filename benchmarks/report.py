@@ -3,9 +3,9 @@
     rows, checks = figure_rows(saved)            # the figures table and the pass/fail checks
     text = render(saved, notes=NOTES_TEXT)       # the whole markdown report
 
-`saved` is what `python -m benchmarks run` writes to BENCHMARKS*.json: "date", "machine", "versions",
+`saved` is what `ropebench bench run` writes to BENCHMARKS*.json: "date", "machine", "versions",
 "command", "args" (the run's settings), "runs" (one dict per repeat: child name -> what benchmarks/figures.py
-measured) and, after `python -m benchmarks report JSON --demo-seconds N`, "demo_command". Figures are medians
+measured) and, after `ropebench bench report JSON --demo-seconds N`, "demo_command". Figures are medians
 over repeats of ratios measured within one repeat. Whatever the text says about the model or the run comes
 from `saved`; a fact an older JSON lacks is reported as not measured.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from benchmarks import analysis, prefix_report
-from benchmarks.measured import GB, MB, method_of, model_facts, model_name, per_repeat
+from ropebench.benchmarks import analysis, prefix_report
+from ropebench.benchmarks.measured import GB, MB, method_of, model_facts, model_name, per_repeat
 
 # "Identical numbers" is a float32 property. In bf16 a matmul may round differently at another row count
 # (Intel AMX: one-pass vs per-length |d log ppl| 2.5e-4 at the quick lengths, 9.3e-4 at 2048), so bf16 runs

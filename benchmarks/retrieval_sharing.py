@@ -2,8 +2,8 @@
 process, the same model and grid; prints the shared/unshared wall-time ratio, the tokens each side computed
 and the largest difference between the two sides' values (float32: ~1e-5; the 0/1 metrics must agree).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks retrieval-sharing        # SmolLM2, 4096, 3 repeats
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks retrieval-sharing --tiny --lengths 512 --repeats 1
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench retrieval-sharing        # SmolLM2, 4096, 3 repeats
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench retrieval-sharing --tiny --lengths 512 --repeats 1
         # a tiny random model with SmolLM2's vocabulary: seconds
 
 The two sides alternate their order between repeats; the ratio is the median over repeats. Run it on an idle
@@ -17,13 +17,12 @@ import sys
 import time
 from unittest import mock
 
-from benchmarks.errors import ArgumentParser, exit_code, fraction, positive_int
+from ropebench.benchmarks.errors import ArgumentParser, exit_code, fraction, positive_int
 
 
 def _model(tiny: bool):
     import torch
-
-    import extend
+    from ropebench import extend
 
     model, tok = extend.load("smollm2-135m", device="cpu", dtype=torch.float32)
     if not tiny:
@@ -45,7 +44,7 @@ def _model(tiny: bool):
 
 def _side(model, tok, share: bool, kw: dict):
     """(seconds, tokens computed, rows) of one run."""
-    from tasks import kit, retrieval
+    from ropebench.tasks import kit, retrieval
 
     made = []
     real = kit.PrefixCache
@@ -62,7 +61,7 @@ def _side(model, tok, share: bool, kw: dict):
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(prog="python -m benchmarks retrieval-sharing", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="ropebench bench retrieval-sharing", description=__doc__.splitlines()[0])
     p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096])
     p.add_argument("--variants", nargs="+", default=["niah_multikey", "niah_multiquery"])
     p.add_argument("--depths", type=fraction, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
@@ -80,7 +79,7 @@ def main(argv=None) -> int:
         "trials": args.trials,
         "scoring": args.scoring,
     }
-    from tasks.checks import check_task
+    from ropebench.tasks.checks import check_task
 
     # the retrieval task's own checks (variant names, pools), before SmolLM2 loads (with --tiny too)
     check_task("retrieval", {k: v for k, v in kw.items() if k != "lengths"})

@@ -1,20 +1,20 @@
 """ropebench benchmarks: ropebench against the naive way and against lm-eval, measured in the same run.
 
-    python -m benchmarks run                    # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
-    python -m benchmarks run --max-length 8192  # shorter full run (the cap is stated in the report)
-    python -m benchmarks run --quick            # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
-    python -m benchmarks report benchmarks/BENCHMARKS.json --demo-seconds 501   # add the demo sweep's time,
+    ropebench bench run                    # full: lengths 1k..16k, 3 repeats -> benchmarks/BENCHMARKS.md
+    ropebench bench run --max-length 8192  # shorter full run (the cap is stated in the report)
+    ropebench bench run --quick            # CI smoke run (tiny lengths, 1 repeat) -> BENCHMARKS.quick.md
+    ropebench bench report benchmarks/BENCHMARKS.json --demo-seconds 501   # add the demo sweep's time,
         # measured on its own (`bash scripts/demo.sh` prints "sweep time N s"), to a finished run's report
         # (= run --from-json JSON ...)
-    python -m benchmarks prefix                 # only the prefix-cache section (issue 15, float32, 8192):
+    ropebench bench prefix                 # only the prefix-cache section (issue 15, float32, 8192):
         # -> BENCHMARKS.prefix.json and its section of BENCHMARKS.md, the rest of the report kept
         # (= run --only prefix-sharing)
-    python -m benchmarks prefix --prefix-length 2048 --prefix-queries 24   # a reduced one
+    ropebench bench prefix --prefix-length 2048 --prefix-queries 24   # a reduced one
 
-`python benchmarks/run.py ARGS` (the command of older docs) is `python -m benchmarks run ARGS`.
+`python benchmarks/run.py ARGS` (the command of older docs) is `ropebench bench run ARGS`.
 
 This file is the command line only. orchestrate.py runs the children (each in a fresh subprocess,
-`python -m benchmarks run --child NAME ...`) and saves their JSON; report.py turns that JSON into the markdown
+`ropebench bench run --child NAME ...`) and saves their JSON; report.py turns that JSON into the markdown
 (a pure function); figures.py and prefix_sharing.py are what the children measure.
 """
 
@@ -27,11 +27,11 @@ import sys
 from argparse import SUPPRESS
 from pathlib import Path
 
-from benchmarks import orchestrate, report
-from benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code, positive_int
+from ropebench.benchmarks import orchestrate, report
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code, positive_int
 
 HERE = Path(__file__).resolve().parent
-PROG = "python -m benchmarks run"
+PROG = "ropebench bench run"
 FULL_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 # Powers of two >= 512: in bf16 the CPU attention kernel blocks these lengths alike, so a prefix of a longer
 # forward is bit-identical to the shorter forward (at 256 vs 512, or 768, it is not: ~3e-3 in log ppl).
@@ -69,14 +69,14 @@ def rewrite(args) -> None:
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise BenchmarkError(
             f"--from-json {source}: not a saved benchmark run ({e}) — pass a BENCHMARKS*.json "
-            "written by `python -m benchmarks run`"
+            "written by `ropebench bench run`"
         ) from None
     if not fresh:
         raise BenchmarkError(f"{source} was written by an older version of the benchmark — re-run it")
     settings = saved["args"]
     if args.demo_seconds is not None:  # kept in the JSON, with how the demo row got its number
         settings["demo_seconds"] = demo_seconds(args.demo_seconds)
-        saved["demo_command"] = f"python -m benchmarks report {source} --demo-seconds {args.demo_seconds}"
+        saved["demo_command"] = f"ropebench bench report {source} --demo-seconds {args.demo_seconds}"
         orchestrate.save_json(source, saved)
     settings["demo_seconds"] = demo_seconds(
         settings.get("demo_seconds")
@@ -103,13 +103,13 @@ def resolve(args) -> Path:
     args.passkey_length = min(args.passkey_length or (512 if q else 8192), cap)
     args.dtype_auto = args.dtype == "auto"
     if args.dtype_auto:
-        from extend.loading import default_dtype
+        from ropebench.extend.loading import default_dtype
 
         args.dtype = str(default_dtype("cpu")).removeprefix("torch.")
     if args.dtype not in ("float32", "bfloat16"):
         raise BenchmarkError(f"--dtype {args.dtype!r}: use float32, bfloat16 or auto")
     args.demo_seconds = demo_seconds(args.demo_seconds)
-    from tasks.scoring import token_nll
+    from ropebench.tasks.scoring import token_nll
 
     args.chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what the children use
     out = Path(args.out) if args.out else HERE / ("BENCHMARKS.quick.md" if q else "BENCHMARKS.md")

@@ -4,7 +4,7 @@ break past 8k; pi pays a penalty everywhere; ntk, dynamic-ntk and yarn stay flat
 speeches concatenated (so absolute values depend on the text), encoded as the tokenizer encodes text (special
 tokens it adds included: none for SmolLM2). ~80 s per 16k forward on an idle 2-core CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks shape-check [--dtype float32|bfloat16]
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench shape-check [--dtype float32|bfloat16]
         [--methods ntk yarn dca:1]
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks shape-check", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="ropebench bench shape-check", description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
     parser.add_argument(
         "--methods",
@@ -37,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"--methods {spec!r}: the factor after ':' must be a number, e.g. yarn:2"
             ) from None
 
-    import extend
-    from extend.registry import check_method
-    from tasks.common import special_prefix
-    from tasks.data import iter_corpus
-    from tasks.scoring import token_nll
+    from ropebench import extend
+    from ropebench.extend.registry import check_method
+    from ropebench.tasks.common import special_prefix
+    from ropebench.tasks.data import iter_corpus
+    from ropebench.tasks.scoring import token_nll
 
     extend.load_builtin_methods()
     for _, method, factor in cells:  # names and factors, by extend's own check

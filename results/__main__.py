@@ -1,5 +1,5 @@
 """CLI: ``ropebench report RUN_DIR [RUN_DIR ...] [--out DIR]`` and ``ropebench report table ...`` (also
-``python -m results report ...`` and ``python -m results table ...``).
+``ropebench report ...`` and ``ropebench report table ...``).
 
 User errors print one line ``error: <what is wrong> — <what to do>`` and exit with code 2 (no traceback).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from extend.errors import RopebenchError
-from extend.values import as_length, as_number
+from ropebench.extend.errors import RopebenchError
+from ropebench.extend.values import as_length, as_number
 
 from .reach import DEFAULT_BAR, RULER_BAR, bar_value
 

@@ -56,7 +56,9 @@ def parse_model_args(model_args: Any) -> dict[str, Any]:
 def _loading_args() -> frozenset[str]:
     """model_args of a run without ropebench's record that are not RoPE options: HFLM's constructor arguments
     (of the installed lm-eval), the ropebench model's own, and from_pretrained's placement arguments."""
-    from extend.lm_eval import loading_args  # imports lm-eval (slow): only when a file needs the guess
+    from ropebench.extend.lm_eval import (
+        loading_args,  # imports lm-eval (slow): only when a file needs the guess
+    )
 
     return frozenset(loading_args() | _FROM_PRETRAINED_KEYS)
 

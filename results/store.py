@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
-from extend.errors import RopebenchError
+from ropebench.extend.errors import RopebenchError
 
 # Column order of the tidy table (docs/CONTRACTS.md). `cluster` (text: rows that share one independent unit,
 # e.g. the questions on one haystack), `distance` (tokens from the needle to the question) and `meaning` (the

@@ -2,11 +2,12 @@
 command line to the CLI that owns the job and returns its exit code (bad input: one `error: ...` line, 2):
 
     ropebench sweep ...        the sweep (ropebench.sweep_lib; also `python scripts/sweep.py`)
-    ropebench report ...       reports and tables from run directories (`python -m results report|table`)
-    ropebench inspect ...      a model's RoPE per layer type (`python -m extend inspect`)
+    ropebench report ...       reports and tables from run directories (`ropebench report|table`)
+    ropebench inspect ...      a model's RoPE per layer type (`ropebench inspect`)
     ropebench lm-eval ...      lm-eval with the `ropebench` model and ropebench's tasks registered
-                               (`python -m extend.lm_eval`, without the task folder: the core knows no tasks)
-    ropebench bench ...        the speed and memory benchmarks (`python -m benchmarks`)
+                               (`python -m ropebench.extend.lm_eval`, without the task folder: the core
+                               knows no tasks)
+    ropebench bench ...        the speed and memory benchmarks (`python -m ropebench.benchmarks`)
 
     ropebench help COMMAND     that command's help (`ropebench COMMAND --help`)
 
@@ -29,28 +30,30 @@ def _sweep(argv: list[str]) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    from results.__main__ import main
+    from ropebench.results.__main__ import main
 
-    # `ropebench report RUN_DIR ...` is `python -m results report RUN_DIR ...`; `report table ...` is
-    # `python -m results table ...`
+    # `ropebench report RUN_DIR ...` is `ropebench report RUN_DIR ...`; `report table ...` is
+    # `ropebench report table ...`
     return main(argv if argv[:1] == ["table"] else ["report", *argv])
 
 
 def _inspect(argv: list[str]) -> int:
-    from extend.__main__ import main
+    from ropebench.extend.__main__ import main
 
     return main(["inspect", *argv])
 
 
 def _lm_eval(argv: list[str]) -> int:
-    from extend.lm_eval import main
-    from tasks.lm_eval_export import OUT_DIR  # the task folder: the core is handed it, never looks up for it
+    from ropebench.extend.lm_eval import main
+    from ropebench.tasks.lm_eval_export import (
+        OUT_DIR,  # the task folder: the core is handed it, never looks up for it
+    )
 
     return main(argv, tasks_dir=OUT_DIR)
 
 
 def _bench(argv: list[str]) -> int:
-    from benchmarks.cli import main
+    from ropebench.benchmarks.cli import main
 
     return main(argv)
 

@@ -21,8 +21,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from extend import registry
-from extend.errors import ExtendError
+from ropebench.extend import registry
+from ropebench.extend.errors import ExtendError
 
 # The checkout this file sits in: the generator documents the checkout (README.md, docs/), so it lives above
 # the core, in the `ropebench` package (scripts/), whose demo config it reads.
@@ -46,7 +46,11 @@ def builtin_methods() -> list[registry.Method]:
     """The methods registered by ropebench itself, in registration order (frequency methods, then
     remapping)."""
     registry.methods()  # registers the built-ins (`extend` is lazy)
-    return [m for m in registry._REGISTRY.values() if getattr(m.fn, "__module__", "").startswith("extend.")]
+    return [
+        m
+        for m in registry._REGISTRY.values()
+        if getattr(m.fn, "__module__", "").startswith("ropebench.extend.")
+    ]
 
 
 def doc_fields(method: registry.Method) -> dict[str, str]:

@@ -13,8 +13,7 @@ import sys
 import time
 from collections import defaultdict
 
-import extend
-import tasks
+from ropebench import extend, tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from extend.errors import closest
+from ropebench.extend.errors import closest
 
 from .errors import TaskError
 from .kit import NOT_OPTIONS, signature_options, task_spec

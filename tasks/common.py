@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extend import length_dependent  # noqa: F401  (re-exported: can one forward serve several lengths?)
+from ropebench.extend import length_dependent  # noqa: F401  (re-exported: can one forward serve several lengths?)
 
 from .errors import TaskError
 

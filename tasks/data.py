@@ -18,7 +18,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from extend.errors import closest
+from ropebench.extend.errors import closest
 
 from .errors import TaskError
 

@@ -1,6 +1,6 @@
 """The one error type of the tasks: bad parameters or unusable data."""
 
-from extend.errors import RopebenchError
+from ropebench.extend.errors import RopebenchError
 
 
 class TaskError(RopebenchError):

@@ -162,7 +162,7 @@ def default_split(evaluator: str) -> str:
 def in_force(model) -> int:
     """The trained context in force: the active patch's resolved one (it follows a forced
     original_max_position_embeddings and start_from; what the rows record), else the config's."""
-    import extend
+    from ropebench import extend
 
     active = extend.current(model)
     if active is not None and active.options.get("trained_context"):
@@ -207,8 +207,8 @@ _LOADED: dict = {}  # (spec, device, dtype) -> (model, tokenizer): one named eva
 def evaluator_for(spec: str, model, tokenizer) -> Evaluator:
     """The evaluator `spec` names. "self" sees the trained context in force (a forced
     original_max_position_embeddings included): the one the rows record."""
-    import extend
-    from extend.forward import device_of
+    from ropebench import extend
+    from ropebench.extend.forward import device_of
 
     if spec == SELF:
         return Evaluator(model, tokenizer, f"self:{fingerprint(model)}", in_force(model), True)
@@ -253,7 +253,7 @@ def fingerprint(model) -> str:
 
 def as_loaded(model) -> bool:
     """Is the model's forward the model as loaded? (no patch, or plain on the shipped RoPE: bit-identical)."""
-    import extend
+    from ropebench import extend
 
     active = extend.current(model)
     return active is None or (active.method == "plain" and active.options.get("start_from") == "shipped")
@@ -320,7 +320,7 @@ def find_key_spans(
     """The character spans of the text's key tokens under evaluator `ev` (see the module docstring).
     `shared` = (ids, nll, first): a pass of the evaluator's own model as loaded over ids, nll[j] the loss of
     position first + j — reused for the long context when the ids are the evaluator's."""
-    from extend.patching import unpatched
+    from ropebench.extend.patching import unpatched
 
     from .common import special_prefix
 
@@ -896,7 +896,7 @@ def check_before_load(lengths: list[int], options: dict, tokenizer=None) -> None
         if not (config_spec and (Path(config_spec) / "config.json").is_file()):
             config_spec = None
     else:
-        from extend.preflight import tokenizer_of
+        from ropebench.extend.preflight import tokenizer_of
 
         problem, where, config_spec = offsets_problem(tokenizer_of(spec)), f"evaluator {spec!r}", spec
     if problem:
@@ -910,7 +910,7 @@ def check_before_load(lengths: list[int], options: dict, tokenizer=None) -> None
             raise TaskError(f"perplexity key_tokens: evaluator {spec!r} {missing} — name a complete model")
     trunc = given_trunc_len(value)
     if trunc is not None and config_spec:
-        from extend.loading import trained_context_of
+        from ropebench.extend.loading import trained_context_of
 
         context = trained_context_of(config_spec)
         if trunc >= context:

@@ -36,9 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from extend.errors import closest
-from extend.prefix_cache import PrefixCache, cell_length, sharing_order
-from results.meaning import REACH_RULES, Metric  # the one edge tasks -> results: the declaration contract
+from ropebench.extend.errors import closest
+from ropebench.extend.prefix_cache import PrefixCache, cell_length, sharing_order
+from ropebench.results.meaning import (  # the one edge tasks -> results: the declaration contract
+    REACH_RULES,
+    Metric,
+)
 
 from .errors import TaskError
 
@@ -341,10 +344,9 @@ def greedy(
     """The greedy answer to prompt `ids` (text of the new tokens; stops at EOS); with a `PrefixCache` the part
     of the prompt it shares with the previous prompt is not prefilled again."""
     import torch
+    from ropebench.extend.forward import device_of, with_cache
+    from ropebench.extend.prefix_cache import native_gqa
     from transformers import GenerationConfig
-
-    from extend.forward import device_of, with_cache
-    from extend.prefix_cache import native_gqa
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     config = GenerationConfig(

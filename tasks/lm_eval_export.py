@@ -1,5 +1,5 @@
 """Write the data of ropebench's lm-eval tasks:
-`python -m tasks.lm_eval_export [--out DIR] [--...-lengths ...]`.
+`python -m ropebench.tasks.lm_eval_export [--out DIR] [--...-lengths ...]`.
 
 The task folder `tasks/lm_eval_tasks/` is lm-eval's own layout:
 - `_passkey_template_yaml`, `_sotu_era_template_yaml`, `_retrieval_template_yaml`: the task definitions
@@ -59,7 +59,7 @@ RETRIEVAL_TRIALS = 2
 RETRIEVAL_CANDIDATES = 9  # the retrieval task's default: it changes which distractor depths a scene draws
 DEFAULT_NEW_TOKENS = 128  # tasks.retrieval's greedy budget for the variants not in its NEW_TOKENS (RULER's)
 VERSION = 1.0
-HEADER = "# Written by `python -m tasks.lm_eval_export` — do not edit; export again instead.\n"
+HEADER = "# Written by `python -m ropebench.tasks.lm_eval_export` — do not edit; export again instead.\n"
 
 
 def length_name(length: int) -> str:
@@ -68,9 +68,8 @@ def length_name(length: int) -> str:
 
 def default_tokenizer():
     """The SmolLM2 tokenizer, from extend.load's cached snapshot of the embedded GGUF."""
+    from ropebench import extend
     from transformers import AutoTokenizer
-
-    import extend
 
     return AutoTokenizer.from_pretrained(extend.loading.gguf_snapshot(extend.embedded_gguf()))
 
@@ -271,7 +270,9 @@ def export(out_dir=OUT_DIR, tokenizer=None, **options) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.lm_eval_export", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m ropebench.tasks.lm_eval_export", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", default=str(OUT_DIR), help="output folder (default: %(default)s)")
     p.add_argument("--passkey-lengths", type=int, nargs="+", default=list(PASSKEY_LENGTHS))
     p.add_argument("--classification-lengths", type=int, nargs="+", default=list(CLASSIFICATION_LENGTHS))

@@ -23,9 +23,8 @@ import random
 import re
 import time
 
+from ropebench.extend.prefix_cache import PrefixCache
 from tqdm.auto import tqdm
-
-from extend.prefix_cache import PrefixCache
 
 from .common import check_lengths, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order

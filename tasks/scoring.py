@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 # The model-execution pieces live in the core (the lm-eval model uses them too); importable from here as
 # before.
-from extend.forward import body, device_of, logit_postprocess, with_cache
-from extend.prefix_cache import PrefixCache, native_gqa
+from ropebench.extend.forward import body, device_of, logit_postprocess, with_cache
+from ropebench.extend.prefix_cache import PrefixCache, native_gqa
 
 from .errors import TaskError
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M (model, tokenizer), loaded once per test session."""
-    import extend
+    from ropebench import extend
 
     return extend.load("smollm2-135m", device="cpu", dtype=torch.float32)
 
@@ -35,9 +35,8 @@ def smollm2():
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The embedded SmolLM2 tokenizer alone, from the cached snapshot of the GGUF (see extend.load)."""
+    from ropebench import extend
     from transformers import AutoTokenizer
-
-    import extend
 
     return AutoTokenizer.from_pretrained(extend.loading.gguf_snapshot(extend.embedded_gguf()))
 
@@ -84,8 +83,7 @@ def tiny_model(tok):
 def save_tiny_model_dir(out: Path) -> Path:
     """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer next to it."""
     import transformers
-
-    import extend
+    from ropebench import extend
 
     gguf = extend.embedded_gguf()
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -120,7 +118,10 @@ SWEEP_SCRIPT = ROOT / "scripts" / "sweep.py"
 # A fake task for the machinery tests: instant, records one value per length, logs every call, can raise for
 # one method, and can hang on its N-th call (so a test can kill the sweep between cells deterministically).
 FAKE_TASK = """
-import os, time, extend, tasks
+import os
+import time
+from ropebench import extend
+from ropebench import tasks
 
 def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scale=1.0):
     patch = extend.current(model)

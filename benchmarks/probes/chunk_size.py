@@ -3,7 +3,8 @@
 with the float32 loss in cache-sized blocks (now) and over whole chunks (before), against the head alone.
 See benchmarks/NOTES.md.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.chunk_size [--length 8192] [--chunks 256 1024 4096]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m ropebench.benchmarks.probes.chunk_size [--length 8192]
+        [--chunks 256 1024 4096]
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import time
 from unittest import mock
 
-from benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code
 
 
 def best_of(fn, repeats, *args, **kw):
@@ -30,7 +31,9 @@ def head_only(model, hidden, chunk):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m benchmarks.probes.chunk_size", description=__doc__.splitlines()[0])
+    p = ArgumentParser(
+        prog="python -m ropebench.benchmarks.probes.chunk_size", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--length", type=int, default=8192)
     p.add_argument("--chunks", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
@@ -38,9 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-
-    import extend
-    from tasks import scoring
+    from ropebench import extend
+    from ropebench.tasks import scoring
 
     print(
         "| dtype | chunk | head + loss, blocked (s) | head + loss, whole chunk (s) | head alone (s) "

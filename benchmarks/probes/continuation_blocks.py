@@ -5,7 +5,8 @@ SmolLM2-135M (float32) with yarn x2: a fresh forward of L random tokens, then, o
 `prefix` of them, the remaining tokens as one forward and in blocks of 2048, 1024 and 512; each against the
 fresh forward's hidden states (max |difference|).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.continuation_blocks [prefix, default 2048]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m ropebench.benchmarks.probes.continuation_blocks
+        [prefix, default 2048]
 """
 
 from __future__ import annotations
@@ -13,24 +14,23 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code
 
 LENGTH = 8192
 
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
-        prog="python -m benchmarks.probes.continuation_blocks", description=__doc__.splitlines()[0]
+        prog="python -m ropebench.benchmarks.probes.continuation_blocks", description=__doc__.splitlines()[0]
     )
     p.add_argument("prefix", type=int, nargs="?", default=2048, help="tokens on the cache (default 2048)")
     args = p.parse_args(argv)
 
     import torch
+    from ropebench import extend
+    from ropebench.extend.forward import body, with_cache
+    from ropebench.extend.prefix_cache import native_gqa
     from transformers import DynamicCache
-
-    import extend
-    from extend.forward import body, with_cache
-    from extend.prefix_cache import native_gqa
 
     model, _tok = extend.load("smollm2-135m", device="cpu", dtype="float32")
     extend.patch(model, "yarn", factor=2.0)

@@ -9,8 +9,8 @@ everything before each token. The floor is sum(segments) / sum(t(len)) of the un
 continuation (a tail on a cached prefix, in the scorer's blocks) checks the model on the kind of forward the
 shared path runs.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.passkey_floor [--length 8192] [--trials 4]
-        [--dtype float32]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m ropebench.benchmarks.probes.passkey_floor [--length 8192]
+        [--trials 4] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import sys
 import time
 from unittest import mock
 
-from benchmarks.cost_model import quadratic_fit
-from benchmarks.errors import ArgumentParser, exit_code
-from benchmarks.orchestrate import machine
-from benchmarks.prefix_sharing import DEPTHS
+from ropebench.benchmarks.cost_model import quadratic_fit
+from ropebench.benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.orchestrate import machine
+from ropebench.benchmarks.prefix_sharing import DEPTHS
 
 
 def prompts(model, tok, length: int, trials: int) -> list[list[int]]:
     """The benchmark's passkey prompts, built by the task itself (generation stubbed: no forward runs)."""
-    from tasks import passkey
+    from ropebench.tasks import passkey
 
     seen = []
     with mock.patch.object(passkey, "_generate", lambda m, t, ids, n, cache: seen.append(list(ids)) or ""):
@@ -37,7 +37,7 @@ def prompts(model, tok, length: int, trials: int) -> list[list[int]]:
 
 def segments(cell: list[list[int]]) -> list[tuple[int, int]]:
     """(first computed position, prompt length) per prompt, in the scorer's order and by its sharing rule."""
-    from extend.prefix_cache import MIN_SHARED, common_prefix, sharing_order
+    from ropebench.extend.prefix_cache import MIN_SHARED, common_prefix, sharing_order
 
     out, last = [], []
     for i in sharing_order(cell):
@@ -50,8 +50,7 @@ def segments(cell: list[list[int]]) -> list[tuple[int, int]]:
 
 def timed_forward(model, ids, cache=None, block=None) -> float:
     import torch
-
-    from extend.forward import with_cache
+    from ropebench.extend.forward import with_cache
 
     with torch.inference_mode():
         start = time.perf_counter()
@@ -65,7 +64,7 @@ def timed_forward(model, ids, cache=None, block=None) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
-        prog="python -m benchmarks.probes.passkey_floor", description=__doc__.split("\n\n")[0]
+        prog="python -m ropebench.benchmarks.probes.passkey_floor", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--trials", type=int, default=4)
@@ -76,10 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
+    from ropebench import extend
+    from ropebench.extend.prefix_cache import CONTINUE_BLOCK
     from transformers import DynamicCache
-
-    import extend
-    from extend.prefix_cache import CONTINUE_BLOCK
 
     model, tok = extend.load("smollm2-135m", dtype=args.dtype)
     cell = prompts(model, tok, args.length, args.trials)

@@ -2,7 +2,7 @@
 `tasks.passkey`'s cached generation and the top first tokens of one full forward without any cache, to tell a
 model that does not retrieve from a broken cached path.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.passkey_probe METHOD FACTOR LENGTH
+    HF_HUB_OFFLINE=1 .venv/bin/python -m ropebench.benchmarks.probes.passkey_probe METHOD FACTOR LENGTH
 """
 
 from __future__ import annotations
@@ -11,22 +11,23 @@ import sys
 import time
 from unittest import mock
 
-from benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m benchmarks.probes.passkey_probe", description=__doc__.splitlines()[0])
+    p = ArgumentParser(
+        prog="python -m ropebench.benchmarks.probes.passkey_probe", description=__doc__.splitlines()[0]
+    )
     p.add_argument("method", help="a registered method, e.g. plain, yarn, self-extend")
     p.add_argument("factor", type=float, help="its factor, e.g. 2")
     p.add_argument("length", type=int, help="prompt length in tokens, e.g. 8192")
     args = p.parse_args(argv)
 
     import torch
-
-    import extend
-    from extend.forward import body
-    from extend.prefix_cache import PrefixCache
-    from tasks import passkey
+    from ropebench import extend
+    from ropebench.extend.forward import body
+    from ropebench.extend.prefix_cache import PrefixCache
+    from ropebench.tasks import passkey
 
     model, tok = extend.load("smollm2-135m", dtype="float32")
     method, factor, length = args.method, args.factor, args.length

@@ -2,7 +2,7 @@
 the linear layers vs the attention kernel) per dtype and length. Explains the curve and rolling figures in
 BENCHMARKS.md (see NOTES.md).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.probes.profile_forward [--lengths 4096 16384]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m ropebench.benchmarks.probes.profile_forward [--lengths 4096 16384]
         [--dtypes float32 bfloat16]
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code
 
 GROUPS = {
     "aten::mm": "linear layers (mm)",
@@ -22,8 +22,7 @@ def sdpa_call(model, ids) -> str:
     """How transformers calls SDPA for this model: mask tensor or is_causal, GQA handling."""
     import torch
     import torch.nn.functional as F
-
-    from tasks.scoring import body
+    from ropebench.tasks.scoring import body
 
     seen, inner = [], F.scaled_dot_product_attention
 
@@ -45,17 +44,16 @@ def sdpa_call(model, ids) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
-        prog="python -m benchmarks.probes.profile_forward", description=__doc__.splitlines()[0]
+        prog="python -m ropebench.benchmarks.probes.profile_forward", description=__doc__.splitlines()[0]
     )
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     args = p.parse_args(argv)
 
     import torch
+    from ropebench import extend
+    from ropebench.tasks.scoring import body
     from torch.profiler import ProfilerActivity, profile
-
-    import extend
-    from tasks.scoring import body
 
     for dtype in args.dtypes:
         model, _ = extend.load("smollm2-135m", device="cpu", dtype=dtype)

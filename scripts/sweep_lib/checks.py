@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from extend import registry
-from extend.errors import ExtendError, closest
-from extend.loading import check_device, check_model_spec
-from tasks.checks import check_lengths_fit, check_task, extra_tokens, needs_tokenizer
-from tasks.data import check_corpus
-from tasks.errors import TaskError
+from ropebench.extend import registry
+from ropebench.extend.errors import ExtendError, closest
+from ropebench.extend.loading import check_device, check_model_spec
+from ropebench.tasks.checks import check_lengths_fit, check_task, extra_tokens, needs_tokenizer
+from ropebench.tasks.data import check_corpus
+from ropebench.tasks.errors import TaskError
 
 from .config import ConfigError
 from .grid import base_task
@@ -40,8 +40,8 @@ def check_against_model(cfg: dict, spec: str) -> None:
     """What needs the model's config or tokenizer but not its weights: every (method, factor, options) patched
     onto a weightless skeleton, lengths against the tasks, the corpora and the tokenizer, and the longest
     forward against this machine's free memory (extend.memory)."""
-    from extend import memory, preflight
-    from extend.loading import default_device, default_dtype
+    from ropebench.extend import memory, preflight
+    from ropebench.extend.loading import default_device, default_dtype
 
     config = preflight.config_of(spec, cfg["trust_remote_code"])
     for m in cfg["methods"]:
@@ -136,7 +136,7 @@ def check_task_name(name: str, entry: dict) -> str:
     """The registered task a `tasks:` entry runs (its `task:`, else its name), or one line naming the closest:
     an entry named after no task and without `task:`, a `task:` naming no task, an entry named after one task
     that runs another, or an entry under the theory rows' name."""
-    import tasks
+    from ropebench import tasks
 
     from .run import THEORY_TASK
 

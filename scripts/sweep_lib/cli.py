@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from extend.errors import RopebenchError
+from ropebench.extend.errors import RopebenchError
 
 from .config import DEMO_CONFIG, ConfigError, merge_cli, read_yaml
 from .orchestrate import sweep

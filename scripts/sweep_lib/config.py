@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 
 import yaml
-
-from extend.errors import RopebenchError
-from extend.values import ValueLoader, parse_text
+from ropebench.extend.errors import RopebenchError
+from ropebench.extend.values import ValueLoader, parse_text
 
 from .grid import base_task
 
@@ -163,8 +162,8 @@ def raise_demo_num_docs(cfg: dict, args) -> dict[str, list[int]]:
     task's num_docs below the task's own default takes that default — enough documents for an interval; a
     num_docs set with -t stays. Changes cfg["tasks"] in place; returns {task: [demo's, now]} for what it
     raised."""
-    import tasks
-    from tasks.checks import signature_options
+    from ropebench import tasks
+    from ropebench.tasks.checks import signature_options
 
     given = {
         (name, key) for name, key, _ in (parse_assignment(o, "--task-option") for o in args.task_option or [])

@@ -57,9 +57,9 @@ def sweep(args, cfg: dict) -> int:
 def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
     """The grid's cells. Fixes cfg's device and dtype first: as extend.load decides them (the dtype is part of
     every cell's key)."""
-    import tasks
-    from extend.loading import default_device, dtype_choice
-    from tasks.checks import signature_options
+    from ropebench import tasks
+    from ropebench.extend.loading import default_device, dtype_choice
+    from ropebench.tasks.checks import signature_options
 
     cfg["resolved_device"] = device or default_device()
     if (
@@ -81,7 +81,7 @@ def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
 
 
 def _dry_run(cfg: dict, out: Path, *, fresh: bool, inherits_demo: bool) -> int:
-    import results
+    from ropebench import results
 
     if inherits_demo:
         print_plan(cfg)
@@ -95,7 +95,7 @@ def _dry_run(cfg: dict, out: Path, *, fresh: bool, inherits_demo: bool) -> int:
 
 def _trained_context(spec: str, trust_remote_code: bool) -> int | None:
     """The model's trained context from its config alone; None when unknown (the report draws no line)."""
-    from extend.loading import trained_context_of
+    from ropebench.extend.loading import trained_context_of
 
     try:
         return trained_context_of(spec, trust_remote_code)
@@ -125,7 +125,7 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
     rundir.clean_stray_temps(out, dist.shard_rank)
     dist.wait()
 
-    import results
+    from ropebench import results
 
     finished = results.finished_cells(out)
     mine = G.shard(cells, dist.rank, dist.world)

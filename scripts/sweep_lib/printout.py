@@ -16,8 +16,8 @@ def main_tables(entries: dict | None = None) -> list[tuple[str, str, str]]:
     `entries`: the grid's `tasks:` (name -> resolved entry); then each entry's name with the tables of the
     task it runs (`retrieval-vt: {task: retrieval}` gets retrieval's), in the registry's order. Default: every
     registered task."""
-    import tasks
-    from tasks.kit import task_spec
+    from ropebench import tasks
+    from ropebench.tasks.kit import task_spec
 
     if entries is None:
         entries = {name: {} for name in tasks.TASKS}
@@ -35,8 +35,8 @@ def print_plan(cfg: dict) -> None:
     """What the numbers will rest on: per task, the lengths and every task option (set or default) that a run
     overriding only --model or --corpus inherits from the demo, and which num_docs it raised (see
     config.raise_demo_num_docs)."""
-    import tasks
-    from tasks.checks import signature_options
+    from ropebench import tasks
+    from ropebench.tasks.checks import signature_options
 
     print(
         f"grid (options inherited from {cfg['config_file']} unless set on the command line):", file=sys.stderr
@@ -68,10 +68,9 @@ def print_outcome(cfg: dict, cells: list[G.Cell]) -> int:
     """The outcome: the summary and main tables to stdout, report.md, failed cells; returns the exit code (1
     if any cell of the grid failed)."""
     import pandas as pd
-
-    import results
-    from results.overview import rules_caption
-    from results.reach import load_theory
+    from ropebench import results
+    from ropebench.results.overview import rules_caption
+    from ropebench.results.reach import load_theory
 
     out = Path(cfg["out"])
     df = results.load(out)

@@ -7,8 +7,8 @@ import math
 import os
 from pathlib import Path
 
-from extend.errors import closest
-from extend.values import as_int, as_length, not_value, parse_text
+from ropebench.extend.errors import closest
+from ropebench.extend.values import as_int, as_length, not_value, parse_text
 
 from .config import ConfigError
 

@@ -12,7 +12,7 @@ import traceback
 from itertools import groupby
 from pathlib import Path
 
-from extend.errors import RopebenchError
+from ropebench.extend.errors import RopebenchError
 
 from . import grid as G
 
@@ -38,9 +38,9 @@ def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = 
     results/meaning.py): the task's own (for a `tasks:` entry under a name of its own, the task it runs:
     `cell.base_task`), the built-in one for theory rows, none for a metric a plugin task
     describes with a plain string (results then read it with their fallback)."""
-    import tasks
-    from results.meaning import BUILT_IN
-    from tasks.kit import task_spec
+    from ropebench import tasks
+    from ropebench.results.meaning import BUILT_IN
+    from ropebench.tasks.kit import task_spec
 
     options = cell.options if options is None else options
     base = cell.base_task  # the registered task: an entry under its own name (retrieval-vt) runs another
@@ -142,7 +142,7 @@ def length_warning(method: str, factor: float, lengths, patch_options: dict) -> 
     """A warning when a length exceeds what the method reaches from the trained context (registry fact
     `Method.reach`: factor x the trained context for most; the trained context for plain; any length for
     dca)."""
-    from extend import registry
+    from ropebench.extend import registry
 
     context = patch_options.get("trained_context")
     if not context:
@@ -180,7 +180,7 @@ def theory_records(model, handle, longest: int) -> list[dict]:
       trained for that context — a property of the model, the same for every setting.
     None for position-remapping methods: they change distances, not frequencies, so the criterion on
     frequencies says nothing about them."""
-    from extend import registry, shipped, theory
+    from ropebench.extend import registry, shipped, theory
 
     if registry.get(handle.method).remap:
         return []
@@ -225,7 +225,7 @@ def write_theory(
 ) -> None:
     """Record the theory rows of one setting (a cell of its own, task "theory") in the run's theory file
     beside the records (results.reach.record_theory); a failure here is only a warning."""
-    from results.reach import record_theory
+    from ropebench.results.reach import record_theory
 
     first = group[0]
     longest = max(L for c in group for L in c.lengths)
@@ -287,10 +287,8 @@ def run_cells(
     cells: list[G.Cell], cfg: dict, writer, *, run: str, device: str | None, show: bool, rank: int
 ) -> tuple[int, int]:
     """Run this rank's unfinished cells. Returns (ok, failed)."""
+    from ropebench import extend, tasks
     from tqdm.auto import tqdm
-
-    import extend
-    import tasks
 
     out = Path(cfg["out"])
     done = failed = 0

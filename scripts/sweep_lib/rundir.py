@@ -52,7 +52,7 @@ def is_run_dir(out: Path) -> bool:
 def check_out(out: Path) -> None:
     """Refuse a path that is a file, a non-empty directory that is not a ropebench run (its files are the
     user's: a sweep would mix records into them and --fresh would delete them), or a non-UTF-8 name."""
-    from results.store import check_path_text
+    from ropebench.results.store import check_path_text
 
     check_path_text(out, "--out")
     if out.exists() and not out.is_dir():
@@ -70,7 +70,7 @@ def check_records(out: Path, fresh: bool) -> None:
     lines among good ones are skipped with a warning."""
     if not out.is_dir():
         return
-    from results.store import RECORDS_NAME, check_records_path, finished_cells
+    from ropebench.results.store import RECORDS_NAME, check_records_path, finished_cells
 
     for p in out.iterdir():
         if RECORDS_NAME.match(p.name):
@@ -181,8 +181,8 @@ def fresh(out: Path) -> list[Path]:
     """Delete this run's previous results, and only files ropebench wrote: records, manifests, report.md, the
     tables/plots the report wrote (its index, or report.md's links), logs/<cell>.log. Anything else stays (and
     keeps its folder)."""
-    from results.reporting import report_files
-    from results.store import REPORT_INDEX
+    from ropebench.results.reporting import report_files
+    from ropebench.results.store import REPORT_INDEX
 
     removed: list[Path] = []
     linked = report_files(out) | _report_links(out) | {out / REPORT_INDEX}  # the report's index and links

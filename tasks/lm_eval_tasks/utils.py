@@ -4,8 +4,9 @@ tasks' own prompt builders (`tasks.passkey.prompt`, `tasks.classification.LabelT
 (tests/lm_eval/test_lm_eval.py and tests/lm_eval/test_lm_eval_ruler.py check it).
 
 The docs stay small (passkey.jsonl: key, depth, haystack words; sotu_era.jsonl: speech id and character cut;
-retrieval.jsonl: variant, trial, depth, haystack words), written by `python -m tasks.lm_eval_export`. A task
-YAML names its length in `metadata.length`; lm-eval passes the metadata (and the model_args) to
+retrieval.jsonl: variant, trial, depth, haystack words), written by
+`python -m ropebench.tasks.lm_eval_export`. A task YAML names its length in `metadata.length`; lm-eval
+passes the metadata (and the model_args) to
 `custom_dataset` as keyword arguments.
 
 lm-eval loads this file by path, outside any package, so the tasks come from the installed ropebench.
@@ -19,8 +20,8 @@ import random
 from pathlib import Path
 
 try:
-    from tasks import classification, data, passkey, retrieval
-    from tasks.errors import TaskError
+    from ropebench.tasks import classification, data, passkey, retrieval
+    from ropebench.tasks.errors import TaskError
 except ImportError as e:  # ropebench not installed, or another top-level `tasks` package comes first
     raise ImportError(
         "ropebench's lm-eval tasks need its tasks package (`tasks.passkey`, `tasks.retrieval`, ...) — "
@@ -75,7 +76,7 @@ def retrieval_prompt(doc: dict) -> str:
     if list(scene.answers) != doc["answers"]:
         raise TaskError(
             f"tasks.retrieval draws other needles than the ones {doc['id']} was exported with — export "
-            "the tasks again: python -m tasks.lm_eval_export"
+            "the tasks again: python -m ropebench.tasks.lm_eval_export"
         )
     words = doc["haystack_words"]
     haystack = passkey.cut_haystack(passkey.haystack_sentences(None, None, words=words), words)
@@ -102,7 +103,7 @@ def _docs(file_name: str, length: int) -> list[dict]:
     if not docs:
         raise TaskError(
             f"{HERE / file_name} has no docs of length {length} — export that length with "
-            "`python -m tasks.lm_eval_export --passkey-lengths ... --classification-lengths ... "
+            "`python -m ropebench.tasks.lm_eval_export --passkey-lengths ... --classification-lengths ... "
             "--retrieval-lengths ...`"
         )
     return docs

@@ -3,8 +3,7 @@
 import pytest
 import torch
 import transformers as T
-
-from benchmarks.tiny_models import FAMILY_EXTRAS, SMALL_CONFIG
+from ropebench.benchmarks.tiny_models import FAMILY_EXTRAS, SMALL_CONFIG
 
 # Per tested family: its config and model classes and what the family needs besides (head_dim, layer types,
 # special token ids): benchmarks/tiny_models.py's table, from which the GPU check builds the same models.

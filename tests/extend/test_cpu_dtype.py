@@ -7,8 +7,7 @@ import json
 
 import pytest
 import torch
-
-from extend import loading
+from ropebench.extend import loading
 
 # fp32-time / bf16-time ratios, as benchmarks/cpu_dtype.py measured them (benchmarks/BENCHMARKS.md)
 INTEL_AVX512_BF16_NO_AMX = {"gemm": 0.58, "attention": 0.5, "layer": 0.56}

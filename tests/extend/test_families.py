@@ -10,9 +10,8 @@ import math
 import pytest
 import torch
 import transformers as T
-
-import extend
-from extend.forward import with_cache
+from ropebench import extend
+from ropebench.extend.forward import with_cache
 
 # Phi-3-vision-128k-instruct's published longrope lists (the Phi-3-mini-128k backbone, head_dim 96: 48 pairs).
 PHI3_LONG = [
@@ -617,7 +616,7 @@ def test_inspect_shows_layer_types_and_what_a_method_changes(tmp_path, capsys):
     assert "full_attention: extended" in text and "sliding_attention: kept; 0 of 128" in text
     assert extend.current(model) is None
 
-    from extend.__main__ import main
+    from ropebench.extend.__main__ import main
 
     model.config.save_pretrained(tmp_path)
     assert (

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ropebench import extend
+from ropebench.extend.frequency_methods import transformers_rope
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-import extend
-from extend.frequency_methods import transformers_rope
 
 THETA, HEAD_DIM, L = 1e5, 64, 8192  # SmolLM2-135M's RoPE
 FACTORS = [1.0, 2.0, 4.0, 8.0]

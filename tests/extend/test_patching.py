@@ -4,8 +4,7 @@ xPos numerics and caching, and clear errors for bad input."""
 import pytest
 import torch
 import transformers as T
-
-import extend
+from ropebench import extend
 
 OPTIONS = {
     "longrope": lambda dim: {"short_factor": [1.0] * (dim // 2), "long_factor": [1.5] * (dim // 2)},
@@ -153,9 +152,8 @@ def test_xpos_generation_with_cache_matches_full_forward(tiny_llama_factory):
     """A given centre: cached steps equal a full forward. Logits O(10) (initializer_range 0.3), tolerance
     sqrt(float32 eps) of their scale (see tests/extend/test_transformers_api.py, which also covers the
     automatic centre)."""
+    from ropebench.extend.forward import with_cache
     from transformers import DynamicCache
-
-    from extend.forward import with_cache
 
     model = tiny_llama_factory(max_position_embeddings=256, initializer_range=0.3)
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(3))
@@ -316,7 +314,7 @@ def test_unsupported_family_is_named():
 def test_default_dtype_follows_the_device_and_native_bf16(monkeypatch, tmp_path):
     """bf16 on a GPU; on a CPU only with hardware bf16 and when measured faster (here: mocked as faster; the
     choice itself: tests/extend/test_cpu_dtype.py), else float32."""
-    from extend import loading
+    from ropebench.extend import loading
 
     monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path))
     monkeypatch.delenv(loading.CPU_DTYPE_ENV, raising=False)

@@ -7,11 +7,10 @@ import os
 import pytest
 import torch
 import transformers as T
-
-from extend import prefix_cache
-from extend.forward import with_cache
-from extend.prefix_cache import PrefixCache, common_prefix, sharing_order
-from tasks.scoring import continuation_logprobs
+from ropebench.extend import prefix_cache
+from ropebench.extend.forward import with_cache
+from ropebench.extend.prefix_cache import PrefixCache, common_prefix, sharing_order
+from ropebench.tasks.scoring import continuation_logprobs
 
 
 def test_common_prefix_and_order_walk_the_trie():
@@ -109,8 +108,8 @@ def test_dynamic_method_needs_and_gets_one_length_per_cell(tiny_llama_factory):
     cell_length the cached prefix scores as the unshared path; without it the cached keys were rotated for
     another length and the scores differ."""
 
-    import extend
-    from extend.prefix_cache import cell_length
+    from ropebench import extend
+    from ropebench.extend.prefix_cache import cell_length
 
     model = tiny_llama_factory(max_position_embeddings=32)
     a, b = prompts_sharing(n_shared=60, tails=(4, 20))
@@ -135,9 +134,8 @@ def test_native_gqa_is_bit_identical_and_copies_no_heads(family, monkeypatch, fa
     """A forward continued on a cache passes SDPA a mask; transformers then copies the grouped key/value heads
     out to every query head unless told that the (CPU) kernel can take both. Under `native_gqa` it does not
     copy, and the float32 numbers are the same bits; the variable is restored afterwards."""
+    from ropebench.extend.prefix_cache import FORCE_GQA, native_gqa
     from transformers.integrations import sdpa_attention
-
-    from extend.prefix_cache import FORCE_GQA, native_gqa
 
     model = family_model_factory(family)
     if model.config.num_key_value_heads == model.config.num_attention_heads:
@@ -165,7 +163,7 @@ def test_native_gqa_is_bit_identical_and_copies_no_heads(family, monkeypatch, fa
 
 
 def body_hidden(model, ids, cache):
-    from extend.forward import body
+    from ropebench.extend.forward import body
 
     x = torch.tensor([ids])
     return body(model)(input_ids=x, use_cache=True, **with_cache(body(model), cache.cache)).last_hidden_state

@@ -10,10 +10,9 @@ import math
 import pytest
 import torch
 import transformers as T
+from ropebench import extend
+from ropebench.extend.registry import RopeBase
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-import extend
-from extend.registry import RopeBase
 
 THETA, HEAD_DIM, CONTEXT = 1e5, 64, 8192  # SmolLM2-135M's RoPE
 FRACTIONS = [0.0, 0.25, 0.3, 0.5, 0.75, 1.0]  # 0.3: p d/2 = 9.6 pairs, not a whole number

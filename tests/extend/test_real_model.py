@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-
-import extend
+from ropebench import extend
 
 pytestmark = pytest.mark.real
 N_TOKENS = 128  # every method at factor 2 moves the logits by > 1 here (pi, xpos: ~20); 512 added nothing

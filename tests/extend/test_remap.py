@@ -10,12 +10,11 @@ import math
 import pytest
 import torch
 import transformers as T
+from ropebench import extend
+from ropebench.extend import remap_attention
+from ropebench.extend.forward import with_cache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
-
-import extend
-from extend import remap_attention
-from extend.forward import with_cache
 
 SMALL = {
     "vocab_size": 128,

@@ -9,13 +9,12 @@ import sys
 
 import pytest
 import torch
+from ropebench import extend
+from ropebench.extend import registry
+from ropebench.extend.prefix_cache import FORCE_GQA, native_gqa
+from ropebench.extend.scoped import Change
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-import extend
-from extend import registry
-from extend.prefix_cache import FORCE_GQA, native_gqa
-from extend.scoped import Change
 
 DCA = {"chunk_size": 60, "local_window": 4}  # chunks of 56 tokens: the 120 run here are remapped
 REMAP_NAME = "ropebench_remap_sdpa"

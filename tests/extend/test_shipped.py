@@ -14,10 +14,9 @@ import math
 import pytest
 import torch
 import transformers as T
+from ropebench import extend
+from ropebench.extend.registry import RopeBase
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-import extend
-from extend.registry import RopeBase
 
 # Llama 3.1's published RoPE (config.json of meta-llama/Llama-3.1-8B): head_dim 128
 LLAMA31 = {

@@ -5,10 +5,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from ropebench.extend import theory
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-from extend import theory
 
 
 def criterion_holds(base: float, dim: int, context: int) -> bool:
@@ -157,10 +156,9 @@ def test_extrapolation_bound_edges():
 def test_the_sweeps_theory_rows_for_a_patched_setting():
     """The sweep's rows: d_crit and the base bound are the model's (the same for every setting), T_extra and
     the effective base the setting's; every row carries its declaration, whose description is the label."""
+    from ropebench import extend
+    from ropebench.results.meaning import BUILT_IN
     from ropebench.sweep_lib import run as R
-
-    import extend
-    from results.meaning import BUILT_IN
 
     model = smollm2_rope()
     rows = {}
@@ -193,7 +191,7 @@ def test_the_sweeps_theory_rows_for_a_patched_setting():
 
 
 def test_inspect_shows_the_patched_settings_theory():
-    import extend
+    from ropebench import extend
 
     report = extend.inspect(smollm2_rope(), "ntk", 2.0)
     model_line, ntk_line = [line for line in report.splitlines() if "theory:" in line]

@@ -10,10 +10,9 @@ import pytest
 import torch
 import transformers
 from packaging.version import Version
+from ropebench import extend
+from ropebench.extend.forward import body, with_cache
 from transformers import DynamicCache, GenerationConfig
-
-import extend
-from extend.forward import body, with_cache
 
 # Float32 rounding vs a real error: a logit is a chain of a few hundred float32 multiply-adds here (hidden 64,
 # 2 layers, <= 42 keys), so honest rounding (cached vs full forward: other blocking of the same sums) moves it
@@ -59,9 +58,9 @@ def _deprecations(caught) -> list[str]:
 def test_cached_paths_print_no_deprecation_warning(tok, tiny_llama_factory):
     """The prefix cache (prefill, continuation scores) and the passkey task's generate pass their cache under
     the installed name: no FutureWarning about `past_key_values` on either transformers version."""
-    from extend.prefix_cache import PrefixCache
-    from tasks import passkey
-    from tasks.scoring import continuation_logprobs
+    from ropebench.extend.prefix_cache import PrefixCache
+    from ropebench.tasks import passkey
+    from ropebench.tasks.scoring import continuation_logprobs
 
     model = tiny_llama_factory(vocab_size=len(tok), max_position_embeddings=1024)
     ids = tok("The grass is green. The sky is blue. " * 8, add_special_tokens=False)["input_ids"]

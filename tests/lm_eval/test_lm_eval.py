@@ -66,7 +66,7 @@ def test_importing_extend_does_not_import_lm_eval():
 
 
 def test_model_args_parsing():
-    from extend.lm_eval import check_model_args, parse_value
+    from ropebench.extend.lm_eval import check_model_args, parse_value
 
     assert parse_value("2") == 2 and parse_value("2.5") == 2.5 and parse_value("true") is True
     assert parse_value("[1, 1.5]") == [1, 1.5] and parse_value("1;1.5;2") == [1, 1.5, 2.0]
@@ -89,8 +89,8 @@ def test_model_args_parsing():
     ],
 )
 def test_bad_model_args(args, message):
-    from extend import ExtendError
-    from extend.lm_eval import RopebenchLM, check_model_args
+    from ropebench.extend import ExtendError
+    from ropebench.extend.lm_eval import RopebenchLM, check_model_args
 
     with pytest.raises(ExtendError, match=message):
         check_model_args(args)
@@ -113,10 +113,9 @@ def test_cli_bad_model_args_one_line_exit_2():
 
 def test_tasks_path_command(capsys):
     """`ropebench lm-eval tasks` prints the folder the command hands the core; the core alone
-    (`python -m extend.lm_eval`) knows none: it never looks above itself for one."""
+    (`python -m ropebench.extend.lm_eval`) knows none: it never looks above itself for one."""
     from ropebench.cli import main
-
-    from extend.lm_eval import main as core_main
+    from ropebench.extend.lm_eval import main as core_main
 
     assert main(["lm-eval", "tasks"]) == 0
     path = Path(capsys.readouterr().out.strip())
@@ -128,7 +127,7 @@ def test_tasks_path_command(capsys):
 
 def test_an_unknown_flag_is_one_line_and_exit_2(capsys):
     """lm-eval's own usage block (argparse) becomes the project's one line."""
-    from extend.lm_eval import main
+    from ropebench.extend.lm_eval import main
 
     assert main(["--bogus-flag"]) == 2
     captured = capsys.readouterr()
@@ -145,7 +144,7 @@ RULER = Path(importlib.util.find_spec("lm_eval").origin).parent / "tasks" / "rul
 def test_what_a_task_fetches_is_read_from_its_config():
     """A hub `dataset_path`, lm-eval's RULER generators that load the essay haystack or download a QA set;
     not a local builder, a folder, or a generator that makes its haystack up (niah_single_1's repeats)."""
-    from extend.lm_eval import ESSAY_DATASET, data_needed
+    from ropebench.extend.lm_eval import ESSAY_DATASET, data_needed
 
     essay = f"the hub dataset {ESSAY_DATASET!r}"
     assert data_needed({"dataset_path": "", "custom_dataset": f"{RULER}/niah_utils.niah_multikey_1"}) == [
@@ -161,7 +160,7 @@ def test_what_a_task_fetches_is_read_from_its_config():
 
 
 def test_a_cached_dataset_counts_only_in_its_cache(tmp_path, monkeypatch):
-    from extend.lm_eval import dataset_cached
+    from ropebench.extend.lm_eval import dataset_cached
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -176,9 +175,8 @@ def test_offline_tasks_whose_data_is_not_cached_are_refused_before_the_model_loa
     """Issue 32 item 3: lm-eval's niah_multikey_1 (essay haystack) used to load the model, build samples and
     die 37 s later with an 84-line traceback. Now one line names it (not niah_single_1, which needs nothing),
     and nothing loads."""
+    from ropebench import extend
     from ropebench.cli import main
-
-    import extend
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
@@ -196,8 +194,7 @@ def test_committed_tasks_are_templates_plus_lengths():
     the tags select the tasks."""
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
-
-    from tasks import lm_eval_export as ex
+    from ropebench.tasks import lm_eval_export as ex
 
     folder = ROOT / "tasks" / "lm_eval_tasks"
     manager = TaskManager(include_path=str(folder), include_defaults=False)
@@ -234,7 +231,7 @@ def test_committed_tasks_are_templates_plus_lengths():
 
 @pytest.fixture(scope="module")
 def small_tasks(tmp_path_factory, smollm2):
-    from tasks import lm_eval_export
+    from ropebench.tasks import lm_eval_export
 
     return lm_eval_export.export(tmp_path_factory.mktemp("lm_eval_tasks"), smollm2[1], **SMALL)
 
@@ -248,7 +245,7 @@ def task_manager(small_tasks):
 
 @pytest.mark.real
 def test_export_is_deterministic_and_self_contained(smollm2, small_tasks):
-    from tasks import lm_eval_export as ex
+    from ropebench.tasks import lm_eval_export as ex
 
     files = ex.render(smollm2[1], **SMALL)
     assert {n: (small_tasks / n).read_text(encoding="utf-8") for n in files} == files
@@ -269,8 +266,8 @@ def _lm_eval_prompts(lm, task_manager, task_name) -> list[list[int]]:
 @pytest.mark.real
 def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_manager, monkeypatch):
     """The prompts the lm-eval tasks feed the model are the ones passkey.run and classification.run build."""
-    from extend.lm_eval import RopebenchLM
-    from tasks import classification, passkey
+    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.tasks import classification, passkey
 
     model, tok = smollm2
     prompts_of = {"passkey": [], "sotu_era": []}
@@ -304,8 +301,8 @@ def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_
 @pytest.mark.real
 def test_committed_task_folder_is_up_to_date(smollm2):
     """Exporting again gives the committed docs (checked on the short lengths; the full export is
-    `python -m tasks.lm_eval_export`)."""
-    from tasks import lm_eval_export as ex
+    `python -m ropebench.tasks.lm_eval_export`)."""
+    from ropebench.tasks import lm_eval_export as ex
 
     tok = smollm2[1]
     folder = ROOT / "tasks" / "lm_eval_tasks"
@@ -347,8 +344,7 @@ def _requests(tok):
 @pytest.mark.parametrize("batch_size, max_length", [(1, None), (3, None), (2, 48)])
 def test_scored_positions_only_equals_stock_hflm(smollm2, batch_size, max_length):
     from lm_eval.models.huggingface import HFLM
-
-    from extend.lm_eval import RopebenchLM
+    from ropebench.extend.lm_eval import RopebenchLM
 
     model, tok = smollm2
     reqs = _requests(tok)
@@ -373,8 +369,7 @@ def test_rolling_loglikelihood_equals_stock_hflm_in_bounded_blocks(smollm2, monk
     sees more than SCORE_BLOCK positions at once (stock: the whole window)."""
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
-
-    from extend import lm_eval as ours
+    from ropebench.extend import lm_eval as ours
 
     model, tok = smollm2
     text = " ".join(
@@ -402,8 +397,7 @@ def test_rolling_loglikelihood_equals_stock_hflm_in_bounded_blocks(smollm2, monk
 @pytest.mark.real
 def test_simple_evaluate_plain_and_yarn(smollm2, task_manager):
     from lm_eval import simple_evaluate
-
-    from extend.lm_eval import RopebenchLM
+    from ropebench.extend.lm_eval import RopebenchLM
 
     model, tok = smollm2
     per_sample = {}
@@ -428,15 +422,15 @@ def test_simple_evaluate_plain_and_yarn(smollm2, task_manager):
         per_sample[method] = [[r[0] for r in s["resps"]] for s in out["samples"]["ropebench_sotu_era_256"]]
         assert len(per_sample[method]) == 2 and all(len(x) == 4 for x in per_sample[method])
     assert per_sample["yarn"] == per_sample["plain"]  # yarn at factor 1 is the model itself, bit for bit
-    from extend import current
+    from ropebench.extend import current
 
     assert current(model) is None
 
 
 @pytest.mark.real
 def test_cli_shim_end_to_end(tmp_path, small_tasks, smollm2):
-    """`python -m extend.lm_eval run` on a tiny model directory (a random 1-layer Llama with SmolLM2's
-    tokenizer), a local task folder and --limit; then results.from_lm_eval reads the JSON."""
+    """`python -m ropebench.extend.lm_eval run` on a tiny model directory (a random 1-layer Llama with
+    SmolLM2's tokenizer), a local task folder and --limit; then results.from_lm_eval reads the JSON."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = smollm2[1]
@@ -480,7 +474,7 @@ def test_cli_shim_end_to_end(tmp_path, small_tasks, smollm2):
     blob = json.loads(files[0].read_text())
     assert blob["config"]["ropebench_max_length"] == 1024 and blob["config"]["ropebench_method"] == "yarn"
     assert "exact_match,first_integer" in blob["results"]["ropebench_passkey_256"]
-    results = pytest.importorskip("results")
+    results = pytest.importorskip("ropebench.results")
     if not hasattr(results, "from_lm_eval"):
         pytest.skip("results.from_lm_eval has not landed")
     df = results.from_lm_eval(files[0])
@@ -495,9 +489,8 @@ def test_prefix_sharing_gives_stock_numbers(smollm2, monkeypatch):
     the numbers and the generated text are stock HFLM's."""
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
-
-    from extend import prefix_cache
-    from extend.lm_eval import RopebenchLM
+    from ropebench.extend import prefix_cache
+    from ropebench.extend.lm_eval import RopebenchLM
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 4)  # these requests share tens of tokens, not hundreds
@@ -547,9 +540,8 @@ def test_generate_until_keeps_one_set_of_frequencies(tok, monkeypatch, method, t
     must match too. Tolerance: sqrt(float32 eps) of the logits' scale, as in
     tests/extend/test_transformers_api.py."""
     from lm_eval.api.instance import Instance
-
-    import extend
-    from extend.lm_eval import RopebenchLM
+    from ropebench import extend
+    from ropebench.extend.lm_eval import RopebenchLM
 
     # trained context 32, prompt ~40 + 8 new tokens: dynamic-ntk's frequencies change at every step
     model = tiny_llama_factory(max_position_embeddings=32, vocab_size=len(tok), initializer_range=0.3)

@@ -15,9 +15,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-import results
-from results.store import canonical_json
+from ropebench import results
+from ropebench.results.store import canonical_json
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["<unk>", "<s>", "</s>", "Question", "yes", "no", "?", *map(str, range(10))]
@@ -81,8 +80,7 @@ def test_ropebench_run_reads_back_what_the_model_patched(model_dir, tmp_path):
     """method, factor and options (the patch's resolved options, as a sweep records them) come from the file;
     model_args the model consumes itself (scored_logits_only, share_prefix, batch_size) never become
     options."""
-    import extend
-    import extend.lm_eval  # registers the `ropebench` model with lm-eval
+    from ropebench import extend
 
     args = (
         f"pretrained={model_dir},method=yarn,factor=2,beta_fast=16,scored_logits_only=true,"
@@ -158,8 +156,7 @@ def test_damaged_ropebench_options_is_one_clear_error(tmp_path):
 def test_pyproject_pins_the_range_the_overrides_follow():
     from packaging.requirements import Requirement
     from packaging.version import Version
-
-    from extend.lm_eval import LM_EVAL_RANGE
+    from ropebench.extend.lm_eval import LM_EVAL_RANGE
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (pin,) = [Requirement(d) for d in deps if Requirement(d).name == "lm-eval"]
@@ -172,9 +169,8 @@ def test_outside_the_range_the_model_keeps_stock_hflm_loops(model_dir, monkeypat
     sharing; RoPE is still patched."""
     from lm_eval.models.huggingface import HFLM
     from packaging.version import Version
-
-    import extend
-    from extend import lm_eval as ours
+    from ropebench import extend
+    from ropebench.extend import lm_eval as ours
 
     monkeypatch.setattr(ours, "LM_EVAL_VERSION", Version("0.5.0"))
     monkeypatch.setattr(

@@ -40,7 +40,7 @@ start_from, temperature, layer_types, windows, list lengths), lengths against th
 (`extend.memory`; `ROPEBENCH_MEMORY_GB` sets the budget). Option ranges are declared per option
 (`Annotated[float, Range(gt=0)]`, checked by `extend.registry.check_options`). The sweep itself checks its
 config's shape, its flags, the run directory and plugins (a syntax error or an exception in a plugin is named
-with its file and line). A rejected input leaves no run directory behind. `python -m results report` writes
+with its file and line). A rejected input leaves no run directory behind. `ropebench report` writes
 only into a new or empty directory or one ropebench made, never over a file ropebench did not write; records
 files that are damaged or not ropebench's are named with their file and first bad line (damaged lines among
 good ones are skipped with one warning); records that carry no model, method or length are no ropebench run
@@ -457,35 +457,35 @@ CASES = [
     ),
     # -- results CLI
     raw(
-        "`python -m results report missing-dir`",
+        "`ropebench report missing-dir`",
         "report",
         "{tmp}/nope",
         kind="results",
         expect="run directory not found",
     ),
     raw(
-        "`python -m results report` a directory without records",
+        "`ropebench report` a directory without records",
         "report",
         "{tmp}/emptydir",
         kind="results",
         expect="no records in",
     ),
     raw(
-        "`python -m results report` a directory named records.jsonl",
+        "`ropebench report` a directory named records.jsonl",
         "report",
         "{tmp}/fake/records.jsonl",
         kind="results",
         expect="is a directory, not a records file",
     ),
     raw(
-        "`python -m results report` a records file of damaged lines",
+        "`ropebench report` a records file of damaged lines",
         "report",
         "{tmp}/damaged",
         kind="results",
         expect="no records in",
     ),
     raw(
-        "`python -m results report --trained-context -5`",
+        "`ropebench report --trained-context -5`",
         "report",
         "{tmp}/run",
         "--trained-context",
@@ -494,7 +494,7 @@ CASES = [
         expect="--trained-context: '-5' is not positive",
     ),
     raw(
-        "`python -m results report --trained-context x`",
+        "`ropebench report --trained-context x`",
         "report",
         "{tmp}/run",
         "--trained-context",
@@ -503,7 +503,7 @@ CASES = [
         expect="--trained-context: 'x' is not an integer",
     ),
     raw(
-        "`python -m results table --rows nosuchcol`",
+        "`ropebench report table --rows nosuchcol`",
         "table",
         "{tmp}/run",
         "--task",
@@ -516,7 +516,7 @@ CASES = [
         expect="--rows 'nosuchcol' is not a column",
     ),
     raw(
-        "`python -m results table --cols nosuchcol`",
+        "`ropebench report table --cols nosuchcol`",
         "table",
         "{tmp}/run",
         "--task",
@@ -529,7 +529,7 @@ CASES = [
         expect="--cols 'nosuchcol' is not a column",
     ),
     raw(
-        "`python -m results table --task nosuch`",
+        "`ropebench report table --task nosuch`",
         "table",
         "{tmp}/run",
         "--task",
@@ -540,7 +540,7 @@ CASES = [
         expect="unknown task 'nosuch'",
     ),
     raw(
-        "`python -m results table --metric nosuch`",
+        "`ropebench report table --metric nosuch`",
         "table",
         "{tmp}/run",
         "--task",
@@ -551,7 +551,7 @@ CASES = [
         expect="unknown metric 'nosuch'",
     ),
     raw(
-        "`python -m results table` without --task",
+        "`ropebench report table` without --task",
         "table",
         "{tmp}/run",
         kind="results",
@@ -920,7 +920,7 @@ CASES += [
     ),
     sweep("`--plugin ''`", "--plugin", "", expect="names no plugin"),
     raw(
-        "`python -m results report RUN --out` a directory of the user's (own report.md)",
+        "`ropebench report RUN --out` a directory of the user's (own report.md)",
         "report",
         "{tmp}/run",
         "--out",
@@ -929,7 +929,7 @@ CASES += [
         expect="non-empty directory ropebench did not make",
     ),
     raw(
-        "`python -m results report RUN --out` a file",
+        "`ropebench report RUN --out` a file",
         "report",
         "{tmp}/run",
         "--out",
@@ -938,35 +938,35 @@ CASES += [
         expect="is not a directory",
     ),
     raw(
-        "`python -m results report` a run directory holding the user's tables/perplexity_ppl.md",
+        "`ropebench report` a run directory holding the user's tables/perplexity_ppl.md",
         "report",
         "{tmp}/ownrun",
         kind="results",
         expect="perplexity_ppl.md exists and ropebench did not write it",
     ),
     raw(
-        "`python -m results report` a record with a list as `cell`",
+        "`ropebench report` a record with a list as `cell`",
         "report",
         "{tmp}/rd_celllist",
         kind="results",
         expect="cell is a list",
     ),
     raw(
-        "`python -m results report` a 200000-deep JSON line",
+        "`ropebench report` a 200000-deep JSON line",
         "report",
         "{tmp}/rd_deep",
         kind="results",
         expect="nested too deeply",
     ),
     raw(
-        "`python -m results report` a records file of a foreign schema",
+        "`ropebench report` a records file of a foreign schema",
         "report",
         "{tmp}/rd_foreign",
         kind="results",
         expect="none of its 2 lines is a ropebench record",
     ),
     raw(
-        "`python -m results table --rows length --cols length`",
+        "`ropebench report table --rows length --cols length`",
         "table",
         "{tmp}/run",
         "--task",
@@ -1028,7 +1028,7 @@ def make_write_safety_fixtures(tmp: Path) -> None:
         (tmp / d / ".ropebench.lock").touch()
     (tmp / "loop").symlink_to(tmp / "loop")
     (tmp / "noread" / "sub").mkdir(parents=True)
-    from results.store import RecordWriter
+    from ropebench.results.store import RecordWriter
 
     RecordWriter(tmp / "ownrun").write(synthetic_records("ownrun", tasks=("perplexity",)))
 
@@ -1099,7 +1099,7 @@ BINARY = {
 
 def _truncated_gguf(tmp: Path) -> None:
     """The embedded GGUF's first 64 KB: the magic bytes are right, the metadata is cut."""
-    import extend
+    from ropebench import extend
 
     with open(extend.embedded_gguf(), "rb") as f:
         (tmp / "truncated.gguf").write_bytes(f.read(1 << 16))
@@ -1115,7 +1115,7 @@ def make_fixtures(tmp: Path) -> None:
     _truncated_gguf(tmp)
     (tmp / "emptydir").mkdir()
     (tmp / "fake" / "records.jsonl").mkdir(parents=True)
-    from results.store import RecordWriter
+    from ropebench.results.store import RecordWriter
 
     RecordWriter(tmp / "run").write(synthetic_records("run"))
     make_write_safety_fixtures(tmp)
@@ -1124,7 +1124,7 @@ def make_fixtures(tmp: Path) -> None:
 @contextlib.contextmanager
 def no_model_loads():
     """Any case that reaches a model load fails: every input must be rejected before that."""
-    import extend
+    from ropebench import extend
 
     def refuse(*a, **k):
         raise AssertionError("a model was loaded for a bad input")
@@ -1180,7 +1180,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
 
                 code = sweep_lib.main(args)
             elif case.kind == "results":
-                from results.__main__ import main
+                from ropebench.results.__main__ import main
 
                 try:
                     code = main(args)
@@ -1191,9 +1191,8 @@ def run_case(case: Case, tmp: Path) -> tuple[int | None, str]:
 
                 code = main(["lm-eval", *args] if case.kind == "lm_eval" else list(args))
             else:
+                from ropebench import extend
                 from transformers import LlamaConfig, LlamaForCausalLM
-
-                import extend
 
                 # any small Llama: these cases are refused before a forward (run as a script too, so
                 # built here, not taken from a fixture)
@@ -1324,8 +1323,7 @@ def test_corpus_under_home_is_found_by_the_check_and_the_loader(tmp_path, monkey
     """`~/x.txt` (a config file or -t value is not expanded by a shell): the check the sweep runs and the
     loader the task runs expand it the same way, so a corpus the sweep accepts is the corpus a cell reads."""
     from ropebench import sweep_lib
-
-    from tasks import data
+    from ropebench.tasks import data
 
     monkeypatch.setenv("HOME", str(tmp_path))
     text = "a document under the home directory, " * 3  # long enough for --lengths 64 (checked in bytes)
@@ -1359,8 +1357,8 @@ def test_corpus_under_home_is_found_by_the_check_and_the_loader(tmp_path, monkey
 
 def test_records_with_odd_bookkeeping_still_report(tmp_path):
     """A hand-edited `"written": "yesterday"` is not a traceback: the row sorts as oldest."""
-    import results
-    from results.store import RecordWriter
+    from ropebench import results
+    from ropebench.results.store import RecordWriter
 
     RecordWriter(tmp_path).write(synthetic_records("run"))
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
@@ -1371,7 +1369,7 @@ def test_records_with_odd_bookkeeping_still_report(tmp_path):
     with pytest.warns(results.ResultsWarning, match=f"cell {row['cell']}: .* rows on disk"):
         df = results.load(tmp_path)  # the edited row no longer matches its write: that cell is not trusted
     assert set(df["cell"]) == {json.loads(x)["cell"] for x in lines} - {row["cell"]}
-    from results.__main__ import main
+    from ropebench.results.__main__ import main
 
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
 
@@ -1441,7 +1439,7 @@ if __name__ == "__main__" and "--write-docs" in sys.argv:
 )
 def test_suites_name_an_empty_corpus_not_the_lengths(task, options, tmp_path, smollm2_tokenizer):
     """Called directly (no sweep): an empty corpus file is named as empty, not "use shorter lengths"."""
-    import tasks
+    from ropebench import tasks
 
     (tmp_path / "e.txt").write_text("\n")
     with pytest.raises(tasks.TaskError, match="has no documents") as info:
@@ -1457,8 +1455,8 @@ def test_suite_rules_name_real_options():
     default)."""
     import inspect
 
-    import tasks
-    from tasks.checks import RULES, check_task_options
+    from ropebench import tasks
+    from ropebench.tasks.checks import RULES, check_task_options
 
     for task, rules in RULES.items():
         params = inspect.signature(tasks.TASKS[task]).parameters

@@ -3,9 +3,8 @@ stand-in for a sweep config (read at run time, as the demo's), and the command's
 
 import pytest
 import yaml
+from ropebench.benchmarks import compute_floor, flops
 from transformers import LlamaConfig
-
-from benchmarks import compute_floor, flops
 
 CONFIG = LlamaConfig(
     hidden_size=64,

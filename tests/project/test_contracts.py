@@ -10,11 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-import extend
-import results
-import tasks
-from tasks.common import record
+from ropebench import extend, results, tasks
+from ropebench.tasks.common import record
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "CONTRACTS.md"
 TEXT = CONTRACTS.read_text(encoding="utf-8")
@@ -110,7 +107,11 @@ def test_documented_signature_matches_the_code(name):
 
 
 def public_functions(module) -> set[str]:
-    return {f"{module.__name__}.{n}" for n in module.__all__ if inspect.isfunction(getattr(module, n))}
+    return {
+        f"{module.__name__.removeprefix('ropebench.')}.{n}"
+        for n in module.__all__
+        if inspect.isfunction(getattr(module, n))
+    }
 
 
 def test_every_public_function_is_documented():

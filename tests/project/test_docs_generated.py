@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ropebench import docs
-
-import extend
+from ropebench import docs, extend
 
 ROOT = Path(__file__).resolve().parents[2]
 REGENERATE = "run `python -m ropebench.docs --write` and commit the result"
@@ -19,7 +17,9 @@ REGENERATE = "run `python -m ropebench.docs --write` and commit the result"
 
 def builtin_names() -> list[str]:
     return [
-        name for name in extend.methods() if extend.registry.get(name).fn.__module__.startswith("extend.")
+        name
+        for name in extend.methods()
+        if extend.registry.get(name).fn.__module__.startswith("ropebench.extend.")
     ]
 
 
@@ -95,7 +95,7 @@ def test_a_new_builtin_method_reaches_the_tables_without_a_hand_edit(monkeypatch
         Reference: nobody 2026"""
         return rope.inv_freq / 2, 1.0
 
-    halve.__module__ = "extend.frequency_methods"  # as if written there
+    halve.__module__ = "ropebench.extend.frequency_methods"  # as if written there
     monkeypatch.setattr(extend.registry, "_REGISTRY", dict(extend.registry._REGISTRY))
     extend.register("halve-docs-test", min_factor=1.0)(halve)
     assert "| `halve-docs-test` | Halves every frequency | nobody 2026 |" in docs.readme_methods()
@@ -106,7 +106,7 @@ def test_a_new_builtin_method_reaches_the_tables_without_a_hand_edit(monkeypatch
         """Only a summary."""
         return rope.inv_freq, 1.0
 
-    bare.__module__ = "extend.frequency_methods"
+    bare.__module__ = "ropebench.extend.frequency_methods"
     extend.register("bare-docs-test")(bare)
     with pytest.raises(extend.ExtendError, match="no Formula and no Reference"):
         docs.readme_methods()

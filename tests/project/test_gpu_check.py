@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import extend
-from benchmarks import gpu_check, tiny_models, wheels
-from extend import remap_attention
+from ropebench import extend
+from ropebench.benchmarks import gpu_check, tiny_models, wheels
+from ropebench.extend import remap_attention
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("extend", "tasks", "results")
@@ -106,7 +105,7 @@ def module_level_imports() -> dict[str, set[str]]:
                         continue
                     for name in names:
                         top = name.split(".")[0]
-                        if top not in sys.stdlib_module_names and top not in LAYERS:
+                        if top not in sys.stdlib_module_names and top not in (*LAYERS, "ropebench"):
                             found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     return found
 
@@ -156,7 +155,7 @@ def test_pure_python_wheels_install_with_no_index_and_import(tmp_path):
     folder = wheels.DEFAULT_OUT
     pure = sorted(folder.glob("*-py3-none-any.whl")) + sorted(folder.glob("*-py2.py3-none-any.whl"))
     if not pure:
-        pytest.skip(f"no gathered wheels in {folder} (run `python -m benchmarks wheels`: needs the network)")
+        pytest.skip(f"no gathered wheels in {folder} (run `ropebench bench wheels`: needs the network)")
     subprocess.run(
         [
             sys.executable,

@@ -5,7 +5,7 @@ whole on one worker, so this run and test_gpu_check.py's other sections go to th
 import json
 from pathlib import Path
 
-from benchmarks import gpu_check
+from ropebench.benchmarks import gpu_check
 
 
 def test_cpu_mode_runs_the_demo_grid_and_compares_its_tables(tmp_path):
@@ -37,7 +37,7 @@ def test_cpu_mode_runs_the_demo_grid_and_compares_its_tables(tmp_path):
 
 
 def test_the_demo_grid_comparison_finds_each_kind_of_difference():
-    from benchmarks.gpu_demo_grid import compare
+    from ropebench.benchmarks.gpu_demo_grid import compare
 
     def run(name, value, mark, claim):
         tables = {"values": {"ppl | length=8": value}, "marks": {"ppl | m": mark}, "reach": {"r | m": claim}}
@@ -52,7 +52,7 @@ def test_the_demo_grid_comparison_finds_each_kind_of_difference():
 
 
 def test_the_demo_grid_scales_the_demos_lengths_and_context():
-    from benchmarks.gpu_demo_grid import grid, sweep_argv
+    from ropebench.benchmarks.gpu_demo_grid import grid, sweep_argv
 
     g = grid(4)
     assert g["trained_context"] == 2048

@@ -19,9 +19,12 @@ ALLOWED_ACROSS = {("results", "extend")}
 # Single modules a layer may import across: tasks declare what their metrics mean with results.meaning's
 # `Metric` (the contract both sides read; it imports nothing of tasks and nothing heavy)
 ALLOWED_MODULES = {("tasks", "results.meaning")}
-# folder -> import name: scripts/ installs as `ropebench` (pyproject's package-dir)
+# folder -> short name in this graph: every folder installs under `ropebench` (pyproject's package-dir:
+# extend/ is `ropebench.extend`, scripts/ is `ropebench` itself); the graph names a layer's modules by the
+# folder ("extend.patching") so the layer rules read as the folders do.
 TOOLS = {"benchmarks": "benchmarks", "scripts": "ropebench"}
 FOLDERS = {**{pkg: pkg for pkg in LAYER}, **TOOLS}
+NAMESPACED = ("extend", "tasks", "results", "benchmarks")  # import names: ropebench.<folder>
 # Third-party packages slow to import (torch alone: seconds) or that bring a model's machinery.
 HEAVY = {
     "accelerate",
@@ -76,9 +79,17 @@ def _edges(name: str, path: Path, known: set[str]) -> set[str]:
                 else (base if node.level else node.module)
             )
             targets = [base] + [f"{base}.{a.name}" for a in node.names]  # `from . import x` names module x
+            if base == "ropebench" and all(a.name in NAMESPACED for a in node.names):
+                targets = targets[1:]  # `from ropebench import extend` imports extend, not the command line
         else:
             continue
         for target in targets:
+            head, _, rest = target.partition(".")
+            if isinstance(node, ast.Import) or not node.level:  # absolute: named from the top
+                if head == "ropebench" and rest.split(".")[0] in NAMESPACED:
+                    target = rest  # ropebench.extend.errors -> extend.errors (the graph's short names)
+                elif head in NAMESPACED:
+                    target = f"bare:{target}"  # a top-level `extend`: not ropebench's (see the test below)
             while target and target not in known:  # `extend.errors.RopebenchError` -> extend.errors
                 target = target.rpartition(".")[0]
             if target and target != name:
@@ -109,6 +120,25 @@ def test_layers_import_only_downwards():
         )
     )
     assert upward == []
+
+
+def test_imports_name_the_ropebench_namespace():
+    """ropebench installs one import name, `ropebench`: a bare `import tasks` or `from results import x` would
+    find whatever `tasks` comes first on sys.path (a user's tasks.py in the working directory), or a second
+    copy of ours beside the installed one (two registries)."""
+    bare = []
+    for path in _files([*FOLDERS, "tests"]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            bare += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in NAMESPACED
+            ]
+    assert bare == []
 
 
 def test_no_import_cycles():
@@ -149,7 +179,7 @@ def test_the_graph_sees_lazy_and_relative_imports():
 
 
 def test_tools_find_their_modules_as_packages():
-    """benchmarks/ and scripts/ are packages (`python -m benchmarks ...`, `ropebench ...`): no file edits
+    """benchmarks/ and scripts/ are packages (`ropebench bench ...`, `ropebench ...`): no file edits
     `sys.path` to find its neighbours (an edit there also decides which `tasks` every later import finds)."""
     edits = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
@@ -191,8 +221,8 @@ def test_tools_import_nothing_heavy_at_module_level():
 def test_importing_any_benchmark_module_loads_and_runs_nothing():
     """Every module under benchmarks/ (probes and `__main__` included) imports with torch and every other
     heavy package blocked, and prints nothing: so none loads a model or starts work on import. Run from the
-    repository root as `python -m benchmarks` is."""
-    names = sorted(name for name in _modules() if _top(name) == "benchmarks")
+    repository root as `python -m ropebench.benchmarks` is."""
+    names = sorted(f"ropebench.{name}" for name in _modules() if _top(name) == "benchmarks")
     code = (
         "import importlib, importlib.abc, sys\n"
         "heavy = set(sys.argv[1].split(','))\n"
@@ -214,7 +244,11 @@ def test_importing_any_benchmark_module_loads_and_runs_nothing():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == ""
-    assert {"benchmarks.cli", "benchmarks.run", "benchmarks.probes.passkey_floor"} <= set(names)
+    assert {
+        "ropebench.benchmarks.cli",
+        "ropebench.benchmarks.run",
+        "ropebench.benchmarks.probes.passkey_floor",
+    } <= set(names)
 
 
 def test_every_project_import_resolves():
@@ -224,7 +258,7 @@ def test_every_project_import_resolves():
     import importlib
     import importlib.util
 
-    ours = set(LAYER) | {"benchmarks"}
+    ours = {"ropebench"}
     broken = []
     for folder in ("extend", "tasks", "results", "scripts", "benchmarks", "tests"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -277,8 +311,10 @@ def test_test_folders_shadow_no_package():
 
     tests = ROOT / "tests"
     assert not [p for p in sys.path if p and Path(p).resolve().is_relative_to(tests)], sys.path
-    for name in ("extend", "tasks", "results", "benchmarks"):
-        assert Path(importlib.import_module(name).__file__) == ROOT / name / "__init__.py", name
+    for name in NAMESPACED:
+        assert Path(importlib.import_module(f"ropebench.{name}").__file__) == ROOT / name / "__init__.py", (
+            name
+        )
     import lm_eval
 
     assert not Path(lm_eval.__file__).resolve().is_relative_to(tests)
@@ -399,12 +435,13 @@ def test_results_read_without_torch_or_transformers(tmp_path, synthetic_records)
     """`import results`, reading a run (load, summary, a table), the error classes every layer shares and
     `ropebench report --help` work with torch and transformers blocked: reading results does not load the
     model stack (extend's names load on first use; extend.errors imports nothing)."""
-    from results.store import RecordWriter
+    from ropebench.results.store import RecordWriter
 
     RecordWriter(tmp_path / "run").write(synthetic_records("run", tasks=("perplexity", "passkey")))
     code = BLOCK_MODEL_STACK + (
-        "import results, results.store\n"
-        "from extend import ExtendError, RopebenchError\n"
+        "from ropebench import results\n"
+        "import ropebench.results.store\n"
+        "from ropebench.extend import ExtendError, RopebenchError\n"
         "assert issubclass(results.ResultsError, RopebenchError)\n"
         "assert issubclass(ExtendError, RopebenchError)\n"
         "df = results.load(sys.argv[1])\n"

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from extend.values import ValueLoader, ValueTextError, as_int, as_length, as_number, parse_text
+from ropebench.extend.values import ValueLoader, ValueTextError, as_int, as_length, as_number, parse_text
 
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,8 +189,7 @@ def via_model_args(text, tmp_path):
     """lm-eval's own parsing of the command line, then ropebench's (extend.lm_eval.main does both); an HFLM
     argument (revision) takes any value."""
     from lm_eval._cli.utils import key_val_to_dict
-
-    from extend.lm_eval import split_model_args, typed_model_args
+    from ropebench.extend.lm_eval import split_model_args, typed_model_args
 
     written = f"revision={text}"
     argv = ["run", "--model", "ropebench", "--model_args", written, "--tasks", "x"]
@@ -201,10 +199,8 @@ def via_model_args(text, tmp_path):
 
 def via_inspect(text, monkeypatch):
     """`ropebench inspect MODEL --method M -o KEY=VALUE`, with the config read and the preview stubbed."""
-    import extend
-    import extend.inspector
-    import extend.loading
-    from extend.__main__ import main
+    from ropebench import extend
+    from ropebench.extend.__main__ import main
 
     seen = {}
     monkeypatch.setattr(extend.loading, "load_config", lambda *a, **k: None)
@@ -224,9 +220,9 @@ def test_every_entry_point_gives_the_same_value(text, tmp_path, monkeypatch):
 
 def test_lengths_read_alike_everywhere(tmp_path, monkeypatch):
     """A length in --lengths, -t TASK.lengths, a config, model_args max_length and --trained-context."""
-    import results.reporting
-    from extend.lm_eval import _max_length
-    from results.__main__ import main as results_main
+    from ropebench import results
+    from ropebench.extend.lm_eval import _max_length
+    from ropebench.results.__main__ import main as results_main
 
     seen = {}
     monkeypatch.setattr(results.reporting, "report", lambda runs, **kw: seen.update(kw) or "r.md")
@@ -260,11 +256,10 @@ def one_error_line(capsys) -> str:
 def test_a_bad_value_is_one_line_of_one_shape_everywhere(tmp_path, capsys):
     """'16q' where a length is needed, and an unclosed list, at every entry point: `error: WHERE: VALUE is not
     WHAT — write e.g. EXAMPLE`, exit 2, before anything loads."""
+    from ropebench.extend.__main__ import main as inspect_main
+    from ropebench.extend.lm_eval import main as lm_eval_main
+    from ropebench.results.__main__ import main as results_main
     from ropebench.sweep_lib.cli import main as sweep_main
-
-    from extend.__main__ import main as inspect_main
-    from extend.lm_eval import main as lm_eval_main
-    from results.__main__ import main as results_main
 
     (tmp_path / "c.yaml").write_text(
         "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\nlengths: [16q]\n"
@@ -318,8 +313,8 @@ def test_a_bad_value_is_one_line_of_one_shape_everywhere(tmp_path, capsys):
     ],
 )
 def test_benchmark_run_numeric_flags_are_checked(flag, value, capsys):
-    from benchmarks.errors import exit_code
-    from benchmarks.run import main
+    from ropebench.benchmarks.errors import exit_code
+    from ropebench.benchmarks.run import main
 
     assert exit_code(main, [flag, value, "--estimate"]) == 2
     line = one_error_line(capsys)

@@ -15,11 +15,10 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 import pytest
-
-import results
-from results.frame import normalize
-from results.meaning import Metric
-from results.stats import MIN_INFORMATIVE_PAIRS, cell_interval, paired_clusters, paired_interval
+from ropebench import results
+from ropebench.results.frame import normalize
+from ropebench.results.meaning import Metric
+from ropebench.results.stats import MIN_INFORMATIVE_PAIRS, cell_interval, paired_clusters, paired_interval
 
 ICC = 0.5  # intra-cluster correlation of the latent score
 QUESTIONS = 6  # questions per cluster (haystack)

@@ -19,8 +19,7 @@ import math
 
 import numpy as np
 import pytest
-
-from results.stats import (
+from ropebench.results.stats import (
     MIN_T_UNITS,
     cell_interval,
     paired_interval,
@@ -209,8 +208,8 @@ def test_nolima_rule_rarely_claims_a_length_at_the_edge_of_its_bar(n, base):
     estimate (the base established: its lower bound >= 0.5). The base's own noise is not in the bar, so at a
     true rate of exactly 0.85 x the true base the rule claims L more often than Wilson's one-sided 2.5%:
     stated in docs/results.md as 3-6%; this holds it under 7% (seeded, 40 000 draws: s.e. ~0.0013)."""
-    from results.reach import MIN_BAR, NOLIMA_FRACTION
-    from results.stats import wilson
+    from ropebench.results.reach import MIN_BAR, NOLIMA_FRACTION
+    from ropebench.results.stats import wilson
 
     lower = np.array([wilson(k, n)[0] for k in range(n + 1)])  # the project's own Wilson bound, per count
     rng = np.random.default_rng(7)

@@ -9,13 +9,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
-import results
-import tasks
-from results.frame import normalize
-from results.meaning import BUILT_IN, UNDECLARED, Metric, declarations, undeclared_note
-from results.tables import out_of_range
-from tasks.kit import declare
+from ropebench import results, tasks
+from ropebench.results.frame import normalize
+from ropebench.results.meaning import BUILT_IN, UNDECLARED, Metric, declarations, undeclared_note
+from ropebench.results.tables import out_of_range
+from ropebench.tasks.kit import declare
 
 
 def test_built_in_tasks_declare_exactly_the_fallback_for_their_old_rows():
@@ -247,7 +245,7 @@ def test_a_field_newer_than_the_record_takes_the_built_in_value():
     without the field gets the default."""
     import json
 
-    from results.meaning import BUILT_IN, declarations
+    from ropebench.results.meaning import BUILT_IN, declarations
 
     old = {k: v for k, v in BUILT_IN[("perplexity", "loss_bin")].to_record().items() if k != "by_position"}
     rows = [

@@ -14,10 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pandas as pd
 import pytest
-
-import results
-from results.frame import normalize
-from results.meaning import BUILT_IN, Metric
+from ropebench import results
+from ropebench.results.frame import normalize
+from ropebench.results.meaning import BUILT_IN, Metric
 
 ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
@@ -237,8 +236,8 @@ def test_rulers_own_bar_is_a_named_option():
 def test_the_cli_takes_rulers_bar_by_name(monkeypatch, capsys):
     """`ropebench report RUN --bar ruler` (or --threshold ruler) hands RULER's 0.856 to the report; a number
     passes as given, the default is 0.8, and a name it does not know is one line and exit 2."""
-    import results.reporting
-    from results.__main__ import main
+    from ropebench import results
+    from ropebench.results.__main__ import main
 
     given = []
     monkeypatch.setattr(results.reporting, "report", lambda *a, **kw: given.append(kw["threshold"]) or "r")
@@ -379,9 +378,8 @@ def _first_negative(inv_freq, limit):
     ],
 )
 def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale, divide, tiny_llama_factory):
+    from ropebench import extend
     from ropebench.sweep_lib import run as R
-
-    import extend
 
     model = tiny_llama_factory(max_position_embeddings=128)  # head_dim 16, rope_theta 1e4
     theta = model.config.rope_parameters["rope_theta"]
@@ -398,9 +396,8 @@ def test_theory_records_from_the_patched_frequencies(method, factor, theta_scale
 
 
 def test_no_theory_rows_for_position_remapping(tiny_llama_factory):
+    from ropebench import extend
     from ropebench.sweep_lib import run as R
-
-    import extend
 
     model = tiny_llama_factory(max_position_embeddings=128)
     with extend.patched(model, "self-extend", 2.0) as handle:

@@ -9,11 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pandas as pd
 import pytest
-
-import results
-from results.frame import normalize
-from results.meaning import BUILT_IN, Metric
-from results.overview import left_out
+from ropebench import results
+from ropebench.results.frame import normalize
+from ropebench.results.meaning import BUILT_IN, Metric
+from ropebench.results.overview import left_out
 
 T975_7 = 2.3646  # Student's t 0.975 quantile, 7 degrees of freedom (printed tables)
 RANK = Metric("rank", "lower", "rank (1 = first)", "rank of the answer", independent_unit="question", lo=1.0)
@@ -295,7 +294,7 @@ def test_perplexity_title_promises_a_band_only_when_drawn(demo_like, tmp_path):
 
 
 def test_plot_by_distance_one_line_per_method(demo_like, tmp_path):
-    from results.plots import plot_by_distance
+    from ropebench.results.plots import plot_by_distance
 
     plot = plot_by_distance(demo_like, tmp_path / "d.png", task="retrieval", metric="answer_logprob")
     assert set(plot.data["label"]) == {"plain ×1", "ntk ×2", "yarn ×2"}

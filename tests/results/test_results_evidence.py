@@ -13,11 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pandas as pd
 import pytest
-
-import results
-from results.frame import normalize
-from results.meaning import BUILT_IN
-from results.stats import newcombe, skew_t, wilson
+from ropebench import results
+from ropebench.results.frame import normalize
+from ropebench.results.meaning import BUILT_IN
+from ropebench.results.stats import newcombe, skew_t, wilson
 
 ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054

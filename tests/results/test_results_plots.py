@@ -7,9 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pandas as pd
 import pytest
-
-import results
-from results.store import RecordWriter
+from ropebench import results
+from ropebench.results.store import RecordWriter
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 
@@ -191,9 +190,9 @@ def test_metric_and_distance_plots_label_chance_axes_and_title_alike(tmp_path):
     """plot_metric and plot_by_distance share one finishing step: the declared chance (0.25 here) dashed and
     labelled, the y axis named by the declaration's unit and direction, a title naming task, metric, model,
     corpus and factor. 4 prompts per setting at each of two lengths, the needle at distance L / 2."""
-    from results.frame import normalize
-    from results.meaning import Metric
-    from results.plots import plot_by_distance, plot_metric
+    from ropebench.results.frame import normalize
+    from ropebench.results.meaning import Metric
+    from ropebench.results.plots import plot_by_distance, plot_metric
 
     hit = Metric("rate", "higher", "fraction of prompts", "hit", chance=0.25, lo=0, hi=1)
     rows = [

@@ -10,10 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pandas as pd
 import pytest
-
-import results
-from results.__main__ import main
-from results.store import RecordWriter
+from ropebench import results
+from ropebench.results.__main__ import main
+from ropebench.results.store import RecordWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -329,7 +328,7 @@ def test_cli_errors_exit_2_with_one_line(argv, needle, synthetic_run_dir, tmp_pa
 
 def test_cli_subprocess_no_traceback(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "results", "report", str(tmp_path / "missing")],
+        [sys.executable, "-m", "ropebench.results", "report", str(tmp_path / "missing")],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -12,9 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pandas as pd
 import pytest
-
-import results
-from results.store import RecordWriter, ResultsWarning, finished_cells, read_jsonl
+from ropebench import results
+from ropebench.results.store import RecordWriter, ResultsWarning, finished_cells, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +123,7 @@ def test_killed_writer_leaves_only_whole_rows(tmp_path):
     """A real SIGKILL during a stream of writes: every row on disk is complete."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[2])\n"
-        "from results.store import RecordWriter\n"
+        "from ropebench.results.store import RecordWriter\n"
         "w = RecordWriter(sys.argv[1])\n"
         "i = 0\n"
         "while True:\n"
@@ -260,7 +259,7 @@ def test_full_disk_cuts_the_write_back(tmp_path, monkeypatch):
     error reaches the caller, and the next write appends cleanly."""
     import errno
 
-    from results import store
+    from ropebench.results import store
 
     w = RecordWriter(tmp_path)
     w.write([_rec(cell="a")])
@@ -287,7 +286,7 @@ def test_full_disk_cuts_the_write_back(tmp_path, monkeypatch):
 def test_full_disk_leaves_no_manifest_temp(tmp_path, monkeypatch):
     import errno
 
-    from results import store
+    from ropebench.results import store
 
     def full_disk(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")

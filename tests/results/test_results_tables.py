@@ -8,12 +8,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pandas as pd
 import pytest
-
-import results
-from results.frame import normalize
-from results.meaning import BUILT_IN
-from results.stats import newcombe, wilson
-from results.store import RecordWriter
+from ropebench import results
+from ropebench.results.frame import normalize
+from ropebench.results.meaning import BUILT_IN
+from ropebench.results.stats import newcombe, wilson
+from ropebench.results.store import RecordWriter
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 

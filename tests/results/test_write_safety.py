@@ -13,10 +13,9 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-import results
-from extend.errors import RopebenchError
-from results.store import RecordWriter, ResultsError, ResultsWarning, finished_cells, read_jsonl
+from ropebench import results
+from ropebench.extend.errors import RopebenchError
+from ropebench.results.store import RecordWriter, ResultsError, ResultsWarning, finished_cells, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +75,7 @@ def test_report_into_a_new_directory_then_again_replaces_only_its_own_files(perp
 def test_report_refused_in_a_new_directory_leaves_nothing(synthetic_records, tmp_path, monkeypatch):
     """When the report fails after making its directory (here: a plot fails), the directories it made go
     again."""
-    from results import reporting
+    from ropebench.results import reporting
 
     d = tmp_path / "run"
     RecordWriter(d).write(synthetic_records("run", tasks=("perplexity",)))

@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark harness: `python -m benchmarks run --quick` runs every figure on tiny lengths
+"""Smoke test of the benchmark harness: `ropebench bench run --quick` runs every figure on tiny lengths
 and writes a report with every row; the "identical numbers" checks must hold. Nothing about time is
 asserted."""
 
@@ -59,7 +59,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         [
             sys.executable,
             "-m",
-            "benchmarks",
+            "ropebench.benchmarks",
             "run",
             "--quick",
             "--out",
@@ -79,7 +79,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     table = [line for line in text.splitlines() if line.startswith("| ")]
     for name in ROWS:
         assert any(name in line for line in table), f"missing row {name!r}"
-    assert "python -m benchmarks run --quick" in text and "Machine:" in text and "Versions:" in text
+    assert "ropebench bench run --quick" in text and "Machine:" in text and "Versions:" in text
     assert "2.5 min" in text  # the demo sweep seconds were read
 
     data = json.loads(out.with_suffix(".json").read_text())
@@ -118,7 +118,7 @@ def test_passkey_answer_is_compared_in_float32_only(synthetic_benchmark_run, ben
     """A bf16 run may give another greedy answer through the prefix cache than a plain generate (rounding at
     other row counts flips a near-tie): reported, not failed; the prompt must match in every dtype."""
 
-    from benchmarks import report
+    from ropebench.benchmarks import report
 
     for dtype, same_answer, same_prompt, passes in [
         ("float32", False, True, False),

@@ -6,8 +6,7 @@ import copy
 import json
 
 import pytest
-
-from benchmarks import cli, cost_model, prefix_report, report
+from ropebench.benchmarks import cli, cost_model, prefix_report, report
 
 
 def test_figures_table_from_hand_computed_numbers(synthetic_benchmark_run, benchmark_model_facts):
@@ -156,8 +155,8 @@ def test_report_command_adds_the_demo_time(tmp_path, synthetic_benchmark_run, be
     assert "| Demo sweep, total wall time | 7.5 min |" in text
     stored = json.loads(source.read_text())
     assert stored["args"]["demo_seconds"] == 450
-    assert stored["demo_command"] == f"python -m benchmarks report {source} --demo-seconds 450"
-    assert f"`, then `python -m benchmarks report {source} --demo-seconds 450`" in text
+    assert stored["demo_command"] == f"ropebench bench report {source} --demo-seconds 450"
+    assert f"`, then `ropebench bench report {source} --demo-seconds 450`" in text
 
 
 def test_report_command_rejects_what_is_not_a_saved_run(tmp_path, capsys):
@@ -173,10 +172,10 @@ def test_report_command_rejects_what_is_not_a_saved_run(tmp_path, capsys):
     [
         (["nonsense"], "unknown benchmark 'nonsense' — "),
         (["remap_cost"], "did you mean 'remap-cost'?"),
-        (["chunk-size"], "`python -m benchmarks.probes.chunk_size`"),
+        (["chunk-size"], "`python -m ropebench.benchmarks.probes.chunk_size`"),
         (["report"], "report needs the saved run first"),
         (["run", "--dtype", "float16", "--estimate"], "--dtype 'float16': use float32, bfloat16 or auto"),
-        (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag — run `python -m benchmarks run"),
+        (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag — run `ropebench bench run"),
         (["cpu-dtype", "--rounds", "many"], "argument --rounds: invalid int value: 'many'"),
         (["remap-cost", "--cells", "yarn:two"], "--cells 'yarn:two': the factor after ':' must be a number"),
         (["shape-check", "--methods", "pi:x"], "--methods 'pi:x': the factor after ':' must be a number"),

@@ -19,11 +19,11 @@ EXPECTED = ["sweep", "report", "inspect", "lm-eval", "bench"]  # issue 23, item 
 # ropebench's subcommand -> the old entry point that must do the same
 OLD_ENTRY_POINTS = {
     ("sweep",): [PY, str(ROOT / "scripts" / "sweep.py")],
-    ("report",): [PY, "-m", "results", "report"],
-    ("report", "table"): [PY, "-m", "results", "table"],
-    ("inspect",): [PY, "-m", "extend", "inspect"],
-    ("lm-eval",): [PY, "-m", "extend.lm_eval"],
-    ("bench",): [PY, "-m", "benchmarks"],
+    ("report",): [PY, "-m", "ropebench.results", "report"],
+    ("report", "table"): [PY, "-m", "ropebench.results", "table"],
+    ("inspect",): [PY, "-m", "ropebench.extend", "inspect"],
+    ("lm-eval",): [PY, "-m", "ropebench.extend.lm_eval"],
+    ("bench",): [PY, "-m", "ropebench.benchmarks"],
     ("bench", "run"): [PY, str(ROOT / "benchmarks" / "run.py")],
 }
 

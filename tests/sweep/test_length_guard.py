@@ -2,10 +2,9 @@
 naming the length, and the patch's resolved RoPE options (policy, base theta, trained context) in every
 row."""
 
+from ropebench import extend
 from ropebench.sweep_lib import grid as G
 from ropebench.sweep_lib import run as R
-
-import extend
 
 
 def test_length_warning_past_factor_times_trained_context():

@@ -26,7 +26,7 @@ PY = sys.executable
 # (kill -9) or fail like a full disk. Manifest writes (atomic temp files) are left alone.
 FAULT_PLUGIN = """
 import errno, os, signal
-import results.store as store
+from ropebench.results import store as store
 
 _real = store._write_all
 _count = [0]
@@ -104,7 +104,7 @@ def check_complete(out: Path) -> None:
     """Every cell once, each with its three rows, values as the fake task computes them."""
     import warnings
 
-    import results
+    from ropebench import results
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the dropped partial cell is warned about; checked in the tests
@@ -145,7 +145,7 @@ def test_interrupted_write_loses_nothing_and_recomputes_only_that_cell(
     first_calls = calls(log)
     assert len(first_calls) == 3  # the third cell was computed; its write was cut
 
-    import results
+    from ropebench import results
 
     with pytest.warns(results.ResultsWarning) if mode != "enospc" else _nothing():
         assert len(results.finished_cells(out)) == 2  # the cut cell is not finished

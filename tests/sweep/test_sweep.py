@@ -195,7 +195,7 @@ def test_method_facts_decide_the_factors(tmp_path):
         ("self-extend", [1.0]),
         ("rerope", [1.0]),
     ]
-    import extend
+    from ropebench import extend
 
     assert not extend.describe("plain")["uses_factor"] and extend.describe("dca")["uses_factor"]
     with pytest.raises(extend.ExtendError, match="only extends context"):  # the registry's own factor check
@@ -311,7 +311,7 @@ def test_grid_order_per_length_and_sharding():
 @pytest.fixture
 def fake_task(monkeypatch, fake_task_plugin):
     """The fake task registered in this process (and removed afterwards)."""
-    import tasks
+    from ropebench import tasks
 
     monkeypatch.setitem(tasks.TASKS, "fake", None)
     exec(fake_task_plugin.read_text(), {})  # noqa: S102 - the tests' own plugin file
@@ -517,7 +517,7 @@ def test_end_to_end_tiny_llama_real_suites(e2e_one):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["methods"][0]["method"] == "plain" and manifest["extra"]["trained_context"]
     assert len(manifest["config"]["cells"]) == 4 * 3  # per method: perplexity + passkey x 2 lengths
-    import results
+    from ropebench import results
 
     df = results.load(out)
     assert set(df["status"]) == {"ok"}
@@ -552,7 +552,7 @@ def test_accelerate_two_processes_equal_one(e2e_one, tiny_model_dir, tmp_path, s
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert (out / "records.rank0.jsonl").is_file() and (out / "records.rank1.jsonl").is_file()
     assert r2.stdout.count("report: ") == 1  # rank 0 reports once, after both ranks finished
-    import results
+    from ropebench import results
 
     a, b = results.load(one), results.load(out)
     for task, metric in (("perplexity", "ppl"), ("passkey", "correct")):
@@ -586,9 +586,8 @@ def test_a_run_outside_the_demo_takes_enough_documents_for_an_interval(tmp_path,
     --config file keep theirs; the grid printed first says so."""
     import inspect
 
+    from ropebench import tasks
     from ropebench.sweep_lib.config import raise_demo_num_docs
-
-    import tasks
 
     default = inspect.signature(tasks.perplexity.run).parameters["num_docs"].default
     assert C.read_yaml(C.DEMO_CONFIG)["tasks"]["perplexity"]["num_docs"] == 2 < default == 4

@@ -177,7 +177,7 @@ def test_bad_entries_get_one_line_and_exit_2(tmp_path, tiny_model_dir, capsys, t
 def test_two_retrieval_entries_run_and_report_both(tmp_path, tiny_model_dir, capsys):
     """Acceptance (issue 31): a config with two retrieval entries under different names runs and reports
     both."""
-    import results
+    from ropebench import results
 
     out = tmp_path / "run"
     argv = ["--config", two(tmp_path, tiny_model_dir), "--out", str(out), "--quiet", "--device", "cpu"]

@@ -2,9 +2,8 @@
 records."""
 
 import pytest
-
-from tasks import TaskError, perplexity
-from tasks.common import prefix_options, special_prefix
+from ropebench.tasks import TaskError, perplexity
+from ropebench.tasks.common import prefix_options, special_prefix
 
 
 def llama_style_tokenizer():

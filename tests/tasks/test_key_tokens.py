@@ -9,13 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-
-import extend
-from tasks import TaskError, perplexity
-from tasks import key_tokens as kt
-from tasks.checks import check_lengths_fit, check_task
-from tasks.common import encoder
-from tasks.data import iter_corpus, seeded_order, take_long
+from ropebench import extend
+from ropebench.tasks import TaskError, perplexity
+from ropebench.tasks import key_tokens as kt
+from ropebench.tasks.checks import check_lengths_fit, check_task
+from ropebench.tasks.common import encoder
+from ropebench.tasks.data import iter_corpus, seeded_order, take_long
 
 longppl = pytest.importorskip("longppl.longppl")  # the package itself (dev extra)
 
@@ -347,9 +346,9 @@ def test_an_evaluator_without_character_offsets_is_refused_before_any_weights(tm
 def test_loss_by_position_plot_and_report(tiny_model, tok, tmp_path):
     """Rows as the sweep writes them (two methods) -> one line per method at each bin's mean position, the fit
     dashed, and the report picks the plot up."""
-    import results
-    from results.plots import plot_loss_by_position
-    from results.store import RecordWriter
+    from ropebench import results
+    from ropebench.results.plots import plot_loss_by_position
+    from ropebench.results.store import RecordWriter
 
     run_dir = tmp_path / "run"
     w = RecordWriter(run_dir, rank=0)

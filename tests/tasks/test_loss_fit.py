@@ -5,8 +5,7 @@ with the true law 3 p^-0.5 + 2.5 (issue 33 item 2)."""
 import math
 
 import numpy as np
-
-from tasks import key_tokens as kt
+from ropebench.tasks import key_tokens as kt
 
 TRUE = (3.0, 0.5, 2.5)
 

@@ -9,9 +9,8 @@ import random
 import re
 
 import pytest
-
-from tasks import TaskError, passkey, retrieval
-from tasks.common import special_prefix
+from ropebench.tasks import TaskError, passkey, retrieval
+from ropebench.tasks.common import special_prefix
 
 
 def _holder(tok, ids: list[int], char: int) -> int:
@@ -113,7 +112,7 @@ def test_several_haystacks_one_prefill_each_and_clusters(tiny_model, tok, monkey
     trial numbers run on over the haystacks; a haystack's questions differ only in the question, so the cell
     computes each haystack about once (the filler before the first needle once in all) plus short questions;
     the same numbers as without sharing; haystack 0 is the single haystack's draw."""
-    from tasks import kit
+    from ropebench.tasks import kit
 
     caches = []
 

@@ -11,9 +11,8 @@ import re
 
 import pytest
 import torch
-
-import extend
-from tasks import TaskError, retrieval
+from ropebench import extend
+from ropebench.tasks import TaskError, retrieval
 
 # RULER's prompt pieces, copied from lm-eval 0.4.13 (tasks/ruler/niah_utils.py, prepare_niah.py, vt_utils.py):
 # the needle tasks' template and its singular form (RULER's replace rule applied by hand), needle and
@@ -340,7 +339,7 @@ def test_generate_scoring_is_rulers_string_match(tiny_model, tok, monkeypatch):
 def test_prefix_sharing_same_numbers_fewer_tokens(tiny_model, tok, monkeypatch):
     """Prompts of a trial share the haystack up to the shallowest queried needle (distractors stay put): each
     prefix is prefilled once per cell — 3 depths from 0.6 on compute about (1 + 0.4 + 0.2) of 3 prompts."""
-    from tasks import kit
+    from ropebench.tasks import kit
 
     caches = []
 
@@ -404,7 +403,7 @@ def test_shared_haystack_prompts_differ_only_in_the_question(trials):
 def test_shared_haystack_one_prefill_same_numbers(tiny_model, tok, monkeypatch):
     """Every trial of a cell shares the whole context: the cell computes about one prompt plus the questions;
     the same rows as without sharing, and the rows say shared_haystack."""
-    from tasks import kit
+    from ropebench.tasks import kit
 
     caches = []
 
@@ -472,7 +471,7 @@ def test_bad_options_one_line_before_the_model(options, fragment, tok):
 
 
 def test_length_too_short_refused_from_the_tokenizer(tok):
-    from tasks.checks import check_lengths_fit
+    from ropebench.tasks.checks import check_lengths_fit
 
     with pytest.raises(TaskError, match="too short for the niah_multikey prompt"):
         check_lengths_fit("retrieval", [80], {}, "sotu", tok)
@@ -487,7 +486,7 @@ def test_fits_checks_every_scene_not_only_the_first(tok):
     """Review finding: the preflight looked at the first scene only. The questions of shared haystacks name
     keys of different token lengths: a length that holds the first question's bare prompt (no haystack) plus
     RULER's 128 generated tokens, but not the longest one's, is refused before any model loads."""
-    from tasks.checks import check_lengths_fit
+    from ropebench.tasks.checks import check_lengths_fit
 
     options = {"shared_haystack": True, "haystacks": 3, "trials": 2, "depths": [0.0, 0.5]}
     stacks = retrieval.shared_haystacks(None, 0, 3, 2, 9, [0.0, 0.5], 0)

@@ -14,9 +14,8 @@ import re
 import sys
 
 import pytest
-
-from tasks import retrieval
-from tasks.data import iter_corpus
+from ropebench.tasks import retrieval
+from ropebench.tasks.data import iter_corpus
 
 NEEDLE = re.compile(r"One of the special magic numbers for \S+ is: \d{7}\.")
 HEAD = "I will quiz you about the number afterwards.\n"  # lm-eval's template (singular) up to the context

@@ -4,11 +4,10 @@ import json
 
 import pytest
 import torch
-
-from tasks import TaskError, classification
-from tasks.classification import LABEL_TASKS, grouped_split, macro_f1, pack_demos
-from tasks.data import load_corpus
-from tasks.scoring import continuation_logprobs
+from ropebench.tasks import TaskError, classification
+from ropebench.tasks.classification import LABEL_TASKS, grouped_split, macro_f1, pack_demos
+from ropebench.tasks.data import load_corpus
+from ropebench.tasks.scoring import continuation_logprobs
 
 
 @pytest.mark.parametrize("label", ["era", "party"])
@@ -184,7 +183,7 @@ def test_shared_prefix_same_predictions_and_scores(tiny_model, tok, monkeypatch,
 def test_shared_prefix_under_a_dynamic_method(tok, monkeypatch, tiny_llama_factory):
     """dynamic-ntk past the trained context: every forward of a cell uses the cell's frequencies
     (extend.fixed_length), so prompts continuing a cached prefix score as the unshared path does."""
-    import extend
+    from ropebench import extend
 
     model = tiny_llama_factory(max_position_embeddings=256, vocab_size=len(tok))
     kw = {"lengths": [600], "mode": "many-shot", "num_docs": 4, "excerpt_tokens": 64, "progress": False}
@@ -202,8 +201,8 @@ def test_shared_prefix_under_a_dynamic_method(tok, monkeypatch, tiny_llama_facto
 def test_many_shot_shared_prefix_on_smollm2(smollm2, monkeypatch):
     """Real model, float32: many-shot scores with the demonstrations computed once equal the unshared ones
     (within 1e-4), so the predictions are the same; the queries after the first run only their own tokens."""
-    from extend import prefix_cache
-    from tasks import kit  # run_cells makes every task's caches
+    from ropebench.extend import prefix_cache
+    from ropebench.tasks import kit  # run_cells makes every task's caches
 
     model, tok = smollm2
     caches = []

@@ -3,9 +3,8 @@
 import json
 
 import pytest
-
-from tasks import TaskError
-from tasks.data import corpus_names, load_corpus, seeded_order, take_long
+from ropebench.tasks import TaskError
+from ropebench.tasks.data import corpus_names, load_corpus, seeded_order, take_long
 
 
 def words(text):

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-import tasks
-from tasks import TaskError
-from tasks.kit import declare, positive, run_cells
+from ropebench import tasks
+from ropebench.tasks import TaskError
+from ropebench.tasks.kit import declare, positive, run_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +31,7 @@ def _toy_task():
 def test_a_declared_suite_is_checked_everywhere_from_one_declaration(monkeypatch):
     """Registered with one line, a task's options are checked before the model loads (tasks.checks), at the
     call itself (model None: never touched), and the sweep reads its tables and extra tokens."""
-    from tasks.checks import check_task, extra_tokens
+    from ropebench.tasks.checks import check_task, extra_tokens
 
     run = _toy_task()
     monkeypatch.setitem(tasks.TASKS, "toy", run)
@@ -73,7 +72,7 @@ def test_a_declaration_naming_what_the_suite_lacks_fails_at_import():
 
 
 def test_every_builtin_suite_is_declared_and_its_defaults_pass():
-    from tasks.kit import spec_of
+    from ropebench.tasks.kit import spec_of
 
     for name, run in tasks.TASKS.items():
         spec = spec_of(run)
@@ -87,7 +86,7 @@ def test_every_builtin_suite_is_declared_and_its_defaults_pass():
 
 
 def test_plugin_suite_without_declaration_still_checked_by_its_signature(monkeypatch):
-    from tasks.checks import check_task, extra_tokens
+    from ropebench.tasks.checks import check_task, extra_tokens
 
     def run(model, tokenizer, *, lengths, scale=1.0, seed=0, progress=True):
         return []
@@ -103,7 +102,7 @@ def test_run_cells_one_length_per_cell_for_dynamic_methods(tiny_model):
     """Under a length-dependent method each cell runs under fixed_length(its length + extra): the frequencies
     a prompt sees are those of its cell, whatever other cells ran (scored here as the rotary wrapper's fixed
     length)."""
-    import extend
+    from ropebench import extend
 
     seen = {}
 

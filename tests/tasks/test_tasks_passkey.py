@@ -3,9 +3,8 @@
 import random
 
 import pytest
-
-from tasks import TaskError, passkey
-from tasks.passkey import FILLER, build_prompt, haystack_sentences
+from ropebench.tasks import TaskError, passkey
+from ropebench.tasks.passkey import FILLER, build_prompt, haystack_sentences
 
 
 def needle_depth(text, key):
@@ -135,8 +134,8 @@ def test_shared_prefix_same_prompts_and_answers(tiny_model, tok, monkeypatch, ha
 def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
     """The real model (float32) answers every prompt of a passkey grid the same with and without sharing, and
     sharing prefills fewer tokens."""
-    from extend import prefix_cache
-    from tasks import kit  # run_cells makes every task's caches
+    from ropebench.extend import prefix_cache
+    from ropebench.tasks import kit  # run_cells makes every task's caches
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 16)  # short prompts here: share even a short haystack

@@ -3,10 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
-import tasks
-from tasks import TaskError, perplexity
-from tasks.scoring import token_nll
+from ropebench import tasks
+from ropebench.tasks import TaskError, perplexity
+from ropebench.tasks.scoring import token_nll
 
 
 def by(records, **keys):
@@ -26,8 +25,7 @@ def test_blocked_loss_matches_the_family_forward(family, monkeypatch):
     """The loss blocks (here 3 rows, across chunks of 7) and the family's logit post-processing (Gemma2's
     softcapping, Cohere's logit_scale, Granite's logits_scaling) give the loss of the family's own forward."""
     import transformers as T
-
-    from tasks import scoring
+    from ropebench.tasks import scoring
 
     config_cls, model_cls, extra = {
         "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16, "final_logit_softcapping": 2.0}),
@@ -70,7 +68,7 @@ def test_one_pass_curve_equals_per_length_passes(tiny_model, tok, monkeypatch):
 
 
 def test_dynamic_method_gets_one_pass_per_length(tiny_model, tok, monkeypatch):
-    import extend
+    from ropebench import extend
 
     calls = []
     monkeypatch.setattr(
