@@ -3,7 +3,7 @@ context against transformers' `model(ids, labels=ids)` and the GPU's measured bf
 models generated from a seed (nothing carried). Writes report.md and gpu_check.json into --out. Budget: at
 most 8 minutes on one H100. `--cpu-sizes` runs the same code at tiny sizes on the CPU (CI runs it that way).
 
-    python -m ropebench.benchmarks gpu --out runs/gpu-check  # on the GPU machine (docs/benchmarks.md: no install)
+    python -m ropebench.benchmarks gpu --out runs/gpu-check  # on the GPU machine (docs/benchmarks.md)
     ropebench bench gpu --cpu-sizes --out /tmp/gpu-check     # the same code on a CPU, in seconds
 
 Sections (--skip NAME leaves one out):
