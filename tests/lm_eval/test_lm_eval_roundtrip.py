@@ -45,6 +45,7 @@ def model_dir(tmp_path_factory, tiny_llama_factory):
 def evaluate(model, model_args: str, out: Path) -> Path:
     """lm-eval's own path, as `lm-eval run` takes it: simple_evaluate on a two-document loglikelihood task,
     then EvaluationTracker writes results_<date>.json. Returns that file."""
+    import ropebench.extend.lm_eval  # noqa: F401  registers the model "ropebench" with lm-eval
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
