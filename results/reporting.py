@@ -163,7 +163,8 @@ def _where(model, corpus) -> dict:
 
 def _with_chance_row(t: pd.DataFrame, chance: pd.Series, name: str) -> pd.DataFrame:
     names = list(t.index.names)
-    key = tuple(f"{name} (chance)" if n == "method" else "" for n in names)
+    label = name if "chance" in name else f"{name} (chance)"  # a metric named chance says so itself
+    key = tuple(label if n == "method" else "" for n in names)
     row = pd.DataFrame(
         [[fmt_number(chance.get(c)) if c in chance.index else "–" for c in t.columns]],
         columns=t.columns,
