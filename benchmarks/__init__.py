@@ -5,3 +5,10 @@ NOTES.md quotes live in benchmarks/probes/ (`python -m ropebench.benchmarks.prob
 Importing this package, or any module in it, loads no torch and runs nothing: the work happens in each
 module's `main(argv)`.
 """
+
+# One copy of each module: this folder is package `ropebench.benchmarks` (pyproject's package-dir);
+# imported under its folder name it would be a second module tree, invisible to the sweep (docs/layout.md).
+if __name__ != "ropebench.benchmarks":
+    raise ImportError(
+        f"{__name__!r} is the folder of `ropebench.benchmarks`: write `from ropebench import benchmarks`"
+    )

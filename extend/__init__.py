@@ -7,9 +7,17 @@ in place (and undo cleanly), plus model loading.
             ...
     print(extend.inspect(model, "yarn", factor=2))                  # what the patch changes, per layer type
 
-The names load on first use (PEP 562), so `import extend.errors` (the error classes every layer shares) and
-`import results` stay free of torch and transformers; the first use of a name registers the built-in methods.
+The names load on first use (PEP 562), so `ropebench.extend.errors` (the error classes every layer shares) and
+`ropebench.results` stay free of torch and transformers; the first use of a name registers the built-in
+methods.
 """
+
+# One copy of each module: this folder is package `ropebench.extend` (pyproject's package-dir);
+# imported under its folder name it would be a second module tree, invisible to the sweep (docs/layout.md).
+if __name__ != "ropebench.extend":
+    raise ImportError(
+        f"{__name__!r} is the folder of `ropebench.extend`: write `from ropebench import extend`"
+    )
 
 from importlib import import_module
 from typing import Any
@@ -77,7 +85,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value  # cache: later lookups skip __getattr__
         return value
-    try:  # a submodule used as an attribute (`extend.loading.gguf_snapshot`) after a plain `import extend`
+    # a submodule used as an attribute (`extend.loading.gguf_snapshot`) after `from ropebench import extend`
+    try:
         return import_module(f".{name}", __name__)
     except ModuleNotFoundError as e:
         if e.name != f"{__name__}.{name}":

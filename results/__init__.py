@@ -6,6 +6,13 @@ sweep process does not pay for matplotlib. Nothing here loads torch or transform
 without the model stack (tests/project/test_import_graph.py runs it with both blocked).
 """
 
+# One copy of each module: this folder is package `ropebench.results` (pyproject's package-dir);
+# imported under its folder name it would be a second module tree, invisible to the sweep (docs/layout.md).
+if __name__ != "ropebench.results":
+    raise ImportError(
+        f"{__name__!r} is the folder of `ropebench.results`: write `from ropebench import results`"
+    )
+
 from importlib import import_module
 from typing import Any
 

@@ -6,6 +6,11 @@ checks, metrics). Tasks never know which RoPE method is active; they only ask `e
 whether one forward can serve several lengths.
 """
 
+# One copy of each module: this folder is package `ropebench.tasks` (pyproject's package-dir);
+# imported under its folder name it would be a second module tree, invisible to the sweep (docs/layout.md).
+if __name__ != "ropebench.tasks":
+    raise ImportError(f"{__name__!r} is the folder of `ropebench.tasks`: write `from ropebench import tasks`")
+
 from . import classification, data, kit, passkey, perplexity, retrieval, scoring
 from .errors import TaskError
 

@@ -468,9 +468,11 @@ def test_results_read_without_torch_or_transformers(tmp_path, synthetic_records)
 
 def test_extend_names_load_on_first_use():
     """extend/__init__ is lazy: the README's names resolve (and register the built-in methods on first use), a
-    submodule is an attribute after a plain `import extend`, and an unknown name is an AttributeError."""
+    submodule is an attribute after a plain `from ropebench import extend`, and an unknown name is an
+    AttributeError."""
     code = (
-        "import sys, extend\n"
+        "import sys\n"
+        "from ropebench import extend\n"
         "assert 'torch' not in sys.modules\n"
         "assert {'yarn', 'pi', 'self-extend'} <= set(extend.methods())\n"
         "for name in extend.__all__:\n"
@@ -486,3 +488,36 @@ def test_extend_names_load_on_first_use():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("ok ") and "nosuch" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "folder, right",
+    [(f, f"from ropebench import {f}") for f in NAMESPACED] + [("scripts", "import ropebench")],
+)
+def test_a_folder_imported_by_its_bare_name_fails_with_the_right_import(folder, right):
+    """From the checkout root a folder is importable by its bare name; it must refuse at once and name the
+    import that gives the one copy the sweep uses (a second module tree would hide a registered method)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {folder}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    package = "ropebench" if folder == "scripts" else f"ropebench.{folder}"
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"ImportError: {folder!r} is the folder of `{package}`: write `{right}`"
+
+
+def test_python_dash_m_ropebench_is_the_command():
+    done = subprocess.run(
+        [sys.executable, "-m", "ropebench", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage: ropebench COMMAND")
