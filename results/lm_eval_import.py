@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ropebench.extend.values import parse_text
+
 from .store import ResultsError, canonical_json
 
 # from_pretrained keyword arguments stock HFLM passes through (they place or quantize weights, not RoPE), and
@@ -24,22 +26,9 @@ _FROM_PRETRAINED_KEYS = {"model", "spec", "device_map", "load_in_8bit", "load_in
 _SKIP_KEYS = {"alias", "name", "sample_len", "sample_count", " ", ""}
 
 
-def _parse_scalar(v: str) -> Any:
-    low = v.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
-
-
 def parse_model_args(model_args: Any) -> dict[str, Any]:
-    """``"pretrained=x,method=yarn,factor=2"`` (or a dict) -> dict with typed values."""
+    """``"pretrained=x,method=yarn,factor=2"`` (or a dict) -> dict with typed values, by the one text rule of
+    every entry point (extend/values.py: `16k` is 16384, as the ropebench lm-eval model reads it)."""
     if isinstance(model_args, dict):
         return dict(model_args)
     if not model_args:
@@ -48,7 +37,7 @@ def parse_model_args(model_args: Any) -> dict[str, Any]:
     for part in str(model_args).split(","):
         if "=" in part:
             k, v = part.split("=", 1)
-            out[k.strip()] = _parse_scalar(v)
+            out[k.strip()] = parse_text(v, f"model_args {k.strip()}")
     return out
 
 

@@ -220,12 +220,12 @@ def test_every_entry_point_gives_the_same_value(text, tmp_path, monkeypatch):
 
 def test_lengths_read_alike_everywhere(tmp_path, monkeypatch):
     """A length in --lengths, -t TASK.lengths, a config, model_args max_length and --trained-context."""
-    from ropebench import results
     from ropebench.extend.lm_eval import _max_length
+    from ropebench.results import reporting
     from ropebench.results.__main__ import main as results_main
 
     seen = {}
-    monkeypatch.setattr(results.reporting, "report", lambda runs, **kw: seen.update(kw) or "r.md")
+    monkeypatch.setattr(reporting, "report", lambda runs, **kw: seen.update(kw) or "r.md")
     for text, tokens in [("16k", 16384), ("1e5", 100000), ("'8k'", 8192), ("4096", 4096)]:
         got = [
             sweep_config(["--methods", "plain", "--tasks", "perplexity", "--lengths", text], tmp_path),
@@ -319,3 +319,12 @@ def test_benchmark_run_numeric_flags_are_checked(flag, value, capsys):
     assert exit_code(main, [flag, value, "--estimate"]) == 2
     line = one_error_line(capsys)
     assert line.startswith(f"error: argument {flag}: must be ") and " — run " in line, line
+
+
+@pytest.mark.parametrize("text, value", [r for r in RULES if "," not in r[0]], ids=lambda r: repr(r))
+def test_lm_eval_model_args_are_read_by_the_same_rules(text, value):
+    """An lm-eval run's model_args, read back by the results importer, give each value as every other entry
+    point does (`16k` is 16384 there too, as the ropebench lm-eval model read it when it ran)."""
+    from ropebench.results.lm_eval_import import parse_model_args
+
+    assert same(parse_model_args(f"pretrained=x,opt={text}")["opt"], value)
