@@ -71,10 +71,8 @@ __all__ = [
 
 
 def load_builtin_methods() -> None:
-    """Register the built-in methods (importing their modules registers them; once, then a no-op).
-    import_module, not `from . import`: that would ask this module's __getattr__ again."""
-    import_module(".frequency_methods", __name__)
-    import_module(".remap", __name__)  # self-extend, rerope, dca
+    """Register the built-in methods (once; then a no-op): the registry loads them."""
+    import_module(".registry", __name__).load_builtin_methods()
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .errors import ExtendError
-from .registry import Range, Rope, RopeBase, register
+from .method_spec import Range, Rope, RopeBase, register
 
 # Declared option ranges (checked by registry.check_options before any model is touched).
 Rotations = Annotated[float, Range(gt=0, why="a number of rotations over the trained context")]

@@ -30,7 +30,7 @@ from torch import nn
 from . import registry, xpos
 from .errors import ExtendError
 from .families import family, rotary_module
-from .registry import Rope, RopeBase
+from .method_spec import Rope, RopeBase
 from .scoped import Change
 from .shipped import (
     DEFAULT_START_FROM,

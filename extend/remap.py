@@ -34,7 +34,7 @@ from typing import Annotated
 import torch
 
 from .errors import ExtendError
-from .registry import Range, RopeBase, register
+from .method_spec import Range, RopeBase, register
 
 # Declared ranges (registry.check_options); the upper bound (below the trained context) needs the model.
 Tokens = Annotated[int, Range(ge=1, why="a number of tokens")]

@@ -21,7 +21,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ropebench.extend import registry
+from ropebench.extend import method_spec, registry
 from ropebench.extend.errors import ExtendError
 
 # The checkout this file sits in: the generator documents the checkout (README.md, docs/), so it lives above
@@ -48,7 +48,7 @@ def builtin_methods() -> list[registry.Method]:
     registry.methods()  # registers the built-ins (`extend` is lazy)
     return [
         m
-        for m in registry._REGISTRY.values()
+        for m in method_spec._REGISTRY.values()
         if getattr(m.fn, "__module__", "").startswith("ropebench.extend.")
     ]
 
@@ -220,7 +220,7 @@ def demo_paragraph(config: dict, path: str = DEMO_CONFIG) -> str:
         label = f"`{name}`" + (
             f" ({', '.join(f'{k}={_value(v)}' for k, v in options.items())})" if options else ""
         )
-        method = registry._REGISTRY.get(name)
+        method = method_spec._REGISTRY.get(name)
         if method is not None and not method.factor_applies(options):
             how = "(once, at factor 1: the factor does not apply)"
         else:

@@ -96,7 +96,7 @@ def test_a_new_builtin_method_reaches_the_tables_without_a_hand_edit(monkeypatch
         return rope.inv_freq / 2, 1.0
 
     halve.__module__ = "ropebench.extend.frequency_methods"  # as if written there
-    monkeypatch.setattr(extend.registry, "_REGISTRY", dict(extend.registry._REGISTRY))
+    monkeypatch.setattr(extend.method_spec, "_REGISTRY", dict(extend.method_spec._REGISTRY))
     extend.register("halve-docs-test", min_factor=1.0)(halve)
     assert "| `halve-docs-test` | Halves every frequency | nobody 2026 |" in docs.readme_methods()
     row = "| `halve-docs-test` | theta_i / 2 | >= 1 | `strength` (number; default 0.5) | nobody 2026 |"
@@ -113,7 +113,7 @@ def test_a_new_builtin_method_reaches_the_tables_without_a_hand_edit(monkeypatch
 
 
 def test_plugins_stay_out_of_the_tables(monkeypatch):
-    monkeypatch.setattr(extend.registry, "_REGISTRY", dict(extend.registry._REGISTRY))
+    monkeypatch.setattr(extend.method_spec, "_REGISTRY", dict(extend.method_spec._REGISTRY))
 
     @extend.register("plugin-docs-test")
     def plugin(rope, *, factor):

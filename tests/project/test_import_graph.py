@@ -62,6 +62,35 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
+def _is_module(target: str, known: set[str]) -> bool:
+    head, _, rest = target.partition(".")
+    if head == "ropebench" and rest.split(".")[0] in NAMESPACED:
+        target = rest
+    return target in known
+
+
+def _import_module_target(node: ast.AST, package: str) -> str | None:
+    """The module an `import_module(...)` call names, when its name is a literal: `import_module(".remap",
+    __name__)` or `import_module("ropebench.extend.remap")` (a computed name, e.g. a plugin's, is no edge)."""
+    if not (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "import_module"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return None
+    text = node.args[0].value
+    if not text.startswith("."):  # absolute: the graph's short name (ropebench.extend.remap -> extend.remap)
+        head, _, rest = text.partition(".")
+        return rest if head == "ropebench" and rest.split(".")[0] in NAMESPACED else text
+    level = len(text) - len(text.lstrip("."))
+    base = package
+    for _ in range(level - 1):
+        base = base.rpartition(".")[0]
+    return f"{base}.{text[level:]}" if text[level:] else base
+
+
 def _edges(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules `name` imports anywhere in its source (module-level or inside functions)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -79,13 +108,17 @@ def _edges(name: str, path: Path, known: set[str]) -> set[str]:
                 else (base if node.level else node.module)
             )
             targets = [base] + [f"{base}.{a.name}" for a in node.names]  # `from . import x` names module x
-            if base == "ropebench" and all(a.name in NAMESPACED for a in node.names):
-                targets = targets[1:]  # `from ropebench import extend` imports extend, not the command line
+            if all(_is_module(f"{base}.{a.name}", known) for a in node.names):
+                targets = targets[1:]  # `from . import x` (x a module) imports x, not the package's own names
+        elif (module := _import_module_target(node, package)) is not None:
+            targets = [module]  # import_module(".x", __name__): an import all the same
         else:
             continue
         for target in targets:
             head, _, rest = target.partition(".")
-            if isinstance(node, ast.Import) or not node.level:  # absolute: named from the top
+            if isinstance(node, ast.Import) or (
+                isinstance(node, ast.ImportFrom) and not node.level
+            ):  # absolute
                 if head == "ropebench" and rest.split(".")[0] in NAMESPACED:
                     target = rest  # ropebench.extend.errors -> extend.errors (the graph's short names)
                 elif head in NAMESPACED:
@@ -142,11 +175,11 @@ def test_imports_name_the_ropebench_namespace():
 
 
 def test_no_import_cycles():
-    """Package __init__ modules re-export their submodules (that is what they are for), so a module importing
-    a package it sits in is not counted; every other module-to-module path must be acyclic."""
+    """Every module-to-module path is acyclic, `import_module` with a literal name counted. A package's
+    __init__ re-exports its submodules (that is what it is for); a submodule importing a *name* of its own
+    package's __init__ (a call back up, e.g. a registry asking the package to load the built-in methods) is
+    an edge like any other, and closes a loop."""
     graph = _graph()
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
     state, cycles = {}, []
 
     def visit(node, stack):
