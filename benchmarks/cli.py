@@ -73,7 +73,7 @@ COMMANDS = {
     ),
     "longppl-bias": (
         "ropebench.benchmarks.longppl_bias",
-        "LongPPL's evaluator bias: key tokens chosen by the unpatched model vs the split sample",
+        "LongPPL's evaluator bias by the swap test: plain (evaluator self) vs a method as evaluator",
         list,
     ),
     "retrieval-sharing": (

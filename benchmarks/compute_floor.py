@@ -13,6 +13,9 @@ GEMM rate: a 2048 x 2048 matmul in the demo's dtype, best of 3: on all of torch'
 unless --per-core is given.
 
     ropebench bench compute-floor [--config FILE] [--demo-seconds 501 | --run-dir runs/demo]
+
+The wall: `--demo-seconds` as given, or `--run-dir`'s recorded cell times (each cell's wall, start to finish,
+model loading apart). A ratio below 1 is impossible and is refused with its likely cause (exit 2).
 """
 
 from __future__ import annotations
@@ -137,14 +140,79 @@ def price(config, counts: dict) -> dict:
     return out
 
 
-def demo_wall(run_dir: Path) -> float:
-    """The sum of a run's cell times (records' `seconds`, one per cell): the sweep without model loading."""
+PREDATES = "predates cell timing"  # what the refusal of an old run says (tests read it)
+
+
+def run_wall(run_dir: Path, cells: list) -> dict:
+    """The recorded wall of `run_dir`'s cells that are `cells` (the config's): {"cells": the sum of their
+    `cell_seconds` (each cell's wall, start to finish), "load": the sum of their `load_seconds` (model
+    loading, outside the cells), "count": how many}. Never the rows' `seconds`: those are each row's own
+    part (a retrieval question's continuation), so a haystack's prefill or most of a perplexity forward is in
+    none.
+    Refused (one line) when the run lacks one of the config's cells or finished one with an error (its wall
+    is not the forwards the floor counts), or predates cell timing."""
     from ropebench import results
 
     frame = results.load(str(run_dir))
-    if frame.empty or "seconds" not in frame:
-        raise BenchmarkError(f"{run_dir} has no records with seconds — pass --demo-seconds instead")
-    return float(frame.drop_duplicates("cell")["seconds"].sum())
+    wanted = {c.key: c for c in cells}
+    ok = frame[(frame["status"] == "ok") & frame["cell"].isin(list(wanted))].drop_duplicates("cell")
+    missing = [wanted[k].label() for k in wanted if k not in set(ok["cell"])]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise BenchmarkError(
+            f"{run_dir} has {len(wanted) - len(missing)} of the config's {len(wanted)} cells finished "
+            f"(missing or failed: {shown}) — finish the run (rerun its sweep) or pass the --config it ran"
+        )
+    if ok["cell_seconds"].isna().any():
+        raise BenchmarkError(
+            f"{run_dir} {PREDATES}: its records carry no cell_seconds (each cell's wall time) and the rows' "
+            f"seconds leave out most of the work — rerun its sweep with --fresh, or pass --demo-seconds with "
+            f"the sweep's measured wall"
+        )
+    return {
+        "cells": float(ok["cell_seconds"].sum()),
+        "load": float(ok["load_seconds"].fillna(0.0).sum()),
+        "count": len(ok),
+    }
+
+
+def ran_elsewhere(run_dir: Path) -> str | None:
+    """The host a run's manifest names when it is not this one (None when it is, or is not recorded)."""
+    import json
+    import platform
+
+    for path in sorted(Path(run_dir).glob("manifest*.json")):
+        try:
+            host = json.loads(path.read_text(encoding="utf-8")).get("hostname")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(host, str) and host and host != platform.node():
+            return host
+    return None
+
+
+def check_ratio(seconds: float, floor: float, what: str, run_dir: Path | None) -> float:
+    """`seconds / floor`; below 1 (faster than the FLOPs allow on this CPU) refused with the likely cause."""
+    ratio = seconds / floor
+    if ratio >= 1:
+        return ratio
+    host = ran_elsewhere(run_dir) if run_dir is not None else None
+    if host is not None:
+        cause = f"the run was made on another machine ({host}): measure its floor there"
+    elif run_dir is None:
+        cause = (
+            "the seconds given are not the sweep's wall for this config (a part of it, or another config's), "
+            "or this CPU is busier now than when it ran (the GEMM rate measured low: try --per-core)"
+        )
+    else:
+        cause = (
+            "this CPU is busier now than when the run was made (the GEMM rate measured low: measure on an "
+            "idle machine, or with --per-core), or the run was made on a faster CPU"
+        )
+    raise BenchmarkError(
+        f"{what} {seconds:.1f} s is below its compute floor {floor:.1f} s ({ratio:.2f}x), which no run can "
+        f"be; likely cause: {cause}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None, help="sweep config (default: scripts/configs/demo.yaml)")
     wall = p.add_mutually_exclusive_group()
     wall.add_argument("--demo-seconds", type=float, default=None, help="the demo's measured wall (sweep)")
-    wall.add_argument("--run-dir", type=Path, default=None, help="a finished demo run: its cells' seconds")
+    wall.add_argument(
+        "--run-dir", type=Path, default=None, help="a finished run of the config: its recorded cell times"
+    )
     p.add_argument("--gemm-size", type=int, default=2048)
     p.add_argument(
         "--per-core", action="store_true", help="the GEMM rate from one thread's CPU time x threads"
@@ -164,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     from ropebench.extend.loading import _dtype, cpu_key
 
     cfg, cells = demo_cells(args.config)
+    wall = run_wall(args.run_dir, cells) if args.run_dir is not None else None  # refused before counting
     dtype = _dtype(cfg["dtype"])
     start = time.perf_counter()
     counted = count_forwards(cfg, cells)
@@ -193,10 +264,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{t['total'] / rate['flops_per_second']:.1f} |"
         )
     print(f"| **all** | | | | | | **{total / 1e9:.0f}** | **{floor:.1f}** |")
-    seconds = args.demo_seconds if args.run_dir is None else demo_wall(args.run_dir)
-    if seconds is not None:
+    if wall is not None:
+        ratio = check_ratio(wall["cells"], floor, "the run's recorded cell time", args.run_dir)
         print(
-            f"\nThe demo's wall {seconds:.0f} s is {seconds / floor:.1f}x its compute floor ({floor:.1f} s)."
+            f"\nThe run's {wall['count']} cells took {wall['cells']:.0f} s (their recorded wall times; model "
+            f"loading {wall['load']:.0f} s besides): {ratio:.1f}x its compute floor ({floor:.1f} s)."
+        )
+    elif args.demo_seconds is not None:
+        ratio = check_ratio(args.demo_seconds, floor, "the wall given", None)
+        print(
+            f"\nThe demo's wall {args.demo_seconds:.0f} s is {ratio:.1f}x its compute floor ({floor:.1f} s)."
         )
     return 0
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ropebench.extend.errors import RopebenchError  # imports nothing heavy (extend loads its names lazily)
+from ropebench.extend.flags import forget_given, refuse_repeats
 
 
 class BenchmarkError(RopebenchError):
@@ -19,13 +20,22 @@ class BenchmarkError(RopebenchError):
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        refuse_repeats(self)  # `--trials 2 --trials 8`: one line, not the first value dropped
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        return forget_given(parsed), extra
+
     def error(self, message):  # argparse would print the whole usage, then exit on its own
         raise BenchmarkError(f"{message} — run `{self.prog} --help` for usage")
 
 
-def at_least(low: int, example: int | None = None):
+def at_least(low: int, example: int | None = None, *, high: int | None = None, cost: str = ""):
     """An argparse `type=` for integers >= `low`: `--length -5` is refused while parsing, before any model
-    loads, as "argument --length: must be an integer >= 2, got -5 (e.g. 4096) — run `... --help` ..."."""
+    loads, as "argument --length: must be an integer >= 2, got -5 (e.g. 4096) — run `... --help` ...".
+    `high`: a cost bound (`cost`: what one unit costs), named in the message of a value above it."""
 
     def check(text: str) -> int:
         value = int(text)  # not an integer: argparse's own "invalid int value: 'many'"
@@ -33,6 +43,9 @@ def at_least(low: int, example: int | None = None):
             what = "a positive integer" if low == 1 else f"an integer >= {low}"
             hint = f" (e.g. {example})" if example is not None else ""
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}{hint}")
+        if high is not None and value > high:
+            why = f" ({cost})" if cost else ""
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}, its cost bound{why}, got {text!r}")
         return value
 
     check.__name__ = "int"  # what argparse names in "invalid int value"
@@ -65,6 +78,9 @@ def check_json_path(path: str | None, flag: str = "--json") -> None:
         raise BenchmarkError(
             f"{flag} {path}: directory {where.parent} does not exist — create it first or pick another path"
         )
+    from ropebench.extend.owned_paths import check_loose_file
+
+    check_loose_file(where, flag, BenchmarkError)  # new, or one ropebench wrote and nobody changed since
 
 
 def exit_code(main, argv: list[str] | None) -> int:

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code
 
 SECTIONS = ("gemm", "correctness", "long-context", "remap-cost", "demo-grid")
 GPU = {
@@ -55,6 +55,12 @@ REMAP_METHODS = ("self-extend", "rerope", "dca")
 TARGETS = {"ratio_to_labels": 0.6, "gemm_share": 0.40, "memory_error": 0.15}  # issue 30.4, at 32k
 
 
+# Sizes a flag sets, bounded by their work (a zero or a negative is refused too: `x or default` would make a
+# zero the default)
+TOKENS = at_least(2, 32768, high=1 << 20, cost="tokens of one forward at each length, on every shape")
+SCALE = at_least(1, 4, high=1024, cost="the demo grid's divisor: above its size the grid is empty")
+
+
 def parser() -> ArgumentParser:
     p = ArgumentParser(prog="ropebench bench gpu", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/gpu-check", help="folder for report.md and gpu_check.json")
@@ -66,17 +72,20 @@ def parser() -> ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None, help="default: every registered method")
     p.add_argument("--shapes", nargs="+", default=["smollm2-135m", "llama-3-8b"])
     p.add_argument(
-        "--lengths", nargs="+", type=int, default=None, help="long-context lengths (GPU: 32k..128k)"
+        "--lengths", nargs="+", type=TOKENS, default=None, help="long-context lengths (GPU: 32k..128k)"
     )
-    p.add_argument("--remap-length", type=int, default=None, help="the remap methods' length (GPU: 32k)")
+    p.add_argument("--remap-length", type=TOKENS, default=None, help="the remap methods' length (GPU: 32k)")
     p.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0, 0), default=0)
     p.add_argument(
-        "--demo-scale", type=int, default=None, help="demo-grid: the device grid's divisor (GPU: 1, the demo)"
+        "--demo-scale",
+        type=SCALE,
+        default=None,
+        help="demo-grid: the device grid's divisor (GPU: 1, the demo)",
     )
     p.add_argument(
         "--reference-scale",
-        type=int,
+        type=SCALE,
         default=None,
         help="demo-grid: the divisor of the grid compared with the CPU (GPU: 4; 1 = the demo's own grid)",
     )
@@ -285,6 +294,27 @@ def remap_cost_rows(*, device: str, length: int, tiny: bool, seed: int):
     return rows
 
 
+def check_options(args, device: str) -> None:
+    """What the flags name, before any section runs: a device torch knows, shapes the long-context section
+    can build, a tokenizer folder that exists."""
+    import torch
+    from ropebench.benchmarks.tiny_models import SHAPES
+    from ropebench.extend.loading import check_device
+
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise BenchmarkError(f"unknown device {device!r} — use cuda, cuda:N or cpu") from None
+    check_device(device)
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown and "long-context" not in args.skip:
+        raise BenchmarkError(f"unknown shape {unknown[0]!r} — use {', '.join(SHAPES)}")
+    if args.tokenizer is not None and "demo-grid" not in args.skip and not Path(args.tokenizer).is_dir():
+        raise BenchmarkError(
+            f"--tokenizer {args.tokenizer} is not a folder — run `ropebench bench gpu --save-tokenizer` first"
+        )
+
+
 def run(args) -> dict:
     import torch
     from ropebench import extend
@@ -293,6 +323,7 @@ def run(args) -> dict:
     device = s["device"]
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BenchmarkError("no CUDA GPU here — run `ropebench bench gpu --cpu-sizes` on a CPU")
+    check_options(args, device)
     families = args.families or (CPU_FAMILIES if args.cpu_sizes else list(extend.TESTED_FAMILIES))
     methods = args.methods or extend.methods()
     unknown = [f for f in families if f not in extend.TESTED_FAMILIES] + [
@@ -360,15 +391,19 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
         print(f"[gpu check] the SmolLM2 tokenizer: {folder} ({size / 2**20:.1f} MiB) — carry it", flush=True)
         return 0
+    from ropebench.extend.owned_paths import OwnedDir
+
+    owned = OwnedDir.open(args.out, "--out", error=BenchmarkError)  # refused before anything runs
+    owned.check(["gpu_check.json", "report.md"])
     start = time.perf_counter()
     data = run(args)
     data["seconds"]["total"] = time.perf_counter() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(data, indent=1, default=str))
+    out = owned.root
     from ropebench.benchmarks.gpu_report import render
 
-    (out / "report.md").write_text(render(data))
+    with owned.staged() as stage:  # through the guard: never over a report.md of the user's
+        (stage / "gpu_check.json").write_text(json.dumps(data, indent=1, default=str))
+        (stage / "report.md").write_text(render(data))
     failed = [r for r in data.get("correctness", []) if r["ok"] is False]
     for c in data.get("demo_grid", {}).get("comparisons", []):  # reported, not failed: issue 30.4's target
         verdict = "equal" if c["ok"] else f"{len(c['mismatches'])} difference(s)"

@@ -97,11 +97,13 @@ def smollm2_tokenizer(folder: str | os.PathLike | None = None):
 
 def save_tokenizer(folder: str | os.PathLike = DEFAULT_TOKENIZER) -> Path:
     """Write the SmolLM2 tokenizer (from the embedded GGUF) into `folder` for the device call to carry."""
+    from ropebench.extend.owned_paths import OwnedDir
+
+    owned = OwnedDir.open(folder, "--save-tokenizer", error=BenchmarkError)  # new, empty or ropebench's
     tokenizer, _ = smollm2_tokenizer()
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    with owned.staged() as stage:  # never over a tokenizer.json (or any file) of the user's
+        tokenizer.save_pretrained(str(stage))
+    return owned.root
 
 
 def save_model(folder: Path, tokenizer, *, tiny: bool, context: int, seed: int) -> Path:
@@ -305,8 +307,11 @@ def demo_grid(
     tokenizer: str | None = None,
 ) -> dict:
     """Run the grids, compare their tables; the section's JSON (runs with walls, comparisons)."""
+    from ropebench.extend.owned_paths import OwnedDir
+
+    owned = OwnedDir.open(out, "demo-grid folder", error=BenchmarkError)  # new, empty or ropebench's
     tokenizer, source = smollm2_tokenizer(tokenizer)
-    out.mkdir(parents=True, exist_ok=True)
+    owned.mkdir()
     grids = {s: grid(s, tiny) for s in dict.fromkeys([scale, reference_scale])}
     planned = []  # (name, device, dtype, scale)
     if scale != reference_scale:
@@ -342,6 +347,7 @@ def demo_grid(
                 argv = sweep_argv(models[s], run_dir, device=dev, dtype=dtype, g=grids[s])
                 runs[name] = {"name": name, "device": dev, "dtype": dtype, "scale": s, "dir": str(run_dir)}
                 if dev == "cpu" and device != "cpu":  # the CPU reference runs while the device works
+                    owned.check([f"{run_dir.name}.log"])  # never over a log of the user's
                     background = (name, *start_subprocess(argv, out / f"{run_dir.name}.log"))
                     runs[name]["how"] = "subprocess, beside the device runs (wall includes Python's start)"
                     continue
@@ -358,6 +364,7 @@ def demo_grid(
                     background[1].kill()
                     background[1].wait()
                 background[3].close()
+                owned.record([Path(background[3].name).name])
     for run in runs.values():
         if run["code"] == 0:
             run["tables"] = tables(Path(run["dir"]))

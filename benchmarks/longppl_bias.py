@@ -1,159 +1,163 @@
-"""LongPPL's evaluator bias: key tokens selected by the unpatched evaluated model with the package's rule
-(split "none") favour plain; the cross-fitted split sample (split "positions", the default for evaluator
-"self": each half of the position blocks selected by the other) does not. Prints plain's and a method's
-LongPPL under both selections, per document and pooled.
+"""LongPPL's evaluator bias by the swap test: how much the default selection (evaluator "self", the unpatched
+model, i.e. plain) favours plain against a method, per document, with an interval over the documents.
 
-    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench longppl-bias [--length 4096] [--num-docs 4]
+For each document two evaluators pick key tokens by the paper's per-token rule (tasks.key_tokens.paper_rule,
+the default settings): plain (the unpatched model; what evaluator "self" is) and the method itself. Under each
+selection d = log(LongPPL_method / LongPPL_plain) on those key tokens. The symmetric estimate is the mean
+of the two, (d_plain + d_method) / 2 (the geometric mean of the two ratios); the bias of plain as evaluator
+is what its selection adds to it, (d_plain - d_method) / 2 (> 0: the method looks worse than it is).
+Swapping the two settings swaps the evaluators and negates every d, so the bias of "the evaluator's own
+setting" is the same number either way (`swap_test`). A comparison between two settings neither of which is
+the evaluator has no such bias: both are scored on the same key tokens.
+
+    HF_HUB_OFFLINE=1 .venv/bin/ropebench bench longppl-bias [--length 2048] [--num-docs 12] [--method ntk]
+        [--factor 2] [--json out.json]
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from ropebench.benchmarks.errors import ArgumentParser, at_least, exit_code, positive_int
-
-
-def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=4096, num_docs=4, corpus="sotu"):
-    """LongPPL of `method` x `factor` over plain at `length` on the task's first `num_docs` documents, key
-    tokens by the default rule with evaluator "self", selected by the package's rule (split "none") and by
-    the split sample ("positions"). Returns {"ppl": {plain, other, ratio}, split: {"pooled": {key_tokens,
-    plain, other, ratio}, "documents": {doc: {...}}}, "bias": {...}, "seconds": ...}; a ratio is None
-    where a LongPPL is withheld (fewer than MIN_KEY_TOKENS key tokens over the documents).
-
-    The key spans of split "none" are found once (on plain's own pass, cold cache) and the split sample is
-    derived from them (tasks.key_tokens.key_spans), so the two selections rest on the same evaluator losses;
-    the evaluated model's pass over a window is computed once per method and reused by the second selection
-    (`_one_pass_per_window`: the same model, patch and tokens give the same losses). `ropebench bench
-    longppl-bias` prints it for the embedded SmolLM2 (docs/measured.md)."""
-    from ropebench import extend
-    from ropebench.tasks import perplexity
-    from ropebench.tasks.key_tokens import _MEMORY, SPLITS
-
-    def run(name: str, split: str) -> list[dict]:
-        patch = extend.patched(model, method, factor=factor) if name != "plain" else contextlib.nullcontext()
-        with patch:
-            return perplexity.run(
-                model,
-                tokenizer,
-                lengths=[length],
-                corpus=corpus,
-                num_docs=num_docs,
-                key_tokens={"split": split},
-                progress=False,
-            )
-
-    def values(rows: list[dict], metric: str) -> dict:
-        return {r["doc"]: (r["value"], r["n"]) for r in rows if r["metric"] == metric}
-
-    t0 = time.perf_counter()
-    out: dict = {"method": method, "factor": factor, "length": length, "corpus": corpus}
-    _MEMORY.clear()
-    with tempfile.TemporaryDirectory() as cold, _cache_at(Path(cold)), _one_pass_per_window(model):
-        for split in SPLITS:  # "none" first: "positions" is derived from its spans
-            rows = {name: run(name, split) for name in ("plain", method)}
-            plain, other = values(rows["plain"], "longppl"), values(rows[method], "longppl")
-            counts = {r["doc"]: r["value"] for r in rows["plain"] if r["metric"] == "longppl_key_tokens"}
-            docs = sorted(d for d in plain if d is not None)
-            entry = {"pooled": _ratio(plain.get(None), other.get(None), counts[None]), "documents": {}}
-            for d in docs:
-                entry["documents"][d] = _ratio(plain[d], other.get(d), plain[d][1])
-            out[split] = entry
-            if "ppl" not in out:
-                p, o = values(rows["plain"], "ppl"), values(rows[method], "ppl")
-                out["ppl"] = {
-                    ("pooled" if d is None else d): {
-                        "plain": p[d][0],
-                        "other": o[d][0],
-                        "ratio": o[d][0] / p[d][0],
-                    }
-                    for d in p
-                }
-    out["bias"] = _bias(out)
-    out["seconds"] = time.perf_counter() - t0
-    return out
+from ropebench.benchmarks.errors import (
+    ArgumentParser,
+    BenchmarkError,
+    at_least,
+    check_json_path,
+    exit_code,
+    positive_int,
+)
 
 
-def _ratio(plain, other, key_tokens) -> dict:
-    """{key_tokens, plain, other, ratio} of one document or the pool (values None where withheld)."""
-    if plain is None or other is None:
-        return {"key_tokens": key_tokens, "plain": None, "other": None, "ratio": None}
-    return {"key_tokens": key_tokens, "plain": plain[0], "other": other[0], "ratio": other[0] / plain[0]}
+def swap_test(short_a, long_a, short_b, long_b, alpha: float, beta: float) -> dict:
+    """One document's swap test of settings a and b (torch tensors of per-token losses, NaN where a position
+    has no short window): key tokens by a's losses and by b's (the paper's rule), d_a and d_b = mean loss of b
+    minus mean loss of a over each set (log of LongPPL_b / LongPPL_a), the symmetric estimate (d_a + d_b) / 2
+    and the bias of a as evaluator, (d_a - d_b) / 2. None for d where a set is empty."""
+    from ropebench.tasks.key_tokens import paper_rule
 
+    keys_a, keys_b = paper_rule(short_a, long_a, alpha, beta), paper_rule(short_b, long_b, alpha, beta)
 
-def _bias(out: dict) -> dict:
-    """The ratio under the package's selection over the ratio under the split sample, pooled and per document
-    where both are written (> 1: the package's selection by the baseline makes the method look worse)."""
-    pooled = [out[s]["pooled"]["ratio"] for s in ("none", "positions")]
-    docs = {}
-    for d, entry in out["none"]["documents"].items():
-        split = out["positions"]["documents"].get(d)
-        if entry["ratio"] is not None and split is not None and split["ratio"] is not None:
-            docs[d] = entry["ratio"] / split["ratio"]
-    logs = [math.log(v) for v in docs.values()]
+    def d(keys):
+        if not keys.any():
+            return None
+        return (long_b[keys].double().mean() - long_a[keys].double().mean()).item()
+
+    d_a, d_b = d(keys_a), d(keys_b)
+    both = d_a is not None and d_b is not None
     return {
-        "pooled": pooled[0] / pooled[1] if None not in pooled else None,
-        "documents": docs,
-        "geometric_mean_of_documents": math.exp(sum(logs) / len(logs)) if logs else None,
+        "key_tokens_a": int(keys_a.sum()),
+        "key_tokens_b": int(keys_b.sum()),
+        "key_tokens_both": int((keys_a & keys_b).sum()),
+        "d_a": d_a,
+        "d_b": d_b,
+        "symmetric": (d_a + d_b) / 2 if both else None,
+        "bias_a": (d_a - d_b) / 2 if both else None,
     }
 
 
-@contextlib.contextmanager
-def _one_pass_per_window(model):
-    """Inside the block the perplexity task's pass (tasks.perplexity.token_nll) is memoised per (active patch,
-    tokens, start): the second selection re-reads the losses of the first instead of a second forward. The
-    key-token windows (tasks.key_tokens.token_nll) are not touched."""
+def t_interval(values: list[float]) -> dict:
+    """Mean and 95% t interval of per-document values (the document is the unit)."""
+    from ropebench.results.stats import t975
+
+    n = len(values)
+    mean = sum(values) / n if n else math.nan
+    if n < 2:
+        return {"n": n, "mean": mean, "low": None, "high": None}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t975(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+
+
+def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=2048, num_docs=12, corpus="sotu"):
+    """The swap test of plain (evaluator "self") against `method` x `factor` at `length` on the first
+    `num_docs` documents the perplexity task would pick (seed 0), under the default key-token settings.
+    Returns the settings, every document's `swap_test` and the intervals (log scale and as ratios)."""
     from ropebench import extend
-    from ropebench.tasks import perplexity
+    from ropebench.tasks import key_tokens as kt
+    from ropebench.tasks.common import encoder, special_prefix
+    from ropebench.tasks.data import iter_corpus, seeded_order, take_long
 
-    real, memo = perplexity.token_nll, {}
+    t0 = time.perf_counter()
+    trained = extend.trained_context(model)
+    settings = kt.resolve(True, trained, kt.parameter_count(model))
+    bos = special_prefix(tokenizer)
+    order = seeded_order(list(iter_corpus(corpus)), 0)
+    docs, _ = take_long(order, encoder(tokenizer), length - len(bos), num_docs)
+    chunk = 1024
 
-    def memoised(m, ids, *, start, chunk_size):
-        active = extend.current(m)
-        state = None if active is None else (active.method, active.factor, repr(active.options))
-        key = (id(m), state, tuple(ids), start)
-        if key not in memo:
-            memo[key] = real(m, ids, start=start, chunk_size=chunk_size)
-        return memo[key]
+    def losses(ids):
+        long = kt.long_losses(model, ids, settings.trunc_len, trained, chunk)
+        short = kt.short_losses(model, ids, settings.trunc_len, settings.sliding_window, chunk)
+        return short, long
 
-    perplexity.token_nll = memoised
-    try:
-        yield
-    finally:
-        perplexity.token_nll = real
+    documents = {}
+    for doc, ids in docs:
+        window = bos + ids[: length - len(bos)]
+        short_p, long_p = losses(window)  # the model as loaded: what evaluator "self" is
+        with extend.patched(model, method, factor=factor):
+            short_m, long_m = losses(window)
+        documents[doc.id] = swap_test(short_p, long_p, short_m, long_m, settings.alpha, settings.beta)
+        print(f"{doc.id}: {documents[doc.id]}", file=sys.stderr, flush=True)  # progress of a long run
+    bias = [v["bias_a"] for v in documents.values() if v["bias_a"] is not None]
+    sym = [v["symmetric"] for v in documents.values() if v["symmetric"] is not None]
+    plain_sel = [v["d_a"] for v in documents.values() if v["d_a"] is not None]
 
+    def as_ratio(iv):
+        return {k: (math.exp(v) if isinstance(v, float) and k != "n" else v) for k, v in iv.items()}
 
-@contextlib.contextmanager
-def _cache_at(path: Path):
-    """The key-span cache in `path` inside the block (a measurement must not read a warm cache)."""
-    saved = os.environ.get("ROPEBENCH_CACHE")
-    os.environ["ROPEBENCH_CACHE"] = str(path)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("ROPEBENCH_CACHE", None)
-        else:
-            os.environ["ROPEBENCH_CACHE"] = saved
+    intervals = {
+        "bias_of_plain_as_evaluator": t_interval(bias),
+        "method_over_plain_symmetric": t_interval(sym),
+        "method_over_plain_plain_selects": t_interval(plain_sel),
+    }
+    return {
+        "method": method,
+        "factor": factor,
+        "length": length,
+        "corpus": corpus,
+        "settings": {
+            "trunc_len": settings.trunc_len,
+            "sliding_window": settings.sliding_window,
+            "alpha": settings.alpha,
+            "beta": settings.beta,
+            "evaluator": "self (plain) vs the method itself",
+        },
+        "documents": documents,
+        "log_intervals": intervals,
+        "ratio_intervals": {k: as_ratio(v) for k, v in intervals.items()},
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="ropebench bench longppl-bias", description=__doc__.splitlines()[0])
-    parser.add_argument("--length", type=at_least(2, 4096), default=4096, help="tokens per document (>= 2)")
-    parser.add_argument("--num-docs", type=positive_int, default=4, help="documents of sotu (>= 1)")
+    parser.add_argument("--length", type=at_least(2, 2048), default=2048, help="tokens per document (>= 2)")
+    parser.add_argument("--num-docs", type=positive_int, default=12, help="documents of sotu (>= 1)")
+    parser.add_argument("--method", default="ntk", help="the method compared with plain (default ntk)")
+    parser.add_argument("--factor", type=float, default=2.0, help="its factor (default 2)")
+    parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
+    check_json_path(args.json)
+    from ropebench.extend.registry import check_method
+
+    check_method(args.method, args.factor)  # an unknown method or bad factor: one line, before the model
     import torch
     from ropebench import extend
 
     torch.manual_seed(0)
     m, t = extend.load("smollm2-135m", device="cpu", dtype=torch.float32)
-    print(json.dumps(evaluator_bias(m, t, length=args.length, num_docs=args.num_docs), indent=1))
+    out = evaluator_bias(
+        m, t, method=args.method, factor=args.factor, length=args.length, num_docs=args.num_docs
+    )
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        from ropebench.extend.owned_paths import write_loose_file
+
+        write_loose_file(args.json, text, "--json", BenchmarkError)
     return 0
 
 

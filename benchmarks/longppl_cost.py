@@ -24,7 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from ropebench.benchmarks.errors import ArgumentParser, at_least, check_json_path, exit_code, positive_int
+from ropebench.benchmarks.errors import (
+    ArgumentParser,
+    BenchmarkError,
+    at_least,
+    check_json_path,
+    exit_code,
+    positive_int,
+)
 from ropebench.benchmarks.orchestrate import machine
 
 
@@ -135,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         "cases": out,
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(info, indent=1))
+        from ropebench.extend.owned_paths import write_loose_file
+
+        write_loose_file(args.json, json.dumps(info, indent=1), "--json", BenchmarkError)
     print(json.dumps({k: v for k, v in info.items() if k != "cases"}))
     return 0
 

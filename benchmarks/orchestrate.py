@@ -25,9 +25,22 @@ CHILDREN = {**figures.CHILDREN, "prefix_sharing": prefix_sharing.child_prefix_sh
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    from ropebench.results import store  # imports extend, hence torch: only once a file is written
+    """Whole or not at all. The package's own reports (benchmarks/BENCHMARKS*.md and their JSON) as ever; a
+    file the user named with --out through the guard of every writer (extend/owned_paths.py): written when
+    new, replaced only while ropebench wrote it and nobody changed it since."""
+    if is_package_file(path):
+        from ropebench.results import store  # imports extend, hence torch: only once a file is written
 
-    store.atomic_write_text(path, text)
+        store.atomic_write_text(path, text)
+        return
+    from ropebench.benchmarks.errors import BenchmarkError
+    from ropebench.extend.owned_paths import write_loose_file
+
+    write_loose_file(path, text, "--out", BenchmarkError)
+
+
+def is_package_file(path: Path) -> bool:
+    return HERE.resolve() in Path(path).resolve().parents
 
 
 # --- child side -----------------------------------------------------------------------------------

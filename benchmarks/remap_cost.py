@@ -169,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['last4k']:.3f} |"
         )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"length": int(ids.shape[1]), "document": doc.id, "rows": rows}, indent=1)
-        )
+        from ropebench.extend.owned_paths import write_loose_file
+
+        text = json.dumps({"length": int(ids.shape[1]), "document": doc.id, "rows": rows}, indent=1)
+        write_loose_file(args.json, text, "--json", BenchmarkError)
     return 0
 
 

@@ -113,6 +113,11 @@ def resolve(args) -> Path:
 
     args.chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what the children use
     out = Path(args.out) if args.out else HERE / ("BENCHMARKS.quick.md" if q else "BENCHMARKS.md")
+    if not orchestrate.is_package_file(out):  # a file the user named: new, or ropebench's and unchanged
+        from ropebench.extend.owned_paths import check_loose_file
+
+        for path in (out, out.with_suffix(".json")):
+            check_loose_file(path, "--out", BenchmarkError)
     try:  # before any measuring: a report that cannot be written would lose the whole run
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.with_name(f".{out.name}.probe")

@@ -119,29 +119,53 @@ def pinned(name: str, constraints: Path, requirement: str) -> str:
     return requirement
 
 
+def _gathered_before(out: Path) -> dict[str, str] | None:
+    """A wheel folder gathered before the marker (extend/owned_paths.py): its manifest.json, recognised by
+    its content, lists the wheels it wrote; those (as they are now) and its two files are ropebench's."""
+    from ropebench.extend.owned_paths import sha256_of
+
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    listed = manifest.get("wheels") if isinstance(manifest, dict) and "limit_mib" in manifest else None
+    if not isinstance(listed, dict):
+        return None
+    names = [*listed, "manifest.json", "requirements.txt"]
+    regular = [n for n in names if "/" not in n and (out / n).is_file() and not (out / n).is_symlink()]
+    return {n: sha256_of(out / n) for n in regular}
+
+
+def _manifest(pins: list[str], versions: dict, wheels: list[Path]) -> dict:
+    return {
+        "python": "3.12",
+        "platform": "manylinux x86_64",
+        "requirements": pins,
+        "left_to_the_image": sorted(n for n in versions if in_image(n)),
+        "wheels": {w.name: w.stat().st_size for w in wheels},
+        "total_bytes": sum(w.stat().st_size for w in wheels),
+        "limit_mib": LIMIT_MIB,
+    }
+
+
 def gather(out: Path, constraints: Path) -> dict:
     declared = pyproject_requirements()
     versions = resolve([declared[canonical(n)] for n in RESOLVED], constraints)
     ship = {n: v for n, v in versions.items() if not in_image(n)}
     pins = [f"{n}=={v}" for n, v in sorted(ship.items())]
     pins += [pinned(n, constraints, declared[canonical(n)]) for n in NO_DEPS]
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.whl"):
-        old.unlink()
-    pip("download", "--quiet", "--no-deps", *TARGET, "-d", str(out), *pins)
-    wheels = sorted(out.glob("*.whl"))
-    size = sum(w.stat().st_size for w in wheels)
-    manifest = {
-        "python": "3.12",
-        "platform": "manylinux x86_64",
-        "requirements": pins,
-        "left_to_the_image": sorted(n for n in versions if in_image(n)),
-        "wheels": {w.name: w.stat().st_size for w in wheels},
-        "total_bytes": size,
-        "limit_mib": LIMIT_MIB,
-    }
-    (out / "requirements.txt").write_text("\n".join(pins) + "\n")
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    from ropebench.extend.owned_paths import OwnedDir
+
+    owned = OwnedDir.open(out, "--out", error=BenchmarkError, adopt=_gathered_before)  # or new, or empty
+    with owned.staged() as stage:  # moved in through the guard: never over a file of the user's
+        pip("download", "--quiet", "--no-deps", *TARGET, "-d", str(stage), *pins)
+        wheels = sorted(stage.glob("*.whl"))
+        manifest = _manifest(pins, versions, wheels)
+        (stage / "requirements.txt").write_text("\n".join(pins) + "\n")
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        stale = [rel for rel in owned.files if rel.endswith(".whl") and not (stage / rel).exists()]
+    owned.remove_listed(only=stale)  # the wheels an earlier gather wrote (unchanged), no other file
+    size = manifest["total_bytes"]
     if size > LIMIT_MIB * 2**20:
         largest = sorted(manifest["wheels"].items(), key=lambda x: -x[1])[:3]
         biggest = ", ".join(f"{n} {s / 2**20:.1f} MiB" for n, s in largest)

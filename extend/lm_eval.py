@@ -635,9 +635,20 @@ def dataset_cached(repo_id: str) -> bool:
 
     own = os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE
     hub = os.environ.get("HF_HUB_CACHE") or huggingface_hub.constants.HF_HUB_CACHE
-    return (Path(own) / repo_id.replace("/", "___")).is_dir() or (
-        Path(hub) / f"datasets--{repo_id.replace('/', '--')}"
-    ).is_dir()
+    return _holds_data(Path(own) / repo_id.replace("/", "___")) or _holds_data(
+        Path(hub) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots"
+    )
+
+
+def _holds_data(folder: Path) -> bool:
+    """A cache folder counts only when it holds a finished file: an empty one (or one with only locks or
+    partial downloads) is what an interrupted or refused download leaves, and loads nothing offline."""
+    if not folder.is_dir():
+        return False
+    return any(
+        p.is_file() and not p.name.endswith((".lock", ".incomplete")) and p.stat().st_size > 0
+        for p in folder.rglob("*")
+    )
 
 
 def _generator_source(spec: str) -> tuple[str, str]:
@@ -823,6 +834,20 @@ def _parse(parser) -> argparse.Namespace:
     return args
 
 
+def owned_output(args: argparse.Namespace):
+    """lm-eval writes results_*.json and samples_*.jsonl under --output_path (or, for a path ending in .json,
+    beside it): only into a new or empty folder or one ropebench made (extend/owned_paths.py, the rule of
+    every writer), checked before the model loads. Returns (the folder, its files now) or None."""
+    from ropebench.extend.owned_paths import OwnedDir
+
+    path = getattr(args, "output_path", None)
+    if getattr(args, "command", None) != "run" or not path:
+        return None
+    root = Path(path).parent if Path(path).suffix == ".json" else Path(path)
+    owned = OwnedDir.open(root, "--output_path folder", error=ExtendError)
+    return owned, owned.existing()
+
+
 def main(argv: list[str] | None = None, *, tasks_dir=None) -> int:
     """`ropebench lm-eval ...`: lm-eval's CLI with the `ropebench` model registered. `tasks_dir`: the folder
     of ropebench's lm-eval tasks (included when the command names no --include_path), passed by the caller."""
@@ -863,8 +888,11 @@ def main(argv: list[str] | None = None, *, tasks_dir=None) -> int:
                 if needs_snapshot(dict(args.model_args or {}), args.metadata):
                     check_task_names(args.tasks, args.include_path)  # before converting a GGUF's weights
                 args.metadata = with_task_tokenizer(dict(args.model_args or {}), args.metadata)
+        output = owned_output(args)  # a folder of the user's is refused before the model loads
         with data_checked_before_the_model():
             parser.execute(args)
+        if output is not None:  # what lm-eval wrote, listed in the folder's marker
+            output[0].record(sorted(output[0].existing() - output[1]))
     except RopebenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

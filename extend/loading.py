@@ -282,8 +282,11 @@ def _cached_cpu_choice() -> DtypeChoice:
     """The decision from this CPU's cached measurement, else measured now and cached (the measurement is
     cached, the rule applied to it is today's). An exclusive lock makes processes started together (accelerate
     ranks) measure once and agree: the dtype is part of every cell's key."""
+    from ropebench.extend.owned_paths import owned_cache
+
     path, key = _cache_dir() / CPU_DTYPE_CACHE, f"{cpu_key()} | {BENCH_TOKENS} tokens"
     try:
+        owned = owned_cache(ExtendError)  # never into a folder of the user's (ROPEBENCH_CACHE)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             _lock(lock)
@@ -295,8 +298,9 @@ def _cached_cpu_choice() -> DtypeChoice:
                 tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
                 os.replace(tmp, path)
+                owned.record([CPU_DTYPE_CACHE, path.with_suffix(".lock").name], appended=True)
             measured = cache[key].get("measured", "?")
-    except OSError:  # a read-only home: measure every time rather than fail
+    except (OSError, ExtendError):  # a read-only home, a folder of the user's: measure every time
         return choose_cpu_dtype(measure_bf16_speedup())
     choice = choose_cpu_dtype(speedup)
     return DtypeChoice(choice.dtype, f"{choice.reason} (measured {measured} on {key}; cached in {path})")
@@ -347,11 +351,13 @@ def gguf_snapshot(path: Path) -> Path:
     transformers parses and de-quantises the whole GGUF on every load (three passes, 20-60 s on a CPU),
     a snapshot loads in about a second. Keyed by file name, size and mtime; written to a temporary
     folder and renamed, so a killed conversion leaves nothing half-written. ROPEBENCH_CACHE moves it."""
+    from ropebench.extend.owned_paths import owned_cache
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = _snapshot_dir(path)
     if (target / "config.json").is_file():
         return target
+    owned = owned_cache(ExtendError)  # never into a folder of the user's (ROPEBENCH_CACHE)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
@@ -366,7 +372,8 @@ def gguf_snapshot(path: Path) -> Path:
                 delattr(obj, "quantization_config")
         model.save_pretrained(tmp)
         del model
-        os.replace(tmp, target)
+        os.replace(tmp, target)  # a new folder: a rename never replaces a non-empty one
+        owned.record([p.relative_to(owned.root) for p in target.rglob("*") if p.is_file()], appended=True)
     except OSError:
         if not (target / "config.json").is_file():  # another process may have won the race
             raise

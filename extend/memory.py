@@ -19,6 +19,7 @@ fits.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -153,11 +154,15 @@ def available(device: str | None = None) -> int | None:
     override = os.environ.get("ROPEBENCH_MEMORY_GB")  # e.g. a shared machine's fair share
     if override:
         try:
-            return int(float(override) * GB)
+            budget = float(override)
         except ValueError:
+            budget = math.nan
+        if not (math.isfinite(budget) and budget > 0):  # inf, nan, 0 or below: no budget a run can use
             raise ExtendError(
-                f"ROPEBENCH_MEMORY_GB={override!r} is not a number — set it to e.g. 16, or unset it"
-            ) from None
+                f"ROPEBENCH_MEMORY_GB={override!r} is not a positive number of GB — set it to e.g. 16, or "
+                f"unset it"
+            )
+        return int(budget * GB)
     if str(device or "").startswith("cuda"):
         try:
             import torch

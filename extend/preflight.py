@@ -68,6 +68,24 @@ def _skeleton(config):
     return _SKELETONS[id(config)][1]
 
 
+def context_in_force(config, method: str, factor: float = 1.0, options: dict | None = None) -> int | None:
+    """The trained context the patch (method, factor, options) puts in force on the model `config` describes
+    (it follows a forced original_max_position_embeddings and start_from; what key_tokens' evaluator "self"
+    sees), from a weightless skeleton; None when the skeleton cannot be built (the load decides)."""
+    from .patching import patch
+
+    try:
+        model = _skeleton(config)
+    except Exception:  # noqa: BLE001 - as in check_on_config
+        return None
+    handle = patch(model, method, factor, **dict(options or {}))
+    try:
+        context = handle.options.get("trained_context")
+    finally:
+        handle.undo()
+    return int(context) if context else None
+
+
 def check_on_config(config, method: str, factor: float = 1.0, options: dict | None = None) -> None:
     """Patch a weightless skeleton of the model `config` describes with (method, factor, options), then undo:
     raises the ExtendError extend.patch would raise on the loaded model."""

@@ -10,12 +10,21 @@ import argparse
 import sys
 
 from ropebench.extend.errors import RopebenchError
+from ropebench.extend.flags import forget_given, refuse_repeats
 from ropebench.extend.values import as_length, as_number
 
 from .reach import DEFAULT_BAR, RULER_BAR, bar_value
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        refuse_repeats(self)  # `--out a --out b`: one line, not the first value dropped
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        return forget_given(parsed), extra
+
     def error(self, message):  # one line and exit 2 (argparse prints the whole usage first)
         print(f"error: {message} — run `{self.prog} --help` for usage", file=sys.stderr)
         sys.exit(2)

@@ -13,8 +13,16 @@ import numpy as np
 import pandas as pd
 
 from .meaning import Metric
-from .stats import Paired, paired_clusters, paired_interval, unpaired_rate_interval
+from .stats import (
+    MIN_INFORMATIVE_PAIRS,
+    PAIRED_T,
+    Paired,
+    paired_clusters,
+    paired_interval,
+    unpaired_rate_interval,
+)
 from .store import ResultsError
+from .strata import STRATUM, has_strata, reconcile, with_distance
 from .tables import (
     _as_list,
     _auto_rows,
@@ -22,6 +30,7 @@ from .tables import (
     cell_interval,
     copy_frame,
     fmt_interval,
+    fmt_number,
     is_unit,
     meaning_for,
     remember,
@@ -31,6 +40,35 @@ from .tables import (
 )
 
 SIGNIFICANT_MARK = "*"
+# a pooled difference with a stratum (needle distance) significantly the other way: no pooled mark
+MIXED_MARK = "±"
+# the long form's columns about power and strata (results/power.py, results/strata.py)
+POWER_COLUMNS = ("detectable", "cannot", "se", "sd", "against", "mixed")
+
+
+def power_text(row: Any, digits: int | None = None) -> str:
+    """What an unmarked comparison could have marked, for its cell: " (80% power at ±0.52)" (a ratio:
+    " (80% power at ×/÷1.11)"), " (p cannot reach 0.05 at n=5)" where the exact test can not, " (no test)"
+    where there is none, " (no possible difference has 80% power at n=6)" where even the largest would be
+    marked less often; "" for the baseline."""
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
+    interval = get("interval")
+    if interval in ("baseline", None):
+        return ""
+    detectable, cannot = get("detectable", math.nan), get("cannot", "") or ""
+    if detectable == math.inf:
+        return f" (no possible difference has 80% power at n={int(get('n'))})"
+    if detectable is not None and not pd.isna(detectable):
+        text = fmt_number(detectable) if digits is None else f"{detectable:.{digits}f}"
+        return f" (80% power at {'×/÷' if get('how') == 'ratio' else '±'}{text})"
+    if cannot:
+        n = get("n")
+        if interval == PAIRED_T:
+            return f" (no mark possible at n={int(n)}: needs {MIN_INFORMATIVE_PAIRS})"
+        return f" (p cannot reach 0.05 at n={int(n)})"
+    if interval in ("none", "no baseline cell", "newcombe (unpaired)"):
+        return " (no test)" if interval != "newcombe (unpaired)" else ""
+    return ""
 
 
 def _units(rows: pd.DataFrame) -> pd.DataFrame:
@@ -139,6 +177,13 @@ def paired_differences(
     outcomes, the sign-flip test over clusters; else NaN), ``significant`` (interval excludes 0 — 1 for
     ratios — with at least 6 differing pairs, and the exact test's p < 0.05 where there is one), ``how`` and
     ``baseline``. The baseline's own rows carry the null value and ``interval="baseline"``.
+
+    Power (results/power.py): ``detectable`` (the true difference the test marks with 80% probability at this
+    n and observed spread; for a ratio a factor >= 1; inf beyond any possible difference of two rates),
+    ``cannot`` (why nothing could be marked at all, e.g. fewer than 6 clusters), ``se`` and ``sd`` (the
+    contrasts' standard error and spread). Where the rows sit at several needle positions (``depth``), each
+    is compared too (:func:`stratum_differences`): ``against`` counts the positions significantly on the
+    other side of the null, and ``mixed`` (any such) withdraws the pooled ``significant``.
     """
     args = (task, metric, baseline, rows, cols, how, seed, where)
     return remember(
@@ -223,11 +268,47 @@ def _paired_differences(
                 "significant": res.significant,
                 "how": how,
                 "baseline": baseline,
+                "detectable": res.detectable,
+                "cannot": res.cannot,
+                "se": res.se,
+                "sd": res.sd,
             }
         )
     frame = pd.DataFrame(out)
+    if has_strata(sub[is_unit(sub)], keys):  # a pooled mark stands only where no stratum is the other way
+        by = paired_differences(
+            df, task, metric, baseline, rows=[*rows_l, STRATUM], cols=cols, how=how, seed=seed, **where
+        )
+        frame = reconcile(frame, by, keys)
     frame.attrs["unit"] = meaning.independent_unit  # the same for every row: stated once
     return frame
+
+
+def stratum_differences(
+    df: pd.DataFrame,
+    task: str,
+    metric: str,
+    baseline: str = "plain",
+    *,
+    rows: str | Sequence[str] = "method",
+    cols: str | Sequence[str] | None = "length",
+    how: str | None = None,
+    seed: int = 0,
+    **where: Any,
+) -> pd.DataFrame | None:
+    """:func:`paired_differences` per stratum (needle position: ``depth``; results/strata.py), one row per
+    setting x length x depth with ``distance`` (the stratum's median distance from the question, tokens);
+    None when no cell's rows sit at several depths."""
+    rows_l = _as_list(rows)
+    sub = select(df, task, metric, units=True, **where)
+    keys = _auto_rows(sub, rows_l, _as_list(cols)) + _as_list(cols)
+    units = sub[is_unit(sub)]
+    if not has_strata(units, keys):
+        return None
+    by = paired_differences(
+        df, task, metric, baseline, rows=[*rows_l, STRATUM], cols=cols, how=how, seed=seed, **where
+    )
+    return with_distance(by, units)
 
 
 def compare(
@@ -275,6 +356,7 @@ def compare(
             "significant",
             "how",
             "baseline",
+            *POWER_COLUMNS,
         )
     ]
     rows_l = [k for k in keys if k not in cols_l]
@@ -284,6 +366,8 @@ def compare(
             if r.interval == "baseline"
             else fmt_interval(r.estimate, r.lo, r.hi, r.n if r.n else None, digits, r.rows)
             + (f" {SIGNIFICANT_MARK}" if r.significant else "")
+            + (f" {MIXED_MARK}" if getattr(r, "mixed", False) else "")
+            + ("" if r.significant or getattr(r, "mixed", False) else power_text(r._asdict(), digits))
             for r in long.itertuples()
         ]
         value = "cell"

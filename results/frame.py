@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from .arguments import as_path, as_paths
 from .lm_eval_import import lm_eval_rows
 from .store import (
     BOOKKEEPING,
@@ -26,7 +27,7 @@ from .store import (
 # What every row a sweep writes carries besides the measurement: a records file without any of them is not
 # a ropebench run (`check_identity`).
 IDENTITY = ("model", "method", "length")
-FLOAT_COLUMNS = ("factor", "depth", "value", "seconds")
+FLOAT_COLUMNS = ("factor", "depth", "value", "seconds", "cell_seconds", "load_seconds")
 INT_COLUMNS = ("length", "trial", "distance", "n", "seed")
 STR_COLUMNS = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error")
 ID_COLUMNS = ("cluster",)  # text ids; an integer id (a plugin's) reads as its digits, never "3.0"
@@ -51,15 +52,8 @@ KEY_COLUMNS = (
 
 
 def _as_paths(path_or_paths: Any) -> list[Path]:
-    if isinstance(path_or_paths, (str, os.PathLike)):
-        return [Path(path_or_paths)]
-    if isinstance(path_or_paths, Iterable):
-        paths = [Path(p) for p in path_or_paths]
-        if paths:
-            return paths
-    raise ResultsError(
-        f"no run directory given (got {path_or_paths!r}) — pass a run directory or a list of them"
-    )
+    """The run directories given, each a str or path whose name is UTF-8 (records store it as text)."""
+    return as_paths(path_or_paths, "run directory", "results.load('runs/demo')")
 
 
 def _rows_of(path: Path) -> list[dict[str, Any]]:
@@ -226,6 +220,7 @@ def from_lm_eval(
     effective sample count, and the standard error goes to an extra ``stderr`` column. ``length`` comes
     from the task config's ``metadata.length`` when present, else the argument.
     """
+    path = as_path(path, "lm-eval results", "results.from_lm_eval('lm_eval_out/results.json')")
     rows = lm_eval_rows(path, run=run, method=method, factor=factor, length=length)
     if not rows:
         raise ResultsError(f"no metric values in {path} — the lm-eval results section is empty")

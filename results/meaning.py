@@ -31,7 +31,8 @@ DIRECTIONS = ("higher", "lower", None)
 # its task's values, never compared (a chance rate)
 ROLES = ("headline", "detail", "reference")
 # Reach rules (results/reach.py): threshold (an absolute bar: 0.8, or RULER's 0.856), short (NoLiMa: a
-# share of the short-context score), trained (as good as the baseline at the trained context)
+# share of the short-context score, its base ≤ min(T/4, 2048) tokens), trained (as good as the baseline at
+# the trained context)
 REACH_RULES = ("threshold", "short", "trained")
 META_COLUMN = "meaning"
 
@@ -156,7 +157,9 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
         reach=("threshold", "trained"),
         lo=1.0,
     ),
-    ("perplexity", "longppl"): Metric("perplexity", "lower", "perplexity", "key-token perplexity", lo=1.0),
+    ("perplexity", "longppl"): Metric(
+        "perplexity", "lower", "perplexity", "LongPPL: perplexity of the paper's key tokens", lo=1.0
+    ),
     ("perplexity", "longppl_key_tokens"): Metric(
         "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
     ),

@@ -21,14 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from .comparisons import SIGNIFICANT_MARK, paired_differences
+from .comparisons import MIXED_MARK, SIGNIFICANT_MARK, paired_differences, power_text
 from .meaning import Metric, declarations
+from .ranges import within_range
 from .reach import (
     DEFAULT_BAR,
     MIN_BAR,
     NOLIMA_FRACTION,
+    SHORT_CAP,
     THEORY_TASK,
     bar_text,
     check_rules,
@@ -39,7 +42,7 @@ from .reach import (
     setting_rows,
     trained_context_of,
 )
-from .stats import Interval
+from .stats import SKEW_T_ONE_SIDED_MISS, Interval
 from .store import ResultsError
 from .tables import UNIT_COLUMNS, cell_interval, copy_frame, fmt_interval, remember, select, shared
 
@@ -58,7 +61,9 @@ def short_model(model: Any) -> str:
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["status"].isna() | (df["status"] == "ok")]
+    """The rows a table or comparison reads: finished ones whose value is within its metric's declared range
+    (results/ranges.py; the report counts those left out)."""
+    return within_range(df[df["status"].isna() | (df["status"] == "ok")])
 
 
 def measured_tasks(df: pd.DataFrame) -> list[str]:
@@ -151,24 +156,39 @@ def legend_lines(
     """One short line per rule behind the tables; ``rules``: the (kind, rule) pairs shown (None: all)."""
     values = (
         "value [lo, hi] n=N: estimate, 95% interval, N independent units (the rows behind them in brackets "
-        "when several share a unit); perplexity: t on the log scale, 0/1 rates: Wilson, means: t"
+        "when several share a unit); perplexity: skew_t, 0/1 rates: Wilson, means: t"
+    )
+    skew = (
+        "skew_t (results.stats.skew_t): t on the log scale, lengthened on the side the units are skewed "
+        f"to; a two-sided 95% interval whose bounds, read alone, each err up to {SKEW_T_ONE_SIDED_MISS:.0%} "
+        "of the time in simulation, not 2.5%"
     )
     marked = (
         f"{SIGNIFICANT_MARK}: paired difference to {baseline} at that length significant (the interval "
         "excludes no difference, ≥ 6 independent units differ, and the exact test agrees: McNemar p < 0.05 "
         "for 0/1 outcomes, sign-flip p < 0.05 over clusters where rows share one)"
     )
+    unmarked = (
+        "unmarked: (80% power at ±d): the true difference its test marks 80% of the time at that n and "
+        "spread (normal contrasts; ratio: ×/÷d; exact tests: a lower bound); (p cannot reach 0.05 at n=k): "
+        "below 6 units an exact test's smallest p is 2/2^k"
+    )
+    mixed = (
+        f"{MIXED_MARK}: a needle distance is significantly the other way from the pooled difference, which "
+        "then gets no mark; the per-distance table says where each setting wins and loses"
+    )
     walk = (
         "reach: the longest tested length that passes, lengths read upwards; ≥ L: no longer length "
         "failed; < L: the shortest failed; a length fails only when its favourable bound misses the bar, "
         "else it is not established"
     )
-    lines = [values, marked, walk]
+    lines = [values, skew, marked, unmarked, mixed, walk]
     per_rule = {
         ("rate", "threshold"): f"reach (0/1 rate): Wilson lower bound ≥ {bar_text(threshold)}",
         ("rate", "short"): (
             f"reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's "
-            f"own rate at a base length ≤ a quarter of the trained context (base lower bound ≥ {MIN_BAR:g})"
+            f"own rate at a base length ≤ min(a quarter of the trained context, {SHORT_CAP}) tokens "
+            f"(NoLiMa's: 250-1K; base lower bound ≥ {MIN_BAR:g})"
         ),
         ("rate", "trained"): (
             f"reach (trained) (0/1 rate): Wilson lower bound ≥ {baseline}'s at the trained context "
@@ -210,12 +230,27 @@ def _cell(df: pd.DataFrame, q: Quantity, setting: dict, length: int | None, seed
     return cell_interval(rows, q.metric, seed=seed) if len(rows) else None
 
 
-def _significant(long: pd.DataFrame | None, setting: dict, length: int | None) -> bool:
-    if long is None or length is None:
+def _significant(
+    long: pd.DataFrame | None, setting: dict, length: int | None, column: str = "significant"
+) -> bool:
+    """The paired difference's mark (``column="mixed"``: its strata disagree, results/strata.py)."""
+    if long is None or length is None or column not in long.columns:
         return False
     hit = _of(long, {k: v for k, v in setting.items() if k in long.columns})
     hit = hit[hit["length"] == length]
-    return bool(len(hit) and hit["significant"].any())
+    return bool(len(hit) and hit[column].astype(bool).any())
+
+
+def _power_note(long: pd.DataFrame | None, setting: dict, length: int | None) -> str:
+    """What an unmarked paired difference could have marked (results.comparisons.power_text); "" for a
+    marked one, a mixed one (its strata disagree) and the baseline."""
+    if long is None or length is None or "detectable" not in long.columns:
+        return ""
+    hit = _of(long, {k: v for k, v in setting.items() if k in long.columns})
+    hit = hit[hit["length"] == length]
+    if len(hit) != 1 or hit["significant"].iloc[0] or bool(hit.get("mixed", pd.Series([False])).iloc[0]):
+        return ""
+    return power_text(hit.iloc[0])
 
 
 def _lengths(df: pd.DataFrame, q: Quantity, setting: dict) -> list[int]:
@@ -265,7 +300,7 @@ def check_summary_args(df: Any, trained_context: Any, baseline: str) -> pd.DataF
         )
     check_trained_context(trained_context)
     status = df["status"] if "status" in df.columns else pd.Series(pd.NA, index=df.index)
-    ok = df[status.isna() | (status == "ok")]
+    ok = within_range(df[status.isna() | (status == "ok")])
     measured = ok[ok["task"] != THEORY_TASK]
     if measured.empty:
         raise ResultsError("no successful rows to summarise — load a run directory with finished cells")
@@ -407,6 +442,8 @@ def _task_columns(
             columns.append((name, "trained", q))
         name = f"{q.label} @ longest"
         _put(r, name, _cell(ok, q, s, longest, seed), longest, _significant(diffs.get(q), s, longest))
+        r[f"{name}_mixed"] = _significant(diffs.get(q), s, longest, "mixed")
+        r[f"{name}_power"] = _power_note(diffs.get(q), s, longest)
         columns.append((name, "value", q))
         longest_of_task = longest_of_task or longest
     for q in (q for q in qs.reaches if q.task == task):
@@ -547,8 +584,8 @@ def _uninformative(cells: list[str], earlier: list) -> str | None:
         return "not computed"
     if all(c.startswith("not established") or c in EMPTY for c in cells):
         return "not established in any row"
-    if len(cells) > 1 and len(set(cells)) == 1:
-        return f"{cells[0]} in every row"
+    if len(cells) > 1 and len({_bare(c) for c in cells}) == 1:  # a power note on some rows says nothing more
+        return f"{_bare(cells[0])} in every row"
     for other, other_cells, *_ in earlier:
         if [_bare(c) for c in other_cells] == [_bare(c) for c in cells]:
             return f"the same as {other}"
@@ -556,7 +593,9 @@ def _uninformative(cells: list[str], earlier: list) -> str | None:
 
 
 def _bare(cell: str) -> str:
-    return cell.removesuffix(f" {SIGNIFICANT_MARK}")
+    for note in (" (80% power at", " (p cannot reach", " (no mark possible", " (no possible difference"):
+        cell = cell.split(note)[0]
+    return cell.removesuffix(f" {MIXED_MARK}").removesuffix(f" {SIGNIFICANT_MARK}")
 
 
 def _fold_references(numeric: pd.DataFrame, columns: list) -> tuple[dict[tuple[str, str], str], set[str]]:
@@ -620,7 +659,11 @@ def _interval_column(
         cell += " " + n_text(r[f"{name}_n"], r.get(f"{name}_rows"))
         if not shared:
             cell += f" @{int(r[f'{name}_length'])}"
-        cells.append(cell.strip() + (f" {SIGNIFICANT_MARK}" if r[f"{name}_significant"] else ""))
+        cell = cell.strip() + (f" {SIGNIFICANT_MARK}" if r[f"{name}_significant"] else "")
+        mixed = r.get(f"{name}_mixed", False)
+        cell += f" {MIXED_MARK}" if isinstance(mixed, (bool, np.bool_)) and mixed else ""
+        power = r.get(f"{name}_power", "")
+        cells.append(cell + (power if isinstance(power, str) else ""))
     return label, cells
 
 

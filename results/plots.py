@@ -24,6 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, NullLocator, StrMethodFormatter
 
+from .longppl_report import annotate_key_counts
 from .meaning import meaning_of
 from .overview import short_model
 from .reach import trained_context_of
@@ -473,6 +474,7 @@ def plot_metric(
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     _line_plot(ax, data, "value")
+    annotate_key_counts(ax, df, data, task, metric)  # LongPPL: the key tokens behind each point
     if meaning.kind == "perplexity":
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))

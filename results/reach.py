@@ -15,8 +15,9 @@ effective length:
 - 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
   own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
   at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must be a
-  short length, at most ``short_length`` (default: a quarter of the trained context; NoLiMa's are 250-1K
-  tokens), and established: its Wilson lower bound at least ``MIN_BAR``; else no reach is claimed.
+  short length, at most ``short_length`` (default ``short_base_cap``: min(a quarter of the trained context,
+  ``SHORT_CAP`` 2048 tokens) — NoLiMa's bases are 250-1K tokens; never above ``SHORT_CAP``), and
+  established: its Wilson lower bound at least ``MIN_BAR``; else no reach is claimed.
 - 0/1 rates, ``rule="trained"``: at or above the baseline method's Wilson lower bound at the trained context —
   when that bound is itself at least ``MIN_BAR`` (the floor); a baseline that does not do the task at its
   trained context sets no bar, and no reach is claimed.
@@ -66,8 +67,10 @@ THEORY_TASK = "theory"
 # not retrieve more often than not even there, and "as good as the baseline" would claim every length
 # (0/16 -> bar 0).
 MIN_BAR = 0.5
-# NoLiMa's base is a short-context score (250-1K tokens): by default at most this share of the trained context
+# NoLiMa's base is a short-context score (250-1K tokens): at most this share of the trained context, and at
+# most SHORT_CAP tokens whatever the trained context (a quarter of 128K, 32K, is no short context)
 SHORT_SHARE = 0.25
+SHORT_CAP = 2048
 PASS, FAIL, OPEN = "pass", "failed", "not established"
 NOT_ESTABLISHED = "not established (n too small)"
 
@@ -204,7 +207,7 @@ def bar_text(threshold: float | str, short: bool = False) -> str:
     )
 
 
-def check_rules(threshold: float | str, tolerance: float) -> float:
+def check_rules(threshold: float | str, tolerance: float, short_length: int | None = None) -> float:
     """Bad rule parameters are a user error, not a silently empty column. Returns the bar as a number (see
     :func:`bar_value`)."""
     bar = bar_value(threshold)
@@ -212,7 +215,20 @@ def check_rules(threshold: float | str, tolerance: float) -> float:
         raise ResultsError(
             f"tolerance must be a fraction >= 0 (0.1 = +10%), got {tolerance!r} — e.g. tolerance=0.1"
         )
+    if short_length is not None and not (
+        isinstance(short_length, int) and not isinstance(short_length, bool) and 0 < short_length <= SHORT_CAP
+    ):
+        raise ResultsError(
+            f"short_length must be a length in tokens from 1 to {SHORT_CAP} (NoLiMa's base is a short "
+            f"context: 250-1K tokens in the paper), got {short_length!r} — e.g. short_length=1024"
+        )
     return bar
+
+
+def short_base_cap(trained_context: int | None) -> int | None:
+    """The longest length NoLiMa's base may be taken at by default: a quarter of the trained context, at most
+    ``SHORT_CAP`` tokens (None when the trained context is unknown)."""
+    return min(int(trained_context * SHORT_SHARE), SHORT_CAP) if trained_context else None
 
 
 def _no_reference(tc: int | None, metric: str) -> str:
@@ -336,8 +352,8 @@ def _rate_short(s: Setting) -> Verdicts:
         )
     if short > s.short_length:
         return Verdicts(
-            f"not computed: NoLiMa's base needs a length ≤ {s.short_length} (a quarter of the trained "
-            f"context); the shortest tested is {short} — add a length ≤ {s.short_length}",
+            f"not computed: NoLiMa's base needs a length ≤ {s.short_length} (min(a quarter of the trained "
+            f"context, {SHORT_CAP})); the shortest tested is {short} — add a length ≤ {s.short_length}",
             reference_length=short,
             reference_value=base.estimate,
         )
@@ -449,8 +465,8 @@ def effective_length(
     without them), ``predicted_limit`` the longest distance it was checked to (a ``predicted_reach`` equal to
     it means "at least").
     Rows: per model, the baseline first. ``trained_context``: an int or {model: int}; default: what the rows
-    record (see the module doc). ``short_length``: the longest length NoLiMa's base may be taken at
-    (default: a quarter of the trained context).
+    record (see the module doc). ``short_length``: the longest length NoLiMa's base may be taken at, at most
+    ``SHORT_CAP`` (2048; default: min(a quarter of the trained context, 2048) — NoLiMa's bases are 250-1K).
 
     Which rules apply is the metric's declaration (``meaning``; see :mod:`results.meaning`): a metric that
     declares no reach, or not this rule, is a ResultsError.
@@ -491,7 +507,7 @@ def _effective_length(
     short_length: int | None,
     **where: Any,
 ) -> pd.DataFrame:
-    threshold = check_rules(threshold, tolerance)
+    threshold = check_rules(threshold, tolerance, short_length)
     check_trained_context(trained_context)
     metric = metric or default_metric(df, task)
     if rule not in RULE_NAMES:
@@ -526,7 +542,7 @@ def _effective_length(
         }
         tc = trained_context_of(setting_rows(df, info), trained_context, info["model"])
         ref_len = max((L for L in cells if tc and L <= tc), default=None)
-        short = short_length or (int(tc * SHORT_SHARE) if tc else None)
+        short = short_length or short_base_cap(tc)
         row = {
             **info,
             "metric": metric,

@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from ropebench.extend.owned_paths import OwnedDir, read_marker, safe_name
 
-from .comparisons import compare, paired_differences
+from .arguments import as_path, as_paths
+from .comparisons import MIXED_MARK, compare, paired_differences, stratum_differences
 from .frame import load
+from .longppl_report import longppl_lines
 from .meaning import declarations, undeclared_note
 from .overview import (
     MAX_COLUMNS,
@@ -47,25 +50,27 @@ from .plots import (
     plot_passkey,
     plot_perplexity,
 )
+from .ranges import excluded_note, within_range
 from .reach import (
     DEFAULT_BAR,
     NOLIMA_FRACTION,
     THEORY_TASK,
     bar_text,
     check_rules,
+    check_trained_context,
     effective_length,
     load_theory,
     recorded_contexts,
     rules_of,
 )
 from .stats import MIN_INFORMATIVE_PAIRS, MIN_T_UNITS, PAIRED_CLUSTERS, PAIRED_RATES, PAIRED_T, t975
-from .store import REPORT_INDEX, ResultsError, atomic_write_text, check_path_text, is_ropebench_dir
+from .store import ResultsError, atomic_write_text, check_path_text, legacy_owned_files
+from .strata_report import detectable_note, per_distance_table, power_phrase, where_line
 from .tables import (
     IDENTITY,
     fmt_interval,
     fmt_number,
     is_unit,
-    out_of_range,
     select,
     shared,
     table,
@@ -73,6 +78,7 @@ from .tables import (
     to_latex,
     to_markdown,
 )
+from .timing import time_section
 
 HEADLINE_LINES = 5
 BASELINE = "plain"
@@ -130,6 +136,7 @@ class _Report:
         self, name: str, caption: str, shown: pd.DataFrame, numeric: pd.DataFrame | None = None
     ) -> None:
         """md/tex from the display table (may hold "mean [lo, hi]" strings), csv from the numeric one."""
+        name = safe_name(name)  # task entries and metrics are user text: the file stays in tables/
         stem = self.tables / name
         to_markdown(shown, stem.with_suffix(".md"), caption=caption)
         to_latex(shown, stem.with_suffix(".tex"), caption=caption, label=f"tab:{name}")
@@ -142,6 +149,7 @@ class _Report:
         ]
 
     def add_plot(self, name: str, title: str, fn, *args, **kwargs) -> None:
+        name = safe_name(name)  # made from user text (task, model, corpus): the file stays in plots/
         path = self.plots / f"{name}.png"
         try:
             plot = fn(*args, path, **kwargs)
@@ -180,15 +188,24 @@ class _Evidence:
     """The quantities, paired differences to the baseline and reach verdicts of the run."""
 
     def __init__(self, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float):
+        self.excluded = excluded_note(ok)  # values outside their declared range: counted, then left out
+        ok = within_range(ok)
         self.ok, self.tc, self.seed = ok, tc, seed
         self.threshold, self.tolerance = threshold, tolerance
         self.qs: Quantities = quantities(ok)
         self.diffs: dict[Quantity, pd.DataFrame] = {}
+        self.strata: dict[Quantity, pd.DataFrame] = {}  # per needle distance, where rows sit at several
         for q in self.qs.values:
             try:
                 self.diffs[q] = paired_differences(ok, q.task, q.metric, BASELINE, seed=seed)
+                by = stratum_differences(ok, q.task, q.metric, BASELINE, seed=seed)
             except ResultsError:  # no baseline rows for this task: no differences
-                pass
+                continue
+            if by is not None:
+                self.strata[q] = by
+        # a method's factor where one method ran at one factor (comparisons by method alone carry none)
+        one = ok.groupby("method")["factor"].nunique(dropna=False) == 1 if len(ok) else pd.Series(dtype=bool)
+        self.factors = {str(m): ok.loc[ok["method"] == m, "factor"].iloc[0] for m in one[one].index}
         self.reach: dict[tuple[Quantity, str], pd.DataFrame | str] = {}
         for q in self.qs.reaches:
             for rule in rules_of(q.meaning):
@@ -311,6 +328,8 @@ def _difference_line(ev: _Evidence, q: Quantity) -> str | None:
     else:
         p_text = f", {first['interval']} interval excludes {1 if null else 0}"
     n = _units_text(first["n"], q.meaning.independent_unit)
+    power = power_phrase(at_side)
+    p_text += f", {power}" if power else ""
     return f"{who} {verb} {BASELINE} on {q.task} {q.metric} {where}: {values} (n = {n}{p_text}{rows_note})."
 
 
@@ -347,20 +366,35 @@ def _rule_short(kind: str, rule: str, threshold: float, tolerance: float) -> str
 def _headline(ev: _Evidence) -> list[str]:
     """At most ``HEADLINE_LINES`` lines: the significant differences first, then the established reaches;
     or one line saying nothing is, and what the run would need."""
-    diffs = [line for q in ev.qs.values if (line := _difference_line(ev, q))]
+    diffs = [line for q in ev.qs.values if (line := _stratified_line(ev, q) or _difference_line(ev, q))]
     reaches = [line for (q, rule) in ev.reach if (line := _reach_line(ev, q, rule))]
     lines = diffs[:3] + reaches[:2]  # the differences first; the reaches fill in
     lines = (lines + diffs[3:] + reaches[2:])[:HEADLINE_LINES]
     if lines:
         return [f"- {line}" for line in lines]
     most = max((int(d["informative"].max()) for d in ev.diffs.values() if len(d)), default=0)
+    could = detectable_note(ev.qs.values, ev.diffs)
     return [
         (
             f"Nothing is significant and no reach is established: a paired difference needs at least "
             f"{MIN_INFORMATIVE_PAIRS} independent units that differ between the settings (this run has at "
             f"most {most}); more documents, trials or haystacks per length would decide it."
+            + (f" {could}" if could else "")
         )
     ]
+
+
+def _stratified_line(ev: _Evidence, q: Quantity) -> str | None:
+    """Where rows sit at several needle distances and the pooled difference may not stand for them (a
+    distance significantly the other way, or only single distances significant): where each setting wins and
+    loses (results/strata.py). None: the pooled line speaks for every distance."""
+    by, pooled = ev.strata.get(q), ev.diffs.get(q)
+    if by is None or pooled is None:
+        return None
+    mixed = pooled["mixed"].astype(bool).any() if "mixed" in pooled.columns else False
+    if not mixed and pooled["significant"].astype(bool).any():
+        return None
+    return where_line(q, pooled, by, BASELINE, ev.factors)
 
 
 # -- sections ------------------------------------------------------------------------------------------------
@@ -376,7 +410,8 @@ def _summary(r: _Report, ev: _Evidence) -> None:
     r.add_table(
         "summary",
         "One row per setting: value [95% interval] n (independent units), * = significant paired difference "
-        f"to {BASELINE}, reach = effective length (legend below)",
+        f"to {BASELINE} (unmarked: the difference its test would mark with 80% power; {MIXED_MARK}: needle "
+        "distances significantly apart, no pooled mark), reach = effective length (legend below)",
         shown,
         numeric,
     )
@@ -386,9 +421,8 @@ def _summary(r: _Report, ev: _Evidence) -> None:
     note = undeclared_note(declarations(ev.ok))
     if note:
         r.md += [note, ""]
-    flagged = _out_of_range(ev.ok)
-    if flagged:
-        r.md += [flagged, ""]
+    if ev.excluded:
+        r.md += [ev.excluded, ""]
 
 
 def _footnote(dropped: list[tuple[str, str]]) -> str:
@@ -398,18 +432,6 @@ def _footnote(dropped: list[tuple[str, str]]) -> str:
     if room:
         parts.append(f"{', '.join(room)} (no room in {MAX_COLUMNS} columns: in their task's section)")
     return "; ".join(parts)
-
-
-def _out_of_range(ok: pd.DataFrame) -> str | None:
-    """One line naming the values that break their metric's declared range (None when every value fits)."""
-    bad = out_of_range(ok)
-    if bad is None or len(bad) == 0:
-        return None
-    parts = []
-    for (t, m), g in bad.groupby(["task", "metric"], sort=True):
-        vals = ", ".join(f"{v:g}" for v in sorted(set(g["value"].astype(float)))[:3])
-        parts.append(f"{t}/{m} ({len(g)} row{'s' if len(g) != 1 else ''}: {vals})")
-    return "Out of range: " + "; ".join(parts) + " — outside the metric's declared range; check the task."
 
 
 def _differences(r: _Report, ev: _Evidence) -> None:
@@ -436,10 +458,15 @@ def _differences(r: _Report, ev: _Evidence) -> None:
         caption += f"; {where}" if where else ""
         r.add_table(
             f"{q.task}_{q.metric}_vs_{BASELINE}",
-            f"{caption}; n = {unit}s (independent units) [95% interval: {', '.join(kinds)}]",
+            f"{caption}; n = {unit}s (independent units) [95% interval: {', '.join(kinds)}]; unmarked: the "
+            "difference the test would mark with 80% power (legend)"
+            + (f"; {MIXED_MARK}: needle positions disagree (table below)" if q in ev.strata else ""),
             shown,
             numeric,
         )
+        if q in ev.strata:
+            shown_by, numeric_by, caption_by = per_distance_table(q, ev.strata[q], BASELINE, ev.factors)
+            r.add_table(f"{q.task}_{q.metric}_vs_{BASELINE}_by_distance", caption_by, shown_by, numeric_by)
 
 
 def _reach(r: _Report, ev: _Evidence) -> set[tuple[str, str]]:
@@ -579,6 +606,7 @@ def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
     for q in shown:
         _metric_table(r, ok, q, references, ev.seed)
     _withheld_longppl(r, ok, task)
+    r.md += longppl_lines(ok, task)  # evaluator, selection, settings, key-token counts, limits
     details = [q for q in ev.qs.details if q.task == task]
     for q in details:
         t = table(ok, task, q.metric)
@@ -614,7 +642,7 @@ def _metric_table(r: _Report, ok: pd.DataFrame, q: Quantity, references: dict, s
     d = q.meaning
     better = {"higher": "higher is better", "lower": "lower is better"}.get(d.direction, "no direction")
     how = {
-        "log": f"skew-robust t over units on the log scale (results.stats.skew_t), none below {MIN_T_UNITS}",
+        "log": f"skew_t (results.stats.skew_t: skew-robust t on the log scale), none below {MIN_T_UNITS}",
         "rate": "Wilson",
         "mean": f"t over units, none below {MIN_T_UNITS}",
     }[q.kind]
@@ -750,18 +778,19 @@ def report(
     own 0.856, Llama-2-7B's 4K average over its 13 tasks).
     """
     threshold = check_rules(threshold, tolerance)
-    paths = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(p) for p in run_dirs]
-    if not paths:
-        raise ResultsError("no run directory given — pass a run directory or a list of them")
+    paths = as_paths(run_dirs, "run directory", "results.report('runs/demo')")
+    if out is not None:
+        out = as_path(out, "report directory", "results.report('runs/demo', out='reports/demo')")
+    check_trained_context(trained_context)
     df = load(paths)  # bad records are named first; then where the report may go
     theory = load_theory(paths)  # the sweep's theory rows, kept beside the records
     if len(theory):
         df = pd.concat([df, theory], ignore_index=True)
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent)
-    check_report_dir(out)
+    owned = check_report_dir(out)
     with _staging(out) as staging, shared():  # each comparison computed once (memo.py)
         _write_report(_Report(staging), df, paths, trained_context, threshold, tolerance, seed)
-        _commit(staging, out)
+        _commit(staging, out, owned)
     return out / "report.md"
 
 
@@ -808,52 +837,27 @@ def _write_report(
         for task in tasks:
             _task_section(r, ev, task)
         _legend(r, ev, rules)
+    time_section(r, df)  # results/timing.py: the cells' recorded wall per task and setting
     r.md += _failures(df)
     atomic_write_text(r.out / "report.md", "\n".join(r.md))
 
 
 # -- where the report is written: never over a file ropebench did not write ----------------------------------
-REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
-
-
-def check_report_dir(out: Path) -> None:
-    """The report goes into a new or empty directory, or one ropebench made (a run directory, an earlier
-    report's): like the sweep's --out and --fresh, it never writes into a directory of the user's."""
+def check_report_dir(out: Path) -> OwnedDir:
+    """The report goes into a new or empty directory, or one ropebench made (a valid marker, or a run or
+    report directory from before the marker: extend/owned_paths.py): like the sweep's --out and --fresh, it
+    never writes into a directory of the user's. Writes nothing."""
     check_path_text(out, "report directory")
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ResultsError(f"report directory {out} is not a directory — pass a new directory (--out DIR)")
-    if out.is_dir() and any(out.iterdir()) and not is_ropebench_dir(out):
-        raise ResultsError(
-            f"report directory {out} is a non-empty directory ropebench did not make — pass a new or "
-            f"empty directory (--out DIR); ropebench never writes into other directories"
-        )
+    return OwnedDir.open(out, "report directory", error=ResultsError, adopt=legacy_owned_files)
 
 
 def report_files(out: Path) -> set[Path]:
-    """Files in ``out`` an earlier report wrote: those its index lists, or (a report from before the index)
-    its ``report.md`` and the tables and plots that report links to."""
-    index = out / REPORT_INDEX
-    try:
-        listed = json.loads(index.read_text(encoding="utf-8")).get("files", [])
-        return {
-            out / f
-            for f in listed
-            if isinstance(f, str) and not Path(f).is_absolute() and ".." not in Path(f).parts
-        }
-    except (OSError, ValueError, AttributeError, RecursionError):
-        pass
-    report_md = out / "report.md"
-    try:
-        text = report_md.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    if not text.startswith("# ropebench report"):
-        return set()
-    linked = {report_md}
-    for folder, stem, _ in REPORT_LINK.findall(text):
-        suffixes = (".md", ".csv", ".tex") if folder == "tables" else (".png",)
-        linked.update(out / folder / f"{stem}{s}" for s in suffixes)
-    return linked
+    """Files in ``out`` ropebench wrote, as its marker lists them (or, made before the marker, as
+    :func:`results.store.legacy_owned_files` finds them)."""
+    files = read_marker(out)
+    if files is None:
+        files = legacy_owned_files(out) or {}
+    return {out / rel for rel in files}
 
 
 class _staging:
@@ -883,27 +887,12 @@ class _staging:
                     break
 
 
-def _commit(staging: Path, out: Path) -> None:
+def _commit(staging: Path, out: Path, owned: OwnedDir | None = None) -> None:
     """Move the staged files into ``out`` — after checking that none of them replaces a file ropebench did not
-    write (then nothing is moved). report.md goes last, so it never links to a file not yet there."""
+    write or one changed since (then nothing is moved). Each file is listed in the marker (with its hash) as
+    it is moved; report.md goes last, so it never links to a file not yet there."""
+    owned = owned if owned is not None else check_report_dir(out)
     staged = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
-    ours = report_files(out)
-    for rel in staged:
-        dest = out / rel
-        for folder in list(reversed(rel.parents))[1:]:
-            if (out / folder).is_symlink() or ((out / folder).exists() and not (out / folder).is_dir()):
-                raise ResultsError(
-                    f"{out / folder} is not a directory ropebench made — move it away, or pass another --out"
-                )
-        if (dest.exists() or dest.is_symlink()) and dest not in ours:
-            raise ResultsError(
-                f"{dest} exists and ropebench did not write it — move it away, or pass another "
-                f"--out (ropebench never replaces a file it did not write)"
-            )
-    kept = sorted(str(p.relative_to(out)) for p in ours if p.is_file() and p.name != REPORT_INDEX)
-    files = sorted(set(kept) | {str(rel) for rel in staged})
-    # the index first: a kill while moving leaves files it already names (ours to replace next time)
-    atomic_write_text(out / REPORT_INDEX, json.dumps({"files": files}, indent=1) + "\n")
+    owned.check(staged)
     for rel in sorted(staged, key=lambda r: r == Path("report.md")):
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / rel, out / rel)
+        owned.place(rel, staging / rel)

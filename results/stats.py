@@ -190,6 +190,13 @@ def weighted_t(x: np.ndarray, weights: np.ndarray | None) -> tuple[float, float]
 # both chosen by simulation (tests/results/test_interval_calibration.py).
 SKEW_DOF_SHARE = 0.65
 SKEW_MAX_STRETCH = 1.5
+# skew_t is a two-sided 95% interval whose misses are not split evenly: where the units are skewed, almost all
+# fall on the side the skew points to (the upper bound of right-skewed log perplexities). Read alone, either
+# bound errs at most this often in the simulated populations (tests/results/test_interval_calibration.py:
+# up to 0.057 at n = 4-6, skewness 2, equal tokens; the other bound under 0.01): a 94% one-sided bound, not
+# the 97.5% a symmetric interval's bound would be. Hall's correction cannot balance it at small n: the samples
+# that miss are those that drew none of the rare large values, so they do not look skewed.
+SKEW_T_ONE_SIDED_MISS = 0.06
 
 
 def _betainc(a: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -412,6 +419,13 @@ class Paired:
     p: float = math.nan  # the exact test's p-value where there is one (McNemar; the clusters' sign-flip)
     rows: int | None = None  # paired rows (questions) behind it; None: n
     unit: str = ""  # what one independent unit is (the metric's declared independent_unit)
+    # Power (results/power.py): the smallest true difference the test marks with 80% probability at this n
+    # and observed spread (a difference; for a ratio the factor f >= 1: a ratio beyond f or 1/f); nan where
+    # none is computable, and ``cannot`` then says why nothing could be marked at all ("" when it could)
+    detectable: float = math.nan
+    cannot: str = ""
+    se: float = math.nan  # standard error of the contrasts' mean, on the test's scale (log for a ratio)
+    sd: float = math.nan  # the clusters' contrasts' standard deviation (the sign-flip bound); nan otherwise
 
     def __post_init__(self):
         if self.rows is None:
@@ -482,11 +496,22 @@ def paired_interval(
         return Paired(est, math.nan, math.nan, m, informative, "none", null, unit=unit)
     z = _influence(kind, a, ea, how) - _influence(kind, b, eb, how)
     _, half = weighted_t(z, _pair_weights(m, wa, wb))
+    power = _t_power_fields(half, m, how)
     if how == "ratio":
-        return Paired(
-            est, est * math.exp(-half), est * math.exp(half), m, informative, PAIRED_T, null, unit=unit
-        )
-    return Paired(est, est - half, est + half, m, informative, PAIRED_T, null, unit=unit)
+        lo, hi = est * math.exp(-half), est * math.exp(half)
+        return Paired(est, lo, hi, m, informative, PAIRED_T, null, unit=unit, **power)
+    return Paired(est, est - half, est + half, m, informative, PAIRED_T, null, unit=unit, **power)
+
+
+def _t_power_fields(half: float, m: int, how: str) -> dict:
+    """A paired t's power fields (see :class:`Paired`): its standard error and detectable difference."""
+    from . import power
+
+    se = half / t975(m - 1)
+    if m < MIN_INFORMATIVE_PAIRS:
+        return {"se": se, "cannot": f"{m} pairs: a mark needs at least {MIN_INFORMATIVE_PAIRS} that differ"}
+    detectable = power.detectable_t(se, m - 1, t975(m - 1))
+    return {"se": se, "detectable": math.exp(detectable) if how == "ratio" else detectable}
 
 
 def _paired_rates(
@@ -498,7 +523,19 @@ def _paired_rates(
         return Paired(est, math.nan, math.nan, len(a), informative, "none", null, p, unit=unit)
     both, neither = int(((a == 1) & (b == 1)).sum()), int(((a == 0) & (b == 0)).sum())
     lo, hi = newcombe_paired(both, only_a, only_b, neither)
-    return Paired(est, lo, hi, len(a), informative, PAIRED_RATES, null, p, unit=unit)
+    power = _exact_power_fields(len(a), "pairs", "McNemar")
+    return Paired(est, lo, hi, len(a), informative, PAIRED_RATES, null, p, unit=unit, **power)
+
+
+def _exact_power_fields(k: int, units: str, test: str) -> dict:
+    """Where an exact test can not reach p < 0.05 at all (fewer than 6 units): why; else for McNemar the
+    detectable difference of the rates (results/power.py)."""
+    from . import power
+
+    if k < MIN_INFORMATIVE_PAIRS:
+        floor = power.exact_floor(k)
+        return {"cannot": f"{k} {units}: the exact {test} test's smallest p is {floor:.3g} (needs ≥ 6)"}
+    return {"detectable": power.mcnemar_delta(k)} if test == "McNemar" else {}
 
 
 def paired_clusters(
@@ -543,7 +580,24 @@ def paired_clusters(
     p = sign_flip_p(d, w, seed=seed)
     _, half = weighted_t(d, w)
     lo, hi = (est * math.exp(-half), est * math.exp(half)) if how == "ratio" else (est - half, est + half)
-    return Paired(est, lo, hi, k, informative, PAIRED_CLUSTERS, null, p, rows, unit)
+    power = _cluster_power_fields(d, half, k, how, bounded=kind == "rate")
+    return Paired(est, lo, hi, k, informative, PAIRED_CLUSTERS, null, p, rows, unit, **power)
+
+
+def _cluster_power_fields(d: np.ndarray, half: float, k: int, how: str, bounded: bool = False) -> dict:
+    """The cluster test's power fields: fewer than 6 clusters can not be marked (the sign-flip floor), else
+    the detectable difference from the contrasts' spread (results/power.py); inf where it is beyond any
+    possible difference (``bounded``: of two rates, at most 1)."""
+    from . import power
+
+    se, sd = half / t975(k - 1), float(np.std(d, ddof=1))
+    fields = {"se": se, "sd": sd, **_exact_power_fields(k, "clusters", "sign-flip")}
+    if "cannot" not in fields:
+        detectable = power.detectable_clusters(se, sd, k, t975(k - 1))
+        if bounded and how == "delta" and detectable >= 1:
+            detectable = math.inf
+        fields["detectable"] = math.exp(detectable) if how == "ratio" else detectable
+    return fields
 
 
 def _cluster_contrasts(kind: str, sa: np.ndarray, sb: np.ndarray, how: str) -> np.ndarray:
@@ -577,3 +631,25 @@ def unpaired_rate_interval(k1: float, n1: float, k2: float, n2: float) -> Paired
     """Difference of two rates known only as totals (no per-unit rows to pair): Newcombe's interval."""
     lo, hi = newcombe(k1, n1, k2, n2)
     return Paired(k1 / n1 - k2 / n2, lo, hi, int(min(n1, n2)), int(min(n1, n2)), "newcombe (unpaired)", 0.0)
+
+
+def paired_power(row) -> tuple[float, float]:
+    """(lower, upper) power bounds of one comparison (a row of ``results.paired_differences``: its
+    ``interval``, ``how``, ``estimate``, ``se``, ``sd`` and ``n``) for a true difference equal to its
+    estimate: the power behind a claim that size (6-12 clusters: simulated, both the same). nan where there
+    is no test."""
+    from . import power
+
+    interval, n = row.get("interval"), row.get("n")
+    if interval not in (PAIRED_T, PAIRED_CLUSTERS, PAIRED_RATES) or n is None or math.isnan(float(n)):
+        return math.nan, math.nan
+    estimate, se, sd = float(row["estimate"]), float(row.get("se", math.nan)), float(row.get("sd", math.nan))
+    if interval == PAIRED_RATES:
+        return power.power_bounds("McNemar", estimate, se=se, crit=math.nan, k=int(n))
+    shift = math.log(estimate) if row.get("how") == "ratio" and estimate > 0 else estimate
+    k = int(n)
+    if interval == PAIRED_CLUSTERS and power.MIN_DIFFERING <= k <= power.SIMULATE_UP_TO and sd > 0:
+        simulated = power.simulated_cluster_power(abs(shift) / sd, k, t975(k - 1))
+        return simulated, simulated
+    exact = "sign-flip" if interval == PAIRED_CLUSTERS else ""
+    return power.power_bounds(exact, shift, se=se, crit=t975(k - 1) if k > 1 else math.nan, sd=sd, k=k)

@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any, Self
 
 from ropebench.extend.errors import RopebenchError
+from ropebench.extend.owned_paths import APPENDED, OwnedDir, read_marker, sha256_of
 
 # Column order of the tidy table (docs/CONTRACTS.md). `cluster` (text: rows that share one independent unit,
 # e.g. the questions on one haystack), `distance` (tokens from the needle to the question) and `meaning` (the
-# metric's declaration, results/meaning.py) are optional: rows written before them load with None.
+# metric's declaration, results/meaning.py) are optional: rows written before them load with None, and so are
+# `cell_seconds` (the cell's wall time, start to finish, on every row of the cell; `seconds` is the row's own)
+# and `load_seconds` (the model load before the cell, on the first cell that load served, else 0).
 # `written`, `session` and `cell_rows` are bookkeeping added by the writer: the first two decide which copy
 # of a recomputed cell wins; `cell_rows` (how many rows of that cell the same write call holds) tells a
 # complete cell from one cut short by a kill or a full disk.
@@ -50,6 +53,8 @@ SCHEMA: tuple[str, ...] = (
     "n",
     "seed",
     "seconds",
+    "cell_seconds",
+    "load_seconds",
     "status",
     "error",
     "meaning",
@@ -195,6 +200,11 @@ class RecordWriter:
     """
 
     def __init__(self, run_dir: str | os.PathLike, rank: int | None = None):
+        if isinstance(run_dir, bytes) or not isinstance(run_dir, (str, os.PathLike)):
+            raise ResultsError(
+                f"RecordWriter takes a run directory path (str or pathlib.Path), got {type(run_dir).__name__}"
+                f" — e.g. results.RecordWriter('runs/mine')"
+            )
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +214,10 @@ class RecordWriter:
             "manifest.json" if not rank else f"manifest.rank{int(rank)}.json"
         )
         check_records_path(self.path)
+        if read_marker(self.run_dir) is not None:  # a sweep's: its marker lists what this writes
+            theory = "theory.json" if not rank else f"theory.rank{int(rank)}.json"  # results.reach's
+            names = [self.path.name, self.manifest_path.name, theory]
+            OwnedDir.open(self.run_dir, error=ResultsError).record(names, appended=True)
         # One id per writer instance: a resume creates a new writer, so rows of a recomputed cell
         # from the newest session replace the older ones on load.
         self.session = f"{time.time_ns():x}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -294,10 +308,16 @@ class RecordWriter:
 
     # -- manifest ---------------------------------------------------------------------------------
     def _read_manifest(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        """The manifest this run wrote before ({} when there is none); a file by that name that is not a
+        manifest of ropebench's is the user's and is never replaced."""
+        if not os.path.lexists(self.manifest_path):
             return {}
+        if owned_by_content(self.manifest_path) is not True:
+            raise ResultsError(
+                f"{self.manifest_path} exists and ropebench did not write it — move it away, or choose "
+                f"another run directory (ropebench never replaces a file it did not write)"
+            )
+        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
 
     def write_manifest(
         self,
@@ -359,7 +379,7 @@ class RecordWriter:
 # list, a length that is a string, a foreign file's rows) is skipped and counted, never guessed at.
 REQUIRED = ("task", "metric", "value")
 _TEXT = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error", "session")
-_NUMBER = ("factor", "depth", "value", "seconds")
+_NUMBER = ("factor", "depth", "value", "seconds", "cell_seconds", "load_seconds")
 _INTEGER = ("length", "trial", "distance", "n", "seed", "cell_rows")
 _TEXT_OR_INTEGER = ("cluster",)  # an id: a plugin's integer id reads as its text
 
@@ -544,29 +564,84 @@ def _first_line_is_ours(path: Path) -> bool:
 
 
 def is_ropebench_dir(path: str | os.PathLike) -> bool:
-    """A directory ropebench made: it holds a sweep's lock file, a manifest RecordWriter wrote, the index of a
-    report (``.ropebench-report.json``, the marker every report writes), or records RecordWriter wrote. Only
-    such a directory (or a new or empty one) is written into: ropebench never mixes its files into a directory
-    of the user's."""
-    path = Path(path)
-    # Only marker files ropebench writes decide ownership, never the first line of a file a user can copy
-    # (an annotated copy of a report.md keeps its "# ropebench report" line and must not be replaced).
-    if any(path.glob(".ropebench*.lock")) or (path / REPORT_INDEX).is_file():
-        return True
+    """A directory ropebench made: it holds a valid marker (``.ropebench-owned.json``, see
+    extend/owned_paths.py), or, made before the marker, files of ropebench's recognised by their content (see
+    :func:`legacy_owned_files`). Only such a directory (or a new or empty one) is written into."""
+    return read_marker(path) is not None or legacy_owned_files(Path(path)) is not None
+
+
+_LOCK_TEXT = re.compile(r"^(pid \d+ on .*, since .* UTC\n)?$")  # what the sweep's RunLock writes
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def owned_by_content(path: Path) -> bool | None:
+    """Whether a file the marker lists as "appended" is still ropebench's by its content (records whose first
+    line RecordWriter wrote, a manifest naming ropebench's version, theory rows that parse); None for the
+    sweep's lock file (left in place: it marks the run directory)."""
+    if path.name.startswith(".ropebench") and path.name.endswith(".lock"):
+        return None
+    if not _regular(path):
+        return False
+    if RECORDS_NAME.match(path.name):
+        return path.stat().st_size == 0 or _first_line_is_ours(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    if path.name.startswith("manifest"):
+        versions = data.get("versions") if isinstance(data, dict) else None
+        return isinstance(versions, dict) and "ropebench" in versions
+    return path.name.startswith("theory")
+
+
+def legacy_owned_files(path: Path) -> dict[str, str] | None:
+    """A directory ropebench made before the marker, recognised only by files whose content is ropebench's
+    (a file merely present, empty, unparsable or a symbolic link does not count): a sweep's lock file, a
+    manifest RecordWriter wrote, records RecordWriter wrote, or an old report index
+    (``.ropebench-report.json``) that parses. Returns those files (and what the old index lists, hashed as
+    they are now) for the marker, or None when nothing is ropebench's."""
+    files: dict[str, str] = {}
+    for lock in path.glob(".ropebench*.lock"):
+        try:
+            if _regular(lock) and lock.stat().st_size < 4096 and _LOCK_TEXT.match(lock.read_text("utf-8")):
+                files[lock.name] = APPENDED
+        except (OSError, ValueError):
+            continue
     for manifest in path.glob("manifest*.json"):
         try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
+            data = json.loads(manifest.read_text(encoding="utf-8")) if _regular(manifest) else None
         except (OSError, ValueError, RecursionError):
             continue
-        if (
-            isinstance(data, dict)
-            and isinstance(data.get("versions"), dict)
-            and "ropebench" in data["versions"]
-        ):
-            return True
-    return any(
-        _first_line_is_ours(f) for f in path.glob(RECORDS_GLOB) if RECORDS_NAME.match(f.name) and f.is_file()
-    )
+        versions = data.get("versions") if isinstance(data, dict) else None
+        if isinstance(versions, dict) and "ropebench" in versions:
+            files[manifest.name] = APPENDED
+    for f in path.glob(RECORDS_GLOB):
+        if RECORDS_NAME.match(f.name) and _regular(f) and _first_line_is_ours(f):
+            files[f.name] = APPENDED
+    index = path / REPORT_INDEX
+    try:
+        listed = json.loads(index.read_text(encoding="utf-8")).get("files") if _regular(index) else None
+    except (OSError, ValueError, AttributeError, RecursionError):
+        listed = None
+    if isinstance(listed, list):
+        files[REPORT_INDEX] = sha256_of(index)
+        for rel in listed:
+            inside = isinstance(rel, str) and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+            linked = inside and any((path / p).is_symlink() for p in Path(rel).parents)
+            if inside and not linked and _regular(path / rel):
+                files[Path(rel).as_posix()] = sha256_of(path / rel)
+    if not files:
+        return None
+    for log in path.glob("logs/*.log"):  # a failed cell's traceback, logs/<cell key>.log
+        if re.match(r"^[0-9a-f]{16}\.log$", log.name) and _regular(log) and not log.parent.is_symlink():
+            files[f"logs/{log.name}"] = sha256_of(log)
+    for name in ("theory.json", *(p.name for p in path.glob("theory.rank*.json"))):
+        if _regular(path / name):
+            files.setdefault(name, APPENDED)
+    return files
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> None:

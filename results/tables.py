@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from .arguments import as_path, check_frame
 from .meaning import Metric, declarations, fallback
+from .ranges import within_range
 from .stats import Interval, t975, wilson
 from .stats import cell_interval as stats_cell_interval
 from .store import ResultsError
@@ -252,9 +254,18 @@ def _no_interval(rows: pd.DataFrame, unit: str) -> Interval:
 
 
 def _as_list(x: str | Sequence[str] | None) -> list[str]:
+    """A column name or a list of them (rows=, cols=, by=) as a list."""
     if x is None:
         return []
-    return [x] if isinstance(x, str) else list(x)
+    if isinstance(x, str):
+        return [x]
+    if not isinstance(x, (list, tuple)) or not all(isinstance(c, str) for c in x):
+        shown = repr(x) if len(repr(x)) <= 40 else repr(x)[:37] + "..."
+        raise ResultsError(
+            f"rows, cols and by take a column name or a list of them, got {type(x).__name__} {shown} — "
+            f"e.g. rows='method', cols=['length']"
+        )
+    return list(x)
 
 
 def select(
@@ -304,6 +315,14 @@ def _select(
             f"{', '.join(metrics) or '(none: every row failed)'}"
         )
     sub = sub[sub["metric"] == metric]
+    if status_ok:  # a value outside its metric's declared range is no measurement (results/ranges.py)
+        kept = within_range(sub)
+        if len(sub) and not len(kept):
+            raise ResultsError(
+                f"every {task}/{metric} value ({len(sub)} rows) is outside the metric's declared range — "
+                f"check the task that wrote them"
+            )
+        sub = kept
     for col, want in where.items():
         if want is None:
             continue
@@ -547,8 +566,16 @@ def _numeric_column(cells: list[str]) -> bool:
     return all(_NUMERIC_CELL.match(c) for c in cells)
 
 
+def _check_table(t: Any, path: Any) -> None:
+    """A table from `table`/`compare` (a DataFrame) and, when given, a path: ResultsError otherwise."""
+    check_frame(t, "results.to_markdown(results.table(df, 'passkey', 'correct'), 'out.md')")
+    if path is not None:
+        as_path(path, "table file", "results.to_markdown(t, 'tables/passkey.md')")
+
+
 def to_markdown(t: pd.DataFrame, path: str | os.PathLike | None = None, caption: str | None = None) -> str:
     """GitHub markdown table (numbers right-aligned); also written to ``path`` when given."""
+    _check_table(t, path)
     header, body = _flat(t)
     nidx = len(t.index.names or [None])
     lines = []
@@ -570,6 +597,7 @@ def to_markdown(t: pd.DataFrame, path: str | os.PathLike | None = None, caption:
 
 def to_csv(t: pd.DataFrame, path: str | os.PathLike | None = None) -> str:
     """CSV with full precision (for spreadsheets and re-analysis)."""
+    _check_table(t, path)
     flat = t.copy()
     if isinstance(flat.columns, pd.MultiIndex):
         flat.columns = [" / ".join(map(str, c)) for c in flat.columns]
@@ -606,6 +634,7 @@ def to_latex(
     label: str | None = None,
 ) -> str:
     """A booktabs ``table`` environment (needs ``\\usepackage{booktabs}``)."""
+    _check_table(t, path)
     header, body = _flat(t)
     nidx = len(t.index.names or [None])
     spec = "".join(
@@ -632,6 +661,7 @@ def to_latex(
 
 def write_table(t: pd.DataFrame, stem: str | os.PathLike, caption: str | None = None) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv`` and ``stem.tex``; returns the paths by format."""
+    _check_table(t, stem)
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = {

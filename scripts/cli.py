@@ -8,6 +8,7 @@ command line to the CLI that owns the job and returns its exit code (bad input: 
                                (`python -m ropebench.extend.lm_eval`, without the task folder: the core
                                knows no tasks)
     ropebench bench ...        the speed and memory benchmarks (`python -m ropebench.benchmarks`)
+    ropebench export ...       a setting in the form transformers, vLLM or llama.cpp reads (docs/export.md)
 
     ropebench help COMMAND     that command's help (`ropebench COMMAND --help`)
 
@@ -52,6 +53,12 @@ def _lm_eval(argv: list[str]) -> int:
     return main(argv, tasks_dir=OUT_DIR)
 
 
+def _export(argv: list[str]) -> int:
+    from .export_cli import main
+
+    return main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     from ropebench.benchmarks.cli import main
 
@@ -68,6 +75,7 @@ SUBCOMMANDS = {
     "inspect": ("show a model's RoPE per layer type and what a method would change (config only)", _inspect),
     "lm-eval": ("run lm-eval's CLI with the `ropebench` model and ropebench's tasks registered", _lm_eval),
     "bench": ("measure speed and memory per method (benchmarks/BENCHMARKS.md)", _bench),
+    "export": ("write a RoPE setting as an engine's config (transformers, vllm, llama.cpp)", _export),
 }
 
 

@@ -34,10 +34,10 @@ from .kit import (
     fraction_open,
     optional_choice,
     optional_flag,
-    positive,
     run_cells,
 )
 from .scoring import continuation_logprobs
+from .sizes import DOC_COST, MAX_DOCS, MAX_TOKENS, TOKEN_COST, at_most
 
 ERAS = [
     (1790, 1860, "1790-1860"),
@@ -91,8 +91,8 @@ LABEL_TASKS = {
     "classification",
     options={
         "mode": choice("zero-shot", "many-shot"),
-        "num_docs": positive,
-        "excerpt_tokens": positive,
+        "num_docs": at_most(MAX_DOCS, DOC_COST),
+        "excerpt_tokens": at_most(MAX_TOKENS, TOKEN_COST),
         "demo_fraction": fraction_open,
         "label": optional_choice(*LABEL_TASKS),
         "add_bos": optional_flag,

@@ -16,15 +16,19 @@ its second half), so key tokens at L > C can only be those whose evidence lies w
 task_options.key_evidence_within = C). Within C this is the package's definition exactly
 (tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`).
 
-The selection: with evaluator "self" the package's rule would pick tokens partly for the baseline's own low
-loss, so the default there is `split="positions"`, a cross-fitted split sample (`split_sample`): the
-positions fall in alternate blocks of sliding_window tokens, each half's key tokens are chosen by the
-package's verdicts on the other half, and both halves are scored. A named evaluator keeps the package's rule
-(`split="none"`, also available for "self" to compare with the package).
+The selection is the paper's, per token, and the evaluator's alone: one set of key tokens per document
+(and settings), found once and shared by every setting of a sweep (the cache below), so the key tokens never
+depend on the setting scored. It is symmetric in any two settings neither of which is the evaluator. With
+evaluator "self" the evaluator is the unpatched model, i.e. plain on the shipped RoPE: its own losses select
+the tokens, which favours it in a comparison with plain (rows of that setting carry
+task_options.key_tokens.evaluator_is_setting = true and the report says so; `ropebench bench longppl-bias`
+measures the size of that bias by the swap test). A named evaluator (key_tokens.evaluator, as in the paper)
+is symmetric in every pair. The old split-sample selection (string matches across position halves) is gone:
+it scored mostly function words, not key tokens (issue 37).
 
 Defaults (the rule at SHORT_FRACTION below): trunc_len T/32, sliding_window T/64 (T: the trained context in
 force, the one the rows record), alpha by the evaluator's size (0.5 up to 1B parameters, the package's 2 from
-7B), beta -2, split by the evaluator (above). A length's `longppl` is written only when its key tokens over
+7B), beta -2, the evaluator "self". A length's `longppl` is written only when its key tokens over
 all documents reach MIN_KEY_TOKENS; `longppl_key_tokens` says how many there were at every length.
 
 Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2))
@@ -41,20 +45,34 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from .common import record
 from .errors import TaskError
+from .loss_fit import (  # noqa: F401  (re-exported: tasks.key_tokens.power_law_fit and the rest stay valid)
+    B_RANGE,
+    CHI2_1,
+    FIT_LEVEL,
+    MIN_FIT_BINS,
+    MIN_FIT_DOCS,
+    PowerLawFit,
+    bin_starts,
+    position_bins,
+    power_law_fit,
+)
 from .scoring import token_nll
 
 REFERENCE_CONTEXT = 32768  # the text length the package's defaults were set for
 PACKAGE_DEFAULTS = {"trunc_len": 4096, "sliding_window": 1024, "alpha": 2.0, "beta": -2.0}
-KEYS = (*PACKAGE_DEFAULTS, "evaluator", "split")
+KEYS = (*PACKAGE_DEFAULTS, "evaluator")
 SELF = "self"
-SPLITS = ("none", "positions")
+SELECTION = (
+    "the paper's per-token rule on the evaluator's losses: short-context loss - long-context loss > alpha "
+    "and long-context loss < -beta; one set of key tokens per document, the same for every setting"
+)
 
 # The default rule (docs/tasks.md, "Key-token perplexity"): the short context is 1/32 of the trained context
 # T in force, so a text of T/4 tokens has the package's 1:8 of short to long context (4096 of 32K); a short
@@ -74,11 +92,13 @@ MIN_KEY_TOKENS = 30
 # ---------------------------------------------------------------------------------------------- settings
 def option_problem(value) -> str | None:
     """Why `value` is not a valid `key_tokens` option (None when it is): null/false (off), true (every
-    default) or a mapping of some of trunc_len, sliding_window, alpha, beta, evaluator, split."""
+    default) or a mapping of some of trunc_len, sliding_window, alpha, beta, evaluator."""
     if value is None or isinstance(value, bool):
         return None
     if not isinstance(value, dict):
         return f"must be true or a mapping of {', '.join(KEYS)} — e.g. {{trunc_len: 1024, evaluator: self}}"
+    if "split" in value:  # the option of the removed split-sample selection
+        return "split is no longer an option: longppl always uses the paper's per-token rule (docs/tasks.md)"
     unknown = sorted(set(value) - set(KEYS), key=str)
     if unknown:
         return f"has unknown key {unknown[0]!r} — use {', '.join(KEYS)}"
@@ -96,12 +116,15 @@ def option_problem(value) -> str | None:
             f"alpha={alpha!r} must be >= 0: a key token is one the long context makes more likely (the "
             "package uses 2)"
         )
+    beta = value.get("beta")
+    if beta is not None and beta >= 0:  # a loss is never negative: no token could qualify
+        return (
+            f"beta={beta!r} must be below 0: a key token's long-context loss must be below -beta = "
+            f"{-beta + 0.0:g}, and a loss is never below 0 — the package uses beta -2"
+        )
     evaluator = value.get("evaluator")
     if evaluator is not None and (not isinstance(evaluator, str) or not evaluator.strip()):
         return f"evaluator={evaluator!r} must be 'self' or a model (hub id, local path, .gguf or alias)"
-    split = value.get("split")
-    if split is not None and split not in SPLITS:
-        return f"split={split!r} must be one of {', '.join(SPLITS)}"
     return None
 
 
@@ -124,7 +147,6 @@ class Settings:
     alpha: float
     beta: float
     evaluator: str  # "self" or an extend.load spec
-    split: str = "none"  # "positions": the split sample (`split_sample`; resolve's default for self)
 
 
 def default_alpha(parameters: int | None) -> float:
@@ -137,8 +159,7 @@ def default_alpha(parameters: int | None) -> float:
 
 def resolve(value, trained_context: int, parameters: int | None = None) -> Settings:
     """The settings of option `value`, missing ones from the default rule: trunc_len T/32, sliding_window
-    T/64 (T = `trained_context`, the one in force), alpha by the evaluator's `parameters`, beta -2, split
-    "positions" for evaluator "self" and "none" for a named one (`default_split`)."""
+    T/64 (T = `trained_context`, the one in force), alpha by the evaluator's `parameters`, beta -2."""
     problem = option_problem(value)
     if problem:
         raise TaskError(f"perplexity option key_tokens {problem}")
@@ -149,14 +170,7 @@ def resolve(value, trained_context: int, parameters: int | None = None) -> Setti
         alpha=float(given.get("alpha", default_alpha(parameters))),
         beta=float(given.get("beta", PACKAGE_DEFAULTS["beta"])),
         evaluator=evaluator_spec(value),
-        split=given.get("split") or default_split(evaluator_spec(value)),
     )
-
-
-def default_split(evaluator: str) -> str:
-    """The split-sample selection when the evaluator is the evaluated model ("self": its own losses would
-    select the tokens it is scored on), the package's rule for a separate evaluator."""
-    return "positions" if evaluator == SELF else "none"
 
 
 def in_force(model) -> int:
@@ -339,58 +353,14 @@ def find_key_spans(
     with unpatched(ev.model) if ev.is_self and reuse is None else contextlib.nullcontext():
         long = long_losses(ev.model, ids, trunc, ev.context, chunk_size, reuse)
         short = short_losses(ev.model, ids, trunc, settings.sliding_window, chunk_size)
-    key = ((short - long) > settings.alpha) & (long < -settings.beta)
-    raw = merge_touching([offsets[i] for i in key.nonzero().flatten().tolist()])
-    return split_spans(text, raw, settings, ev.tokenizer) if settings.split == "positions" else raw
-
-
-def split_sample(key: torch.Tensor, offsets, text: str, trunc: int, window: int) -> torch.Tensor:
-    """Key tokens by a cross-fitted split sample: the positions >= trunc fall in alternate blocks of `window`
-    tokens (halves 0 and 1; a block shares one short window). A token of one half is key when its string is
-    the string of a key token (by the package's rule) of the other half, and it occurs in the text before the
-    token's short window (so its evidence lies only in the long context). Each half is selected by the other
-    and both are scored, so every key token is scored once and selected without its own loss: which tokens of
-    a half are key never depends on the evaluator's losses on that half, so its own errors there cannot favour
-    it (self = the baseline).
-
-    One pass over the tokens, then one search of the text per distinct string asked about, up to the furthest
-    point asked (its first occurrence there: the string lies before a position exactly when that occurrence
-    ends there), where a prefix scan per token was quadratic."""
-    n = len(offsets)
-    strings = [text[s:e] for s, e in offsets]
-    half = [((i - trunc) // window) % 2 if i >= trunc else -1 for i in range(n)]
-    keyed: list[set] = [set(), set()]
-    for i in key.nonzero().flatten().tolist():
-        if strings[i].strip():
-            keyed[half[i]].add(strings[i])
-    asked = []  # (token, where its short window starts in the text): tokens whose string the other half keyed
-    furthest: dict[str, int] = {}
-    for i in range(trunc, n):
-        if strings[i] in keyed[1 - half[i]]:
-            start = ((i - trunc) // window) * window  # the token's short window starts here (the package's)
-            asked.append((i, offsets[start][0]))
-            furthest[strings[i]] = max(furthest.get(strings[i], 0), offsets[start][0])
-    first_end = {}  # where the string first occurs in text[:furthest] ends (inf: not there)
-    for string, limit in furthest.items():
-        at = text.find(string, 0, limit)
-        first_end[string] = at + len(string) if at >= 0 else math.inf
-    out = [False] * n
-    for i, before in asked:
-        out[i] = first_end[strings[i]] <= before
-    return torch.tensor(out, dtype=torch.bool)
-
-
-def split_spans(text: str, raw: list, settings: Settings, tokenizer) -> list[list[int]]:
-    """The split-sample key spans (`split_sample`) from the package's key spans `raw` of the same text, in the
-    evaluator's tokens (its BOS as its own encoding puts it). One path whether `raw` was just computed or
-    read from the cache, so the result never depends on the cache."""
-    from .common import special_prefix
-
-    _, offsets = encode_with_offsets(tokenizer, text, special_prefix(tokenizer))
-    if len(offsets) <= settings.trunc_len:
-        return []
-    key = split_sample(key_mask(raw, offsets), offsets, text, settings.trunc_len, settings.sliding_window)
+    key = paper_rule(short, long, settings.alpha, settings.beta)
     return merge_touching([offsets[i] for i in key.nonzero().flatten().tolist()])
+
+
+def paper_rule(short: torch.Tensor, long: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """The paper's per-token rule (`longppl.find_key_token`): the long context lowers the loss by more than
+    alpha (LSD) and the long-context loss is below -beta (LCL). NaN losses (no short window) are never key."""
+    return ((short - long) > alpha) & (long < -beta)
 
 
 _MEMORY: dict[str, list] = {}
@@ -415,11 +385,7 @@ def key_spans(text: str, settings: Settings, ev: Evaluator, *, chunk_size: int =
     try:
         spans = json.loads(path.read_text())["spans"]
     except (OSError, ValueError, KeyError, TypeError):
-        if settings.split == "positions":  # from the package's selection, itself cached (the forwards once)
-            raw = key_spans(text, replace(settings, split="none"), ev, chunk_size=chunk_size, shared=shared)
-            spans = split_spans(text, raw, settings, ev.tokenizer)
-        else:
-            spans = find_key_spans(text, settings, ev, chunk_size=chunk_size, shared=shared)
+        spans = find_key_spans(text, settings, ev, chunk_size=chunk_size, shared=shared)
         _write_atomic(
             path,
             {
@@ -435,12 +401,18 @@ def key_spans(text: str, settings: Settings, ev: Evaluator, *, chunk_size: int =
 
 
 def _write_atomic(path: Path, payload: dict) -> None:
+    from ropebench.extend.errors import RopebenchError
+    from ropebench.extend.owned_paths import owned_cache
+
     try:
+        owned = owned_cache()  # never into a folder of the user's (ROPEBENCH_CACHE)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, path)
-    except OSError:  # a read-only cache costs a recomputation next time, nothing else
+        if path.parent.parent == owned.root:
+            owned.record([path.relative_to(owned.root)], appended=True)
+    except (OSError, RopebenchError):  # a read-only cache, a folder of the user's: recomputed next time
         pass
 
 
@@ -456,144 +428,6 @@ def key_mask(spans: list, offsets: list[tuple[int, int]]) -> torch.Tensor:
         torch.searchsorted(starts, tok[:, 0].contiguous(), right=True) - 1
     )  # the last span starting at or before the token
     return (last >= 0) & (reach[last.clamp(min=0)] >= tok[:, 1])
-
-
-# ------------------------------------------------------------------------------------------- loss by position
-FIT_LEVEL = 0.95  # the exponent's interval
-CHI2_1 = {0.95: 3.841458820694124}[FIT_LEVEL]  # the chi-square (1 dof) quantile of FIT_LEVEL
-B_RANGE = (0.0, 10.0)  # the exponent's search range (0 excluded)
-MIN_FIT_BINS = 6  # a fit of 3 parameters needs dof left to test its shape and scale its interval
-MIN_FIT_DOCS = 2  # one text's tokens drift together: their spread says nothing of another text's
-
-
-def bin_starts(end: int) -> list[int]:
-    """Half-octave bin starts 1, 2, 3, 4, 6, 8, 11, 16, ... (round(2^(k/2)), distinct) below `end`."""
-    starts, k = [], 0
-    while (s := round(2 ** (k / 2))) < end:
-        if not starts or s != starts[-1]:
-            starts.append(s)
-        k += 1
-    return starts
-
-
-def position_bins(first: int, end: int) -> list[tuple[int, int]]:
-    """(start, stop) of the bins holding the positions first..end-1, the first clipped to `first`."""
-    starts = bin_starts(end)
-    bounds = list(zip(starts, starts[1:] + [end], strict=True))
-    return [(max(s, first), e) for s, e in bounds if e > first]
-
-
-@dataclass(frozen=True)
-class PowerLawFit:
-    """loss(p) = a * p^-b + c fitted to bin means. `problem`: why the data cannot support the fit (then a, b,
-    c are what the search ended on, not a result to report); `b_interval`: FIT_LEVEL profile interval of b."""
-
-    a: float
-    b: float
-    c: float
-    b_interval: tuple[float, float] | None
-    chi2_per_dof: float
-    bins: int
-    problem: str | None = None
-
-
-def _bin_means_of_power(bins, exponents):
-    """M[j, i] = the mean of p^-exponents[j] over the integer positions of bin i (a number p: that point;
-    (start, stop): positions start..stop-1, exact up to 64 positions, else the midpoint-rule integral)."""
-    import numpy as np
-
-    b = np.asarray(exponents, float)[:, None]
-    cols = []
-    for item in bins:
-        if isinstance(item, (tuple, list)):
-            s, e = item
-            if e - s <= 64:
-                p = np.arange(s, e, dtype=float)
-                cols.append(np.exp(-b * np.log(p)[None, :]).mean(axis=1))
-            else:  # integral of p^-b over [s - 1/2, e - 1/2] / (e - s)
-                lo, hi = np.log(s - 0.5), np.log(e - 0.5)
-                one = 1.0 - b[:, 0]
-                near = np.abs(one) < 1e-9
-                safe = np.where(near, 1.0, one)
-                val = np.where(near, hi - lo, (np.exp(one * hi) - np.exp(one * lo)) / safe)
-                cols.append(val / (e - s))
-        else:
-            cols.append(np.exp(-b[:, 0] * np.log(float(item))))
-    return np.stack(cols, axis=1)
-
-
-def power_law_fit(x, y, weights=None) -> PowerLawFit | None:
-    """loss = a * p^-b + c by weighted least squares over bins, 0 < b <= 10 (None for fewer than 4 bins).
-
-    x: per bin a position or a (start, stop) range (the model is then averaged over the bin's positions, as
-    the bin mean is); weights: inverse variances of the bin means (default: equal, of the residuals' size).
-    For a given b the best a and c are a weighted linear solve; b is searched on a grid, then by golden
-    section. The interval of b is the profile one, {b : chi2(b) - chi2_min <= chi2_1(FIT_LEVEL) * s} with
-    s = max(1, chi2_min / (bins - 3)) (widened when the bins scatter more than their weights say; without
-    weights s = chi2_min / (bins - 3)). `problem` is set when the data do not bound b: the best b or the
-    interval at an end of the search range (there a and c diverge: near b = 0, a * p^-b + c ~ (a + c) -
-    a * b * ln p for any large a), or fewer than MIN_FIT_BINS bins."""
-    import numpy as np
-
-    y = np.asarray(y, float)
-    k = len(y)
-    if k < 4:
-        return None
-    w = np.ones(k) if weights is None else np.asarray(weights, float)
-    grid = np.linspace(*B_RANGE, 1001)[1:]
-
-    def chi2(bs):
-        m = _bin_means_of_power(x, bs)  # (len(bs), k)
-        sw = w.sum()
-        mx, my = (m * w).sum(1) / sw, (w * y).sum() / sw
-        dx, dy = m - mx[:, None], y - my
-        sxx, sxy = (w * dx * dx).sum(1), (w * dx * dy).sum(1)
-        a = sxy / np.where(sxx > 0, sxx, np.inf)
-        c = my - a * mx
-        r = y[None, :] - a[:, None] * m - c[:, None]
-        return (w * r * r).sum(1), a, c
-
-    profile, _, _ = chi2(grid)
-    j = int(np.argmin(profile))
-    lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(60):  # golden section between the best grid point's neighbours
-        m1, m2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        f1, f2 = chi2([m1, m2])[0]
-        lo, hi = (lo, m2) if f1 <= f2 else (m1, hi)
-    b = (lo + hi) / 2
-    best, a_arr, c_arr = chi2([b])
-    best, a, c = float(best[0]), float(a_arr[0]), float(c_arr[0])
-    dof = k - 3
-    # given weights are inverse variances (scaled up where the bins scatter more); without, the variance is
-    # the residuals' own
-    scale = (best / dof if weights is None else max(1.0, best / dof)) if dof > 0 else math.inf
-    threshold = CHI2_1 * scale
-    inside = profile - best <= threshold
-    left = right = j
-    while left > 0 and inside[left - 1]:
-        left -= 1
-    while right < len(grid) - 1 and inside[right + 1]:
-        right += 1
-    interval, problem = None, None
-    if not all(map(math.isfinite, (a, b, c, best))):
-        problem = "the fit did not converge"
-    elif k < MIN_FIT_BINS:
-        problem = f"{k} bins: a 3-parameter fit needs at least {MIN_FIT_BINS}"
-    elif left == 0 or right == len(grid) - 1:
-        problem = (
-            f"the data do not bound the exponent: its {FIT_LEVEL:.0%} interval reaches an end of the search "
-            f"range ({B_RANGE[0]:g}, {B_RANGE[1]:g}]"
-        )
-    else:
-
-        def edge(i_out, i_in):  # linear interpolation of the crossing between two grid points
-            f_out, f_in = profile[i_out] - best - threshold, profile[i_in] - best - threshold
-            t = f_out / (f_out - f_in) if f_out != f_in else 0.5
-            return float(grid[i_out] + t * (grid[i_in] - grid[i_out]))
-
-        interval = (min(edge(left - 1, left), b), max(edge(right + 1, right), b))
-    return PowerLawFit(a, b, c, interval, best / dof if dof > 0 else math.nan, k, problem)
 
 
 # -------------------------------------------------------------------------------------------- the task's hook
@@ -665,6 +499,9 @@ class PassExtras:
                 evaluator_context=self.evaluator.context,
                 trained_context=self.trained,
                 min_key_tokens=MIN_KEY_TOKENS,
+                selection=SELECTION,
+                # the evaluator's own losses chose the key tokens this setting is scored on: favours it
+                evaluator_is_setting=self.evaluator.is_self and as_loaded(self.model),
             )
         if self.by_position:
             out["loss_bins"] = "half-octave"
@@ -696,9 +533,8 @@ class PassExtras:
             else None
         )
         # the package's selection on the longest text: causal, so its part within a window is the selection on
-        # that window's text; the split sample is drawn per length from that part (`_masks`)
-        raw = replace(self.settings, split="none")
-        spans = key_spans(text, raw, self.evaluator, chunk_size=self.chunk_size, shared=shared)
+        # that window's text (`_masks`)
+        spans = key_spans(text, self.settings, self.evaluator, chunk_size=self.chunk_size, shared=shared)
         masks = self._masks(text, offsets, spans, per_length)
         key_seconds = time.perf_counter() - t0
         for L, (nll, secs) in per_length.items():
@@ -726,18 +562,11 @@ class PassExtras:
             )
 
     def _masks(self, text: str, offsets, spans: list, per_length: dict) -> dict[int, torch.Tensor]:
-        """{L: which of the window's text tokens are key}. The package's rule: its spans inside the window.
-        The split sample: drawn from the package's spans on the window's own text (cut after its last token),
-        so a length's key tokens never depend on text past it (nor on the other lengths of the run)."""
+        """{L: which of the window's text tokens are key}: the package's spans inside the window."""
         masks = {}
         for L in per_length:
             text_tokens = min(L - len(self.prefix), len(offsets))
-            if self.settings.split == "positions":
-                cut = text[: offsets[text_tokens - 1][1]]
-                chosen = split_spans(cut, spans, self.settings, self.evaluator.tokenizer)
-                mask = key_mask(chosen, offsets[:text_tokens])
-            else:
-                mask = key_mask(spans, offsets[:text_tokens])
+            mask = key_mask(spans, offsets[:text_tokens])
             mask[: max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
             masks[L] = mask
         return masks

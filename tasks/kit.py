@@ -125,7 +125,8 @@ def fractions(value) -> str | None:
                 f"holds {d!r}, not a fraction in [0, 1] — 0 puts the needle first, 1 last, e.g. "
                 "[0.0, 0.5, 1.0]"
             )
-    repeated = sorted({d for d in values if values.count(d) > 1})
+    seen: set = set()
+    repeated = sorted({d for d in values if d in seen or seen.add(d)})  # one pass: a long list stays fast
     if repeated:  # a depth twice would give two prompts one (depth, trial) key: results pair and pool by it
         return f"holds {repeated[0]!r} more than once — give each depth once, e.g. [0.0, 0.5, 1.0]"
     return None
@@ -220,7 +221,8 @@ class TaskSpec:
             if problem is not None:
                 if " — " not in problem:
                     problem += " — check the value (docs/tasks.md lists every option)"
-                raise TaskError(f"{self.name} option {key}={value!r} {problem}")
+                shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:60]}..."  # a long list
+                raise TaskError(f"{self.name} option {key}={shown} {problem}")
         problem = self.together(options) if self.together is not None else None
         if problem is not None:
             raise TaskError(f"{self.name} {problem}")

@@ -254,18 +254,31 @@ def render(
 
 
 def export(out_dir=OUT_DIR, tokenizer=None, **options) -> Path:
-    """Write the task folder (the tasks of other lengths in it are removed); returns its path."""
+    """Write the task folder (the tasks of other lengths ropebench wrote in it are removed); returns its path.
+
+    Another folder than the package's own goes through the guard of every writer (extend/owned_paths.py): a
+    new or empty folder or one an earlier export made, never over or removing a file of the user's."""
+    from ropebench.extend.owned_paths import OwnedDir
+
     out = Path(out_dir)
+    package = out.resolve() == OUT_DIR.resolve()
+    owned = None if package else OwnedDir.open(out, "lm-eval task folder", error=TaskError)
     files = render(tokenizer, **options)
-    out.mkdir(parents=True, exist_ok=True)
+    if owned is not None:
+        with owned.staged() as stage:
+            for name, text in files.items():
+                (stage / name).write_text(text, encoding="utf-8")
+            for name in STATIC_FILES:
+                shutil.copyfile(OUT_DIR / name, stage / name)
+        stale = [rel for rel in owned.files if rel.startswith("ropebench_") and rel.endswith(".yaml")]
+        owned.remove_listed(only=[rel for rel in stale if rel not in files])
+        return out
+    out.mkdir(parents=True, exist_ok=True)  # the package's own task folder (shipped with ropebench)
     for old in out.glob("ropebench_*.yaml"):
         if old.name not in files:
             old.unlink()
     for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
-    if out.resolve() != OUT_DIR.resolve():
-        for name in STATIC_FILES:
-            shutil.copyfile(OUT_DIR / name, out / name)
     return out
 
 

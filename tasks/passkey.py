@@ -6,19 +6,26 @@ word granularity so the final prompt (after the chat template when enabled) has 
 and at least 99% of L; records report the actual prompt length. Pass keys and corpus haystacks come
 from `random.Random` seeded by integers only, so the same seed gives the same prompts everywhere.
 
-Each row records `distance`: the tokens from the needle's first token to the question's first token,
-counted on the tokenized prompt; and `cluster` None: every trial has its own pass key, so each row is its own
-unit even where trials share the filler before the needle (computed once, below).
+Each trial has its own haystack, so that trials are independent units (issue 37): the filler haystack of
+trial t is the five filler sentences in an order of its own (`trial_sentences`: trial 0 the classic order,
+trials 0-119 all different), a corpus haystack its own seeded order of documents. Each row records
+`distance`: the tokens from the needle's first token to the question's first token, counted on the tokenized
+prompt; and `cluster`: None where the trial's haystack text is its own (the row is its own unit, as each depth
+has its own key and needle position), else "haystack-<t>" (t: the first trial with that text) for every row
+of the trials that share it (over 120 filler trials, or a corpus that draws the same text twice): results
+count them as one unit.
 
 Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
 records say what was used). A cell (one length) builds all its prompts first, then generates in the order that
-shares the most prefix (`extend.prefix_cache`): the haystack before the needle is prefilled once, not per
-depth and trial (share_prefix=False: every prompt from scratch; same prompts and answers).
+shares the most prefix (`extend.prefix_cache`): a trial's haystack before the needle is prefilled once, not
+per depth (trials have haystacks of their own: each is prefilled; share_prefix=False: every prompt from
+scratch; same prompts and answers).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 import re
 import time
@@ -29,7 +36,18 @@ from tqdm.auto import tqdm
 from .common import check_lengths, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
-from .kit import Metric, choice, declare, flag, fractions, greedy, optional_flag, positive, run_cells
+from .kit import Metric, choice, declare, flag, fractions, greedy, optional_flag, run_cells
+from .sizes import (
+    DEPTH_COST,
+    MAX_DEPTHS,
+    MAX_NEW_TOKENS,
+    MAX_TRIALS,
+    NEW_TOKEN_COST,
+    TRIAL_COST,
+    at_most,
+    bounded_list,
+    length_example,
+)
 
 DESCRIPTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -46,6 +64,10 @@ NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key?"
 ANSWER_PREFIX = "The pass key is"
 MIX = 1_000_003  # a prime: combines integer seed parts without Python's per-process hash()
+# The filler's sentence orders (lexicographic: the first is the classic order); trial t takes order
+# (t x ORDER_STRIDE) mod 120, a stride coprime with 120, so trials 0-119 each get an order of their own
+FILLER_ORDERS = tuple(itertools.permutations(range(len(FILLER))))
+ORDER_STRIDE = 49
 
 
 def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
@@ -63,16 +85,16 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     if lengths[0] <= bare:
         raise TaskError(
             f"passkey length {lengths[0]} is too short for the passkey prompt itself ({bare} tokens "
-            f"without haystack) — use lengths > {bare}, e.g. 1024"
+            f"without haystack) — use lengths > {bare}, e.g. {length_example(bare, 1024)}"
         )
 
 
 @declare(
     "passkey",
     options={
-        "depths": fractions,
-        "trials": positive,
-        "max_new_tokens": positive,
+        "depths": bounded_list(fractions, MAX_DEPTHS, DEPTH_COST),
+        "trials": at_most(MAX_TRIALS, TRIAL_COST),
+        "max_new_tokens": at_most(MAX_NEW_TOKENS, NEW_TOKEN_COST),
         "haystack": choice("filler", "corpus"),
         "chat_template": flag,
         "add_bos": optional_flag,
@@ -139,10 +161,8 @@ def run(
         options.update(prefix_options(tokenizer, prefix, add_bos))
     name = corpus if haystack == "corpus" else "filler"
 
-    sentences = [
-        haystack_sentences(texts, random.Random(seed * MIX + trial), words=int(1.5 * lengths[-1]) + 64)
-        for trial in range(trials)
-    ]
+    sentences = [trial_sentences(texts, seed, trial, int(1.5 * lengths[-1]) + 64) for trial in range(trials)]
+    clusters = trial_clusters(sentences)
     # length -> prompts; (length, i) -> pass key, needle-to-question tokens, seconds to build
     cells, keys, distances, build_secs = {}, {}, {}, {}
     for length in lengths:
@@ -184,8 +204,8 @@ def run(
     records = []
     for (trial, length, di), (correct, n_tokens, distance, secs) in sorted(results.items()):
         common = {"depth": depths[di], "trial": trial}
-        # each trial its own key: its own unit (cluster None), however much filler trials share
-        located = {"distance": distance, "cluster": None}
+        # a trial with a haystack of its own: its own unit (None); trials sharing one text: one cluster
+        located = {"distance": distance, "cluster": clusters[trial]}
         for metric, value in (("correct", correct), ("prompt_tokens", n_tokens)):
             records.append(
                 {**record("passkey", name, length, metric, value, 1, secs, options, **common), **located}
@@ -210,6 +230,25 @@ def haystack_sentences(texts, rng: random.Random, words: int) -> list[str]:
         f"the corpus has only {count} words, fewer than the {words} a haystack needs — "
         "use a larger corpus or haystack='filler'"
     )
+
+
+def trial_sentences(texts, seed: int, trial: int, words: int) -> list[str]:
+    """Trial `trial`'s haystack, at least `words` words as sentences: the filler's five sentences in the
+    trial's own order (``FILLER_ORDERS``; trial 0: the classic order), repeated; or the corpus's sentences
+    from documents in the trial's own seeded order."""
+    if texts is None:
+        order = FILLER_ORDERS[(trial * ORDER_STRIDE) % len(FILLER_ORDERS)]
+        return [FILLER[i] for i in order] * (words // 15 + 1)  # the 5 filler sentences have 15 words
+    return haystack_sentences(texts, random.Random(seed * MIX + trial), words)
+
+
+def trial_clusters(sentences: list[list[str]]) -> list[str | None]:
+    """Each trial's ``cluster``: None when its haystack text is its own, else "haystack-<t>" with t the first
+    trial whose haystack is the same text (the trials that share a haystack are one independent unit)."""
+    first: dict[tuple[str, ...], int] = {}
+    owners = [first.setdefault(tuple(s), t) for t, s in enumerate(sentences)]
+    shared = {o for t, o in enumerate(owners) if o != t}
+    return [f"haystack-{o}" if o in shared else None for o in owners]
 
 
 def key_for(seed: int, length: int, depth_index: int, trial: int) -> int:

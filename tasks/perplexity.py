@@ -13,9 +13,9 @@ BOS: every window starts with the ids the tokenizer's own encoding puts before t
 BOS for Llama-style tokenizers, nothing for Qwen2.5 or SmolLM2); add_bos=True/False overrides. The prefix is
 counted inside L and never scored; without one the first token of a window is context only. Every record's
 options say what was used (add_bos, prefix_ids, bos_setting).
-key_tokens={...} adds `longppl` (key-token perplexity; withheld below MIN_KEY_TOKENS key tokens) and
-`longppl_key_tokens` (how many) per length, and loss_by_position=True adds `loss_bin` rows and a weighted
-power-law fit with an interval for its exponent, both from the same pass (truncate protocol;
+key_tokens={...} adds `longppl` (LongPPL, the paper's per-token rule; withheld below MIN_KEY_TOKENS key
+tokens) and `longppl_key_tokens` (how many) per length, and loss_by_position=True adds `loss_bin` rows and a
+weighted power-law fit with an interval for its exponent, both from the same pass (truncate protocol;
 tasks/key_tokens.py).
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
@@ -42,8 +42,9 @@ from .common import (
 from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
 from .key_tokens import PassExtras, check_before_load, option_problem, requested, sliding_problem
-from .kit import Metric, choice, declare, flag, optional_flag, positive, positive_or_none
+from .kit import Metric, choice, declare, flag, optional_flag
 from .scoring import token_nll
+from .sizes import CHUNK_COST, DOC_COST, MAX_CHUNK, MAX_DOCS, MAX_TOKENS, TOKEN_COST, at_most, at_most_or_none
 
 
 def _sliding_only(options: dict) -> str | None:
@@ -93,10 +94,10 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     "perplexity",
     options={
         "protocol": choice("truncate", "sliding"),
-        "num_docs": positive,
-        "chunk_size": positive,
-        "stride": positive_or_none,
-        "span": positive_or_none,
+        "num_docs": at_most(MAX_DOCS, DOC_COST),
+        "chunk_size": at_most(MAX_CHUNK, CHUNK_COST),
+        "stride": at_most_or_none(MAX_TOKENS, TOKEN_COST),
+        "span": at_most_or_none(MAX_TOKENS, TOKEN_COST),
         "add_bos": optional_flag,
         "join_docs": flag,
         "key_tokens": option_problem,
@@ -113,7 +114,9 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
             reach=("threshold", "trained"),
             lo=1.0,
         ),
-        "longppl": Metric("perplexity", "lower", "perplexity", "key-token perplexity", lo=1.0),
+        "longppl": Metric(
+            "perplexity", "lower", "perplexity", "LongPPL: perplexity of the paper's key tokens", lo=1.0
+        ),
         "longppl_key_tokens": Metric(
             "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
         ),

@@ -10,7 +10,8 @@ Variants are rows of one table (`VARIANT_TABLE`), as RULER's generator (lm-eval 
 - `niah_multiquery`: four keys, all asked in one question, answers in the question's order (niah_multiquery,
   essays);
 - `vt`: variable tracking, one chain "VAR A = 12345", "VAR B = VAR A ", ... of four hops; asked which
-  variables hold the value (RULER vt, noise haystack, without its in-context example).
+  variables hold the value (RULER vt, noise haystack; under length_rule "lm-eval" after lm-eval's in-context
+  example, a vt prompt of its own with its answer: tasks/variable_tracking.py).
 RULER's templates, needles ("One of the special magic numbers for <key> is: <7-digit number>.") and answer
 prefixes (`gen_prefix`); keys are adjective-noun words from ropebench's 1296 (RULER draws from wonderwords'
 lists).
@@ -31,8 +32,9 @@ deviation from RULER shows as a difference between them.
 Length (`length_rule`):
 - "lm-eval" (default, lm-eval 0.4.13's ruler rule): the haystack grows in steps (essay: 500 words; noise: 25
   blocks, 5 below 4096 tokens; vt: 10 blocks) and takes the most steps with which the input, the prompt
-  without its answer prefix (vt: with it and its trailing space, as lm-eval's vt counts), plus the variant's
-  tokens_to_generate (or max_new_tokens) fit in L, whatever the scoring. So a prompt plus its answer prefix
+  without its answer prefix (vt, as lm-eval's vt counts: with the answer prefix and the answer, plus the
+  in-context example's tokens), plus the variant's tokens_to_generate (or max_new_tokens) fit in L, whatever
+  the scoring. So a prompt plus its answer prefix
   plus what is generated can run past L by the prefix (about 20 tokens), as in lm-eval. Below one step
   (lengths lm-eval refuses) the step is one unit. lm-eval sizes once, on its first sample with the answers
   appended, and shrinks a sample only when that one does not fit: a sample of lm-eval can be one step shorter
@@ -85,9 +87,8 @@ from __future__ import annotations
 
 import random
 import re
-import string
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tqdm.auto import tqdm
 
@@ -105,12 +106,39 @@ from .kit import (
     largest_fitting,
     optional_choice,
     optional_flag,
-    positive,
-    positive_or_none,
     run_cells,
 )
 from .passkey import MIX, cut_haystack, encode_located, haystack_sentences
 from .scoring import continuation_logprobs
+from .sizes import (
+    CANDIDATE_COST,
+    DEPTH_COST,
+    HAYSTACK_COST,
+    MAX_CANDIDATES,
+    MAX_DEPTHS,
+    MAX_HAYSTACKS,
+    MAX_NEW_TOKENS,
+    MAX_TRIALS,
+    NEW_TOKEN_COST,
+    TRIAL_COST,
+    answers_problem,
+    at_most,
+    at_most_or_none,
+    bounded_list,
+    length_example,
+)
+from .variable_tracking import (
+    NOISE,
+    VT_ANSWER,
+    VT_TEMPLATE,
+    Example,
+    chain_of,
+    draw_example,
+    example_text,
+    sized_text,
+    variable,
+    vt_context,
+)
 
 
 @dataclass(frozen=True)
@@ -180,7 +208,6 @@ NEEDLES = 4  # the most needles a scene of the table draws (the pool checks coun
 NEW_TOKENS = {row.name: row.tokens_to_generate for row in VARIANT_TABLE.values()}
 ESSAY_STEP = 500  # lm-eval's essay step, in words
 MIN_FILL = 0.98  # length_rule "fill": a prompt fills at least this share of its token budget
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 NIAH_TEMPLATE = (
     "Some special magic {type_v} are hidden within the following text. Make sure to memorize it. I will "
@@ -188,14 +215,6 @@ NIAH_TEMPLATE = (
     "{query} mentioned in the provided text?"
 )
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
-VT_TEMPLATE = (
-    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
-    "Question: Find all variables that are assigned the value {query} in the text above."
-)
-VT_ANSWER = (
-    "Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-    "assgined the value {query}, they are:"
-)  # RULER's spelling, kept: the prompt is RULER's
 ADJECTIVES = (
     "ancient",
     "bitter",
@@ -292,6 +311,9 @@ class Scene:
     wrong: tuple[tuple[str, ...], ...]
     placed: tuple[float, ...] = ()  # shared_haystack: every needle's depth, the same in every question
     asked: int = 0
+    example_draw: Example | None = None  # vt: lm-eval's in-context example, as drawn (`with_example`)
+    example: str = ""  # the text before the question (vt's in-context example, written for a tokenizer)
+    example_tokens: int = 0  # what lm-eval's length rule counts for the example
 
 
 def answer_text(values) -> str:
@@ -304,7 +326,7 @@ def _number(rng: random.Random) -> str:
 
 
 def _variable(rng: random.Random) -> str:
-    return "".join(rng.choices(string.ascii_uppercase, k=5))  # RULER vt's variable names
+    return variable(rng)  # RULER vt's variable names
 
 
 def _distinct(draw, rng: random.Random, count: int, taken: set) -> list[str]:
@@ -428,7 +450,7 @@ def _vt_scene(rng: random.Random, candidates: int, row: Variant) -> Scene:
     taken: set = set()
     names = _distinct(_variable, rng, row.hops + 1, taken)
     value = str(rng.randint(10000, 99999))
-    chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(row.hops)]
+    chain = chain_of(names, value)
     wrong = near_misses(names, rng, _variable, taken) if row.negatives == "near_misses" else []
     while len(wrong) < candidates:
         wrong.append(tuple(_distinct(_variable, rng, row.hops + 1, taken)))
@@ -442,7 +464,19 @@ def _vt_scene(rng: random.Random, candidates: int, row: Variant) -> Scene:
         VT_ANSWER.format(num_v=row.hops + 1, query=value),
         tuple(names),
         tuple(wrong[:candidates]),
+        example_draw=draw_example(rng, row.hops),  # drawn last: the scene's other draws stay as they were
     )
+
+
+def with_example(scene: Scene, tokenizer, prefix, rule: str) -> Scene:
+    """A vt scene under length_rule "lm-eval" with its in-context example written for `tokenizer` (lm-eval
+    sizes the example's noise with it); other scenes, and vt under "fill" (ropebench's earlier prompt, which
+    the lm-eval export writes), as they are."""
+    if scene.example_draw is None or scene.example or rule != "lm-eval":
+        return scene
+    encode = encoder(tokenizer)
+    text, counted = example_text(scene.example_draw, lambda t: len(prefix) + len(encode(t)))
+    return replace(scene, example=text, example_tokens=counted)
 
 
 def needle_depths(scene: Scene, depth: float) -> list[float]:
@@ -492,18 +526,18 @@ def compose_at(scene: Scene, pieces: list[str], positions: list[int], kind: str)
             if i - 1 < len(needles):
                 runs.append(needles[i - 1])
         context = " ".join(runs)
+    elif VARIANT_TABLE[scene.variant].hops > 0:
+        context = vt_context(pieces, needles, at)
     else:
-        vt = VARIANT_TABLE[scene.variant].hops > 0
-        blocks = [p + "\n" for p in pieces] if vt else pieces
         lines, k = [], 0
-        for i in range(len(blocks) + 1):
+        for i in range(len(pieces) + 1):
             while k < len(needles) and at[k] == i:
                 lines.append(needles[k])
                 k += 1
-            if i < len(blocks):
-                lines.append(blocks[i])
-        context = " ".join(lines).replace(". \n", ".\n") if vt else "\n".join(lines)
-    return scene.question.replace("{context}", context), scene.answer_prefix
+            if i < len(pieces):
+                lines.append(pieces[i])
+        context = "\n".join(lines)
+    return scene.example + scene.question.replace("{context}", context), scene.answer_prefix
 
 
 def _filler_compose(scene: Scene, haystack: list[str], depth: float) -> tuple[str, str]:
@@ -525,7 +559,7 @@ def _filler_compose(scene: Scene, haystack: list[str], depth: float) -> tuple[st
             next_needle += 1
         if i < len(haystack):
             pieces.append(haystack[i])
-    return scene.question.replace("{context}", " ".join(pieces)), scene.answer_prefix
+    return scene.example + scene.question.replace("{context}", " ".join(pieces)), scene.answer_prefix
 
 
 def plain_text(parts: tuple[str, str]) -> str:
@@ -569,13 +603,15 @@ def haystack_step(variant: str, kind: str, length: int) -> int:
 def sized_tokens(
     tokenizer, scene: Scene, units: list[str], depth: float, kind: str, prefix, rule: str
 ) -> int:
-    """The tokens a length rule counts: lm-eval: the input (vt: with its answer prefix and lm-eval vt's
-    trailing space); fill: the whole prompt (input, space, answer prefix)."""
+    """The tokens a length rule counts: lm-eval: the input (vt, as lm-eval's vt: the input without its
+    in-context example, with its answer prefix and the answer as lm-eval appends it, plus the example's own
+    count); fill: the whole prompt (input, space, answer prefix)."""
     user, answer_prefix = compose(scene, units, depth, kind)
     if rule == "fill":
         text = plain_text((user, answer_prefix))
     elif VARIANT_TABLE[scene.variant].sized_with_prefix:
-        text = plain_text((user, answer_prefix)) + " "
+        text = sized_text(user[len(scene.example) :], answer_prefix, scene.answers)
+        return len(prefix) + len(encoder(tokenizer)(text)) + scene.example_tokens
     else:
         text = user
     return len(prefix) + len(encoder(tokenizer)(text))
@@ -681,7 +717,11 @@ def _depths(options: dict) -> list[float]:
 
 def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     """The shortest length must hold every scene's prompt without haystack plus what follows it: every scene a
-    run with seed 0 draws (each trial, each shared haystack's questions), not only the first."""
+    run with seed 0 draws (each trial, each shared haystack's questions), not only the first. An essay
+    haystack's corpus must hold the words the longest length needs (no tokenizer needed for that)."""
+    problem = essay_corpus_problem(lengths, options, corpus)
+    if problem is not None:
+        raise TaskError(problem)
     if tokenizer is None:
         return
     prefix = special_prefix(tokenizer, options.get("add_bos"))
@@ -696,15 +736,16 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
     for stack in stacks:
         for q in stack.questions:
             kind = kind_of(q.scene.variant, options.get("haystack"))
-            bare = sized_tokens(tokenizer, q.scene, [], 0.0, kind, prefix, rule)
+            scene = with_example(q.scene, tokenizer, prefix, rule)
+            bare = sized_tokens(tokenizer, scene, [], 0.0, kind, prefix, rule)
             after = _after(
-                tokenizer, q.scene, rule, options.get("scoring", "likelihood"), options.get("max_new_tokens")
+                tokenizer, scene, rule, options.get("scoring", "likelihood"), options.get("max_new_tokens")
             )
             if lengths[0] <= bare + after:
                 raise TaskError(
-                    f"retrieval length {lengths[0]} is too short for the {q.scene.variant} prompt itself "
+                    f"retrieval length {lengths[0]} is too short for the {scene.variant} prompt itself "
                     f"({bare} tokens without haystack, plus {after} after it) — use lengths > "
-                    f"{bare + after}, e.g. 2048"
+                    f"{bare + after}, e.g. {length_example(bare + after, 2048)}"
                 )
 
 
@@ -754,6 +795,10 @@ def _within_pools(options: dict, variants: list[str]) -> str | None:
     candidates = options.get("candidates", 9)
     if not isinstance(candidates, int) or isinstance(candidates, bool):
         return None  # its own check says what is wrong
+    sets = options.get("haystacks", 1) if options.get("shared_haystack") else len(variants)
+    problem = answers_problem(sets * asked, candidates) if isinstance(asked, int) else None
+    if problem is not None:  # the work, not only the pool: checked first (drawing this many is work too)
+        return problem
     for variant in variants:
         row = VARIANT_TABLE.get(variant)
         if row is None:
@@ -763,7 +808,8 @@ def _within_pools(options: dict, variants: list[str]) -> str | None:
             most = (pool // 2 - NEEDLES) // each - 1
             return (
                 f"option candidates={candidates} needs {(candidates + 1) * each} distinct answers' items for "
-                f"{variant}, more than half of the {pool} there are — use candidates <= {most}, e.g. 9"
+                f"{variant}, more than half of the {pool} there are — use candidates <= {most}, e.g. "
+                f"{min(9, most)}"
             )
     return None
 
@@ -773,16 +819,16 @@ def _within_pools(options: dict, variants: list[str]) -> str | None:
     options={
         "variants": choices(*VARIANTS),
         "scoring": choice(*SCORINGS),
-        "depths": fractions,
-        "trials": positive,
-        "candidates": positive,
+        "depths": bounded_list(fractions, MAX_DEPTHS, DEPTH_COST),
+        "trials": at_most(MAX_TRIALS, TRIAL_COST),
+        "candidates": at_most(MAX_CANDIDATES, CANDIDATE_COST),
         "haystack": optional_choice(*HAYSTACKS),
         "length_rule": choice(*LENGTH_RULES),
-        "max_new_tokens": positive_or_none,
+        "max_new_tokens": at_most_or_none(MAX_NEW_TOKENS, NEW_TOKEN_COST),
         "add_bos": optional_flag,
         "share_prefix": flag,
         "shared_haystack": flag,
-        "haystacks": positive,
+        "haystacks": at_most(MAX_HAYSTACKS, HAYSTACK_COST),
     },
     # the questions that share one haystack (shared_haystack) are one independent unit: their rows carry one
     # cluster id
@@ -898,7 +944,7 @@ def run(
     }
     if shared_haystack:  # recorded only when set: rows of the default runs keep their options
         common.update(shared_haystack=True, haystacks=haystacks)
-    words = int(1.5 * lengths[-1]) + 2 * ESSAY_STEP  # essay words enough for the longest length
+    words = essay_words_needed(lengths[-1])
     if shared_haystack:
         stacks = shared_haystacks(texts, seed, haystacks, trials, candidates, depths, words)
     else:
@@ -1019,15 +1065,37 @@ class Haystack:
             return
         for q in self.questions:
             source = Source(kinds[q.scene.variant], self.words)
+            scene = with_example(q.scene, tokenizer, prefix, rule)  # vt: lm-eval's in-context example
             for depth in depths:
                 t0 = time.perf_counter()
                 n = fit_units(
-                    tokenizer, length, [q.scene], depth, source, prefix, rule=rule, after=after(q.scene)
+                    tokenizer, length, [scene], depth, source, prefix, rule=rule, after=after(scene)
                 )
-                ids, distance = located_prompt(
-                    tokenizer, q.scene, depth, source.units(n), prefix, source.kind
-                )
-                yield Question(q.scene, depth, q.trial), ids, distance, time.perf_counter() - t0
+                ids, distance = located_prompt(tokenizer, scene, depth, source.units(n), prefix, source.kind)
+                yield Question(scene, depth, q.trial), ids, distance, time.perf_counter() - t0
+
+
+def essay_words_needed(longest: int) -> int:
+    """Essay words enough for the longest length."""
+    return int(1.5 * longest) + 2 * ESSAY_STEP
+
+
+def essay_corpus_problem(lengths: list[int], options: dict, corpus) -> str | None:
+    """An essay haystack draws `essay_words_needed` words from its corpus: a corpus with fewer is refused
+    before the model loads (the run would find out after), counting only until there are enough."""
+    haystack = options.get("haystack")
+    kinds = {kind_of(v, haystack) for v in _variants(options) if v in VARIANT_TABLE}
+    if corpus is None or "essay" not in kinds:
+        return None
+    need, have = essay_words_needed(lengths[-1]), 0
+    for doc in iter_corpus(corpus):
+        have += len(doc.text.split())
+        if have >= need:
+            return None
+    return (
+        f"retrieval corpus {corpus!r} has only {have} words, fewer than the {need} an essay haystack needs "
+        f"at length {lengths[-1]} — use a larger corpus, shorter lengths or haystack: noise"
+    )
 
 
 def essay_words(texts, rng: random.Random, words: int) -> tuple[str, ...]:

@@ -247,6 +247,7 @@ SLOWEST_FIRST = (
     "tests/lm_eval/test_lm_eval.py",
     "tests/lm_eval/test_lm_eval_ruler.py",
     "tests/sweep/test_reliability.py",
+    "tests/extend/test_export.py",
     "tests/extend/test_real_model.py",
     "tests/project/test_bad_inputs.py",
     "tests/sweep/test_cli.py",
@@ -255,6 +256,32 @@ SLOWEST_FIRST = (
 )
 
 
+# ---------------------------------------------------------------------------------------------- markers
+# The quick subset (`bash scripts/test.sh --quick` = `-m "not slow and not real"`, the inner loop) is what is
+# left when these are out, marked here by rule rather than remembered test by test: `real` for every test
+# whose fixtures load the embedded SmolLM2's weights; `slow` for every test whose fixtures start processes (a
+# sweep, a wheel's install: each process imports torch again), and for the tests below, which run a grid or a
+# model end to end in-process (seconds each in docs/layout.md's profile). A test may carry either mark itself.
+REAL_FIXTURES = ("smollm2",)
+SLOW_FIXTURES = ("sweep_cli", "sweep_env", "wheel_env")
+SLOW_TESTS = (  # node-id prefixes
+    "tests/project/test_gpu_check_demo_grid.py::test_cpu_mode_runs_the_demo_grid",
+    "tests/results/test_results_evidence.py::test_real_sweep",
+    "tests/tasks/test_tasks_classification.py::test_shared_prefix_",
+)
+
+
+def mark_by_rule(item) -> None:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & set(REAL_FIXTURES):
+        item.add_marker(pytest.mark.real)
+    if fixtures & set(SLOW_FIXTURES) or item.nodeid.startswith(SLOW_TESTS):
+        item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection, so the marks added here count for it
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mark_by_rule(item)
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: modules stay whole

@@ -47,6 +47,7 @@ def check_against_model(cfg: dict, spec: str) -> None:
     for m in cfg["methods"]:
         for factor in m["factors"]:
             preflight.check_on_config(config, m["method"], factor, m["options"])
+    check_key_token_context(cfg, config)
     tokenizer = preflight.tokenizer_of(spec, cfg["trust_remote_code"]) if _needs_tokenizer(cfg) else None
     for name, t in cfg["tasks"].items():
         for corpus in _task_corpora(cfg, t):
@@ -58,6 +59,36 @@ def check_against_model(cfg: dict, spec: str) -> None:
     )
     blockwise = all(registry.get(m["method"]).remap for m in cfg["methods"])
     memory.check_fits(config, longest, model=spec, device=device, dtype=dtype, blockwise=blockwise)
+
+
+def check_key_token_context(cfg: dict, config) -> None:
+    """key_tokens with evaluator "self" sees the trained context each patch puts in force (a forced
+    original_max_position_embeddings, start_from): a given trunc_len at or above it leaves no token whose long
+    context is longer than its short one. The task finds that only after the model loads; refused here, per
+    method, before it does."""
+    from ropebench.extend import preflight
+    from ropebench.tasks.key_tokens import evaluator_spec, given_trunc_len, requested
+
+    for name, t in cfg["tasks"].items():
+        value = t["options"].get("key_tokens")
+        if base_task(name, t) != "perplexity" or not requested(value) or evaluator_spec(value) != "self":
+            continue
+        trunc = given_trunc_len(value)
+        if trunc is None:
+            continue
+        for m in cfg["methods"]:
+            for factor in m["factors"]:
+                context = preflight.context_in_force(config, m["method"], factor, m["options"])
+                if context is not None and trunc >= context:
+                    forced = m["options"].get("original_max_position_embeddings")
+                    why = f" (original_max_position_embeddings={forced})" if forced is not None else ""
+                    where = f"{m['method']} x{factor:g}{why}"
+                    raise ConfigError(
+                        f"tasks.{name}.key_tokens trunc_len {trunc} is not below the trained context "
+                        f"{context} that {where} puts in force, which evaluator self sees: no token "
+                        f"would have a long context longer than its short one — use trunc_len < "
+                        f"{context}, or name an evaluator of its own (key_tokens.evaluator)"
+                    )
 
 
 def _needs_tokenizer(cfg: dict) -> bool:

@@ -263,11 +263,12 @@ def _free_memory() -> None:
 
 
 def _log_failure(out: Path, cell: G.Cell, tb: str) -> None:
-    try:
-        logs = out / "logs"
-        logs.mkdir(exist_ok=True)
-        (logs / f"{cell.key}.log").write_text(f"{cell.label()}\n{G.canonical(cell.definition())}\n\n{tb}")
-    except OSError:
+    from .rundir import open_run_dir
+
+    try:  # through the guard: listed in the run directory's marker, never over a file of the user's
+        text = f"{cell.label()}\n{G.canonical(cell.definition())}\n\n{tb}"
+        open_run_dir(out).write_text(f"logs/{cell.key}.log", text)
+    except (OSError, RopebenchError):
         pass
 
 
@@ -301,10 +302,21 @@ def run_cells(
         dynamic_ncols=True,
     )
 
+    pending_load = 0.0  # the last model load's seconds, until a cell's rows carry it
+
+    def timed(rows: list[dict], cell_seconds: float) -> list[dict]:
+        """Every row of a cell carries the cell's wall time; the first cell a model load served carries that
+        load (0 on the others), so the sum over cells is the sweep's load time, counted once."""
+        nonlocal pending_load
+        for row in rows:
+            row.update(cell_seconds=cell_seconds, load_seconds=pending_load)
+        pending_load = 0.0
+        return rows
+
     def fail_cells(group, msg: str) -> int:
         """Every cell of a group that could not start (model load or patch failed): one error row each."""
         for cell in group:
-            write_rows(writer, [error_row(cell, run, msg, 0.0)])
+            write_rows(writer, timed([error_row(cell, run, msg, 0.0)], 0.0))
             _log_failure(out, cell, traceback.format_exc())
             bar.update()
         return len(group)
@@ -312,6 +324,7 @@ def run_cells(
     for model_spec, by_model in groupby(cells, key=lambda c: c.model):
         by_model = list(by_model)
         say(f"loading {model_spec} ...", not show)
+        loading = time.perf_counter()
         try:
             model, tokenizer = extend.load(
                 model_spec, device=device, dtype=cfg["dtype"], trust_remote_code=cfg["trust_remote_code"]
@@ -319,9 +332,11 @@ def run_cells(
         except extend.ExtendError:
             raise  # bad input (unknown / unsupported model): one line, exit 2
         except Exception as e:  # noqa: BLE001 - e.g. out of memory while loading: every cell of this model fails
+            pending_load = time.perf_counter() - loading
             failed += fail_cells(by_model, f"loading the model failed: {describe_error(e)}")
             _free_memory()
             continue
+        pending_load = time.perf_counter() - loading
         groups = groupby(by_model, key=lambda c: (c.method, c.factor, G.canonical(c.options)))
         for (method, factor, _), by_method in groups:
             by_method = list(by_method)
@@ -357,12 +372,13 @@ def run_cells(
                     except Exception as e:  # noqa: BLE001 - failure isolation (OOM included); Ctrl-C propagates
                         error = (describe_error(e, cell.lengths), traceback.format_exc())
                     if error is None:
-                        write_rows(writer, rows)
+                        write_rows(writer, timed(rows, time.perf_counter() - t0))
                         done += 1
                     else:  # outside the except block: the traceback (and the tensors it holds) is gone
                         records = rows = None
                         _free_memory()
-                        write_rows(writer, [error_row(cell, run, error[0], time.perf_counter() - t0)])
+                        elapsed = time.perf_counter() - t0
+                        write_rows(writer, timed([error_row(cell, run, error[0], elapsed)], elapsed))
                         _log_failure(out, cell, error[1])
                         say(f"FAILED {cell.label()}: {error[0]}", not show)
                         failed += 1

@@ -1,5 +1,5 @@
 """The run directory: is it ropebench's, one writer at a time (a lock), and --fresh deleting only what
-ropebench wrote.
+ropebench wrote (what the directory's marker lists: extend/owned_paths.py, the rule every writer follows).
 
 Policy for a second sweep on the same --out: it is refused (exit 2) while the first holds the lock. The lock
 is an `fcntl.flock` on `.ropebench.lock` (`.ropebench.rank{N}.lock` per accelerate rank), so the kernel
@@ -10,58 +10,49 @@ directory as a ropebench run, from the moment the sweep creates it.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import platform
 import re
-import shutil
 import time
+import warnings
 from pathlib import Path
+
+from ropebench.extend.errors import RopebenchError
+from ropebench.extend.owned_paths import MARKER, OwnedDir
 
 from .config import ConfigError
 
 LOCK_NAME = ".ropebench.lock"
-# What ropebench writes into a run directory (the report's tables/plots are found through report.md's links).
-OWN_FILE = re.compile(
-    r"^(records(\.rank\d+)?\.jsonl|(manifest|theory)(\.rank\d+)?\.json|report\.md|"
-    r"\.ropebench(\.rank\d+)?\.lock|\.(manifest|theory)(\.rank\d+)?\.json\.\d+\.[0-9a-f]{8}\.tmp|"
-    r"\.write-test-.*)$"
-)
-LOG_FILE = re.compile(r"^[0-9a-f]{16}\.log$")  # logs/<cell key>.log
-REPORT_LINK = re.compile(r"\((tables|plots)/([^()/\s]+)\.(md|csv|tex|png)\)")
 
 
 def lock_name(rank: int | None) -> str:
     return LOCK_NAME if not rank else f".ropebench.rank{int(rank)}.lock"
 
 
+def open_run_dir(out: Path) -> OwnedDir:
+    """The run directory as the guard sees it: new, empty, or ropebench's (a valid marker, or made before the
+    marker: a sweep's lock, a manifest or records ropebench wrote); anything else raises ConfigError."""
+    from ropebench.results.store import legacy_owned_files
+
+    return OwnedDir.open(out, "--out", error=ConfigError, adopt=legacy_owned_files)
+
+
 def is_run_dir(out: Path) -> bool:
-    """A directory a sweep wrote: it holds a ropebench lock file or a manifest results.RecordWriter wrote."""
-    if any(out.glob(".ropebench*.lock")):
-        return True
-    for manifest in out.glob("manifest*.json"):
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and "ropebench" in (data.get("versions") or {}):
-            return True
-    return False
+    """A directory ropebench made: a valid marker, or (made before the marker) ropebench's own files."""
+    from ropebench.results.store import is_ropebench_dir
+
+    return out.is_dir() and not out.is_symlink() and is_ropebench_dir(out)
 
 
 def check_out(out: Path) -> None:
-    """Refuse a path that is a file, a non-empty directory that is not a ropebench run (its files are the
-    user's: a sweep would mix records into them and --fresh would delete them), or a non-UTF-8 name."""
+    """Refuse a path that is a file, a non-empty directory ropebench did not make (its files are the user's: a
+    sweep would mix records into them and --fresh would delete them), or a non-UTF-8 name."""
     from ropebench.results.store import check_path_text
 
     check_path_text(out, "--out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory — choose a directory for the run")
-    if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):
-        raise ConfigError(
-            f"--out {out} is a non-empty directory that is not a ropebench run — choose a new or "
-            f"empty directory (ropebench never writes into, or deletes, other files)"
-        )
+    open_run_dir(out)
 
 
 def check_records(out: Path, fresh: bool) -> None:
@@ -131,15 +122,28 @@ def take(out: Path, rank: int | None = None) -> tuple[RunLock, bool]:
         created = True
     except FileExistsError:
         created = False
-    return RunLock(out, rank).acquire(), created
+    lock = RunLock(out, rank).acquire()
+    try:
+        open_run_dir(out).record([lock_name(rank)], appended=True)  # the marker: this run directory is ours
+    except BaseException:
+        lock.release()
+        raise
+    return lock, created
 
 
 def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
     """Undo a run directory this process made and that got no record (e.g. the model was rejected), while
     still holding its lock: remove only this process's own files (manifest, lock), then the directory if it is
     empty. Anything another process put there meanwhile stays, and so does the directory."""
-    for name in (f"manifest.rank{int(rank)}.json" if rank else "manifest.json", lock_name(rank)):
+    names = [f"manifest.rank{int(rank)}.json" if rank else "manifest.json", lock_name(rank)]
+    for name in names:
         (out / name).unlink(missing_ok=True)
+    suffix = f".rank{int(rank)}" if rank else ""
+    listed = [*names, f"records{suffix}.jsonl", f"theory{suffix}.json"]  # what this process listed
+    try:  # the marker forgets them (and goes when it lists nothing else)
+        open_run_dir(out).forget([n for n in listed if not (out / n).exists()])
+    except RopebenchError:
+        pass
     lock.release()
     for d in (out / "logs", out):
         try:
@@ -154,7 +158,7 @@ def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     names = (
         [f"manifest.rank{int(rank)}.json", f"theory.rank{int(rank)}.json"]
         if rank
-        else ["manifest.json", "theory.json", "report.md"]
+        else ["manifest.json", "theory.json", "report.md", MARKER]
     )
     stray = re.compile(rf"^\.({'|'.join(map(re.escape, names))})\.\d+\.[0-9a-f]{{8}}\.tmp$")
     removed = []
@@ -165,43 +169,18 @@ def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     return removed
 
 
-def _report_links(out: Path) -> set[Path]:
-    """The tables/plots report.md links to (a report from before the index, ``.ropebench-report.json``)."""
-    report = out / "report.md"
-    linked: set[Path] = set()
-    if report.is_file():
-        text = report.read_text(encoding="utf-8", errors="replace")
-        for folder, stem, _ in REPORT_LINK.findall(text):
-            suffixes = (".md", ".csv", ".tex") if folder == "tables" else (".png",)
-            linked.update(out / folder / f"{stem}{s}" for s in suffixes)
-    return linked
-
-
 def fresh(out: Path) -> list[Path]:
-    """Delete this run's previous results, and only files ropebench wrote: records, manifests, report.md, the
-    tables/plots the report wrote (its index, or report.md's links), logs/<cell>.log. Anything else stays (and
-    keeps its folder)."""
-    from ropebench.results.reporting import report_files
-    from ropebench.results.store import REPORT_INDEX
+    """Delete this run's previous results, and only what the run directory's marker lists (made before the
+    marker: what ropebench's files are by their content): records, manifests, theory, the report's files,
+    logs. A listed file changed since ropebench wrote it, or whose content is no longer ropebench's, is kept
+    and named in one warning line; anything unlisted stays (and keeps its folder). Returns what it removed."""
+    from ropebench.results.store import owned_by_content
 
-    removed: list[Path] = []
-    linked = report_files(out) | _report_links(out) | {out / REPORT_INDEX}  # the report's index and links
-    for p in sorted(linked):
-        if p.is_file():
-            p.unlink()
-            removed.append(p)
-    logs = out / "logs"
-    if logs.is_dir():
-        for p in logs.iterdir():
-            if LOG_FILE.match(p.name) and p.is_file():
-                p.unlink()
-                removed.append(p)
-    for p in out.iterdir():
-        if p.is_file() and OWN_FILE.match(p.name) and not p.name.startswith(".ropebench"):
-            p.unlink()
-            removed.append(p)
-    for folder in ("tables", "plots", "logs"):
-        d = out / folder
-        if d.is_dir() and not any(d.iterdir()):
-            shutil.rmtree(d)
+    removed, kept = open_run_dir(out).remove_listed(owned_by_content)
+    if kept:
+        warnings.warn(
+            f"--fresh kept {len(kept)} file(s) ropebench wrote that changed since (yours now): "
+            f"{', '.join(str(p) for p in kept)}",
+            stacklevel=2,
+        )
     return removed

@@ -176,9 +176,10 @@ def test_check_fits_names_the_estimate_and_the_largest_length(monkeypatch):
     fits = int(info.value.args[0].split("lengths <= ")[1].split()[0])
     room = 1024**3
     assert memory.estimate(config, fits).total <= room < memory.estimate(config, fits + 1).total
-    monkeypatch.setenv("ROPEBENCH_MEMORY_GB", "lots")
-    with pytest.raises(extend.ExtendError, match="not a number"):
-        memory.available()
+    for budget in ("lots", "inf", "nan", "0", "-2"):  # issue 41: none is a budget a run can use
+        monkeypatch.setenv("ROPEBENCH_MEMORY_GB", budget)
+        with pytest.raises(extend.ExtendError, match="not a positive number of GB"):
+            memory.available()
 
 
 def test_available_memory_reads_meminfo_or_says_unknown(monkeypatch):

@@ -54,7 +54,7 @@ def shim(*args, timeout=600):
 
 def test_importing_extend_does_not_import_lm_eval():
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, extend; print('lm_eval' in sys.modules)"],
+        [sys.executable, "-c", "import sys; from ropebench import extend; print('lm_eval' in sys.modules)"],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -165,7 +165,20 @@ def test_a_cached_dataset_counts_only_in_its_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert not dataset_cached("baber/paul_graham_essays")
-    (tmp_path / "hub" / "datasets--baber--paul_graham_essays").mkdir(parents=True)
+    hub = tmp_path / "hub" / "datasets--baber--paul_graham_essays"
+    own = tmp_path / "datasets" / "baber___paul_graham_essays"
+    # issue 41: an empty cache folder (an interrupted or refused download) is no data; nor are locks and
+    # partial files
+    (hub / "snapshots" / "abc").mkdir(parents=True)
+    (hub / "blobs").mkdir()
+    (hub / "blobs" / "x.incomplete").write_text("part")
+    (own / "default").mkdir(parents=True)
+    (own / "default.lock").write_text("")
+    assert not dataset_cached("baber/paul_graham_essays")
+    (own / "default" / "data.arrow").write_bytes(b"arrow")
+    assert dataset_cached("baber/paul_graham_essays")
+    (own / "default" / "data.arrow").unlink()
+    (hub / "snapshots" / "abc" / "data.parquet").write_bytes(b"parquet")
     assert dataset_cached("baber/paul_graham_essays")
 
 
@@ -251,7 +264,9 @@ def test_export_is_deterministic_and_self_contained(smollm2, small_tasks):
     assert {n: (small_tasks / n).read_text(encoding="utf-8") for n in files} == files
     for name in ex.STATIC_FILES:  # the hand-written files travel with the data: the folder works alone
         assert (small_tasks / name).read_bytes() == (ex.OUT_DIR / name).read_bytes()
-    assert {p.name for p in small_tasks.iterdir() if p.is_file()} == {*files, *ex.STATIC_FILES}
+    from ropebench.extend.owned_paths import MARKER  # the folder's write marker (extend/owned_paths.py)
+
+    assert {p.name for p in small_tasks.iterdir() if p.is_file()} == {*files, *ex.STATIC_FILES, MARKER}
 
 
 def _lm_eval_prompts(lm, task_manager, task_name) -> list[list[int]]:

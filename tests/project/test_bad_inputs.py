@@ -193,7 +193,7 @@ CASES = [
         "`--out` a non-empty directory of the user's",
         "--out",
         "{tmp}/mine",
-        expect="not a ropebench run",
+        expect="non-empty directory ropebench did not make",
         out_stays=True,
     ),
     sweep(
@@ -201,7 +201,7 @@ CASES = [
         "--out",
         "{tmp}/mine",
         "--fresh",
-        expect="not a ropebench run",
+        expect="non-empty directory ropebench did not make",
         out_stays=True,
     ),
     sweep(
@@ -981,6 +981,299 @@ CASES += [
         expect="is given twice",
     ),
 ]
+# -- issue 41 item 1: every writer goes through one guard (extend/owned_paths.py); a folder of the user's,
+# or one behind a marker that does not count, is refused before anything is written
+CASES += [
+    sweep(
+        "`--out` a folder of the user's behind an empty marker",
+        "--out",
+        "{tmp}/marker_empty",
+        expect="non-empty directory ropebench did not make",
+        out_stays=True,
+    ),
+    raw(
+        "`ropebench report RUN --out` a folder of the user's behind an unparsable marker",
+        "report",
+        "{tmp}/run",
+        "--out",
+        "{tmp}/marker_bad",
+        kind="results",
+        expect="non-empty directory ropebench did not make",
+    ),
+    bench("gpu --cpu-sizes --out DIR/mine", "non-empty directory ropebench did not make"),
+    bench("gpu --save-tokenizer DIR/mine", "non-empty directory ropebench did not make"),
+    bench("longppl-cost --json DIR/mine/report.md", "exists and ropebench did not write it"),
+    raw(
+        "`ropebench lm-eval run --output_path` a folder of the user's",
+        "run",
+        "--model",
+        "hf",
+        "--model_args",
+        "pretrained=none",
+        "--tasks",
+        "x",
+        "--output_path",
+        "{tmp}/mine",
+        kind="lm_eval",
+        expect="non-empty directory ropebench did not make",
+    ),
+]
+
+# -- issue 41 item 5: the classes of bad input and the rule that covers each, with the tests that check it
+# (docs/bad-input.md lists them; test_every_class_names_tests_that_exist checks the names). One row a class:
+# (class, rule, tests as "FILE::FUNCTION" under tests/).
+WRITES = "tests/project/test_owned_paths.py"
+
+
+@dataclass(frozen=True)
+class BadClass:
+    what: str  # the class of bad input
+    rule: str  # the rule that covers it
+    tests: tuple[str, ...]  # "FILE::FUNCTION" under tests/
+
+
+CLASSES = [
+    BadClass(
+        what="`sweep --fresh` in a run directory holding the user's files (in plots/ and tables/, linked "
+        "from report.md, same-stem siblings)",
+        rule="--fresh removes only what the run directory's marker (`.ropebench-owned.json`) lists, and a "
+        "listed file only while its sha256 matches; one changed since is kept and named in one warning line",
+        tests=(
+            f"{WRITES}::test_fresh_removes_only_what_the_marker_lists",
+            "tests/sweep/test_sweep.py::test_fresh_deletes_only_what_ropebench_wrote",
+        ),
+    ),
+    BadClass(
+        what="`bench gpu --out DIR` over the user's report.md; `bench gpu --save-tokenizer DIR` over the "
+        "user's tokenizer.json; `bench wheels --out` or the lm-eval task export deleting the user's files; "
+        "`bench ... --json FILE` or `bench run --out FILE` over the user's file",
+        rule="every writer goes through one guard (`extend/owned_paths.py`): a path is written only inside a "
+        "new or empty folder or one ropebench made (a valid marker); files are staged and moved in only when "
+        "none would replace a file ropebench did not write; checked before the work starts. A file named "
+        "with --json or `bench run --out` is written when new, or replaced while ropebench wrote it and it "
+        "is unchanged (its sha256 kept in the cache folder, no marker in the user's folder)",
+        tests=(
+            f"{WRITES}::test_bench_gpu_out_never_replaces_a_users_report",
+            f"{WRITES}::test_save_tokenizer_never_replaces_a_users_tokenizer",
+            f"{WRITES}::test_wheels_folder_removes_only_its_own_wheels",
+            f"{WRITES}::test_lm_eval_export_never_removes_a_users_task_file",
+            f"{WRITES}::test_bench_json_file_is_new_or_ropebenchs_unchanged",
+            f"{WRITES}::test_bench_run_out_never_replaces_a_users_report",
+        ),
+    ),
+    BadClass(
+        what="A task entry, model name or variant holding path separators or `..` (tables written outside "
+        "the run directory)",
+        rule="names made from user text go through `owned_paths.safe_name` (a hash keeps different texts "
+        "apart), and every path is checked to stay inside its folder: no `..`, no absolute path, no "
+        "symbolic link on the way",
+        tests=(
+            f"{WRITES}::test_safe_name_stays_in_its_folder",
+            f"{WRITES}::test_task_names_with_separators_write_only_inside_the_report",
+            f"{WRITES}::test_no_write_leaves_the_folder",
+        ),
+    ),
+    BadClass(
+        what="An ownership marker that is empty, unparsable, someone else's, a folder or a symbolic link",
+        rule="only a regular file with ropebench's content counts (`owned_paths.read_marker`); a folder made "
+        "before the marker counts only by files whose content is ropebench's (records, manifest, lock)",
+        tests=(
+            f"{WRITES}::test_markers_that_do_not_count_leave_the_folder_the_users",
+            f"{WRITES}::test_report_behind_broken_markers_and_links_changes_nothing",
+            f"{WRITES}::test_sweep_out_behind_a_broken_marker_is_refused",
+        ),
+    ),
+    BadClass(
+        what="A copied report folder whose report.md the user annotated",
+        rule="the marker holds each file's sha256: a file ropebench wrote but the user changed since is "
+        "kept, and the refusal names it",
+        tests=(
+            f"{WRITES}::test_a_copied_report_folder_keeps_the_users_annotations",
+            f"{WRITES}::test_a_file_changed_since_ropebench_wrote_it_is_kept_and_named",
+            "tests/results/test_write_safety.py::test_an_annotated_copy_of_a_report_is_never_replaced",
+        ),
+    ),
+    BadClass(
+        what="lm-eval `--output_path`, or `ROPEBENCH_CACHE` (GGUF snapshots, key-token and CPU-dtype "
+        "caches), pointed at a folder of the user's",
+        rule="the same guard, before the model loads: lm-eval's new files are listed in the folder's "
+        "marker; a cache folder of the user's gets no snapshot (one error line) and no cache file",
+        tests=(
+            f"{WRITES}::test_lm_eval_output_path_of_the_users_is_refused_before_the_model_loads",
+            f"{WRITES}::test_lm_eval_cli_refuses_a_users_output_folder_with_one_line",
+            f"{WRITES}::test_a_cache_folder_of_the_users_gets_no_snapshot_and_no_cache_file",
+        ),
+    ),
+]
+
+# -- issue 41 items 2 and 3: sizes bounded by their work; every check before the model loads, on every entry
+# point; conflicts and types refused with one line
+SIZES_TESTS = "tests/project/test_bad_inputs_sizes.py"
+CASES += [
+    sweep(
+        "`-t retrieval.candidates=4499990` (under the answers' pool, over the work)",
+        "--tasks",
+        "retrieval",
+        "-t",
+        "retrieval.candidates=4499990",
+        expect="over its cost bound 1000",
+    ),
+    sweep(
+        "`-t retrieval.trials=400 -t retrieval.candidates=20` (the demo's 6 shared haystacks x 3 depths: "
+        "7200 prompts per length, each scoring 21 answers)",
+        "--tasks",
+        "retrieval",
+        "-t",
+        "retrieval.trials=400",
+        "-t",
+        "retrieval.candidates=20",
+        expect="7200 prompts per length, each scoring 1 + candidates=20 answers: 151200, over the cost bound",
+    ),
+    sweep("`-t perplexity.chunk_size=100000`", "-t", "perplexity.chunk_size=100000", expect="bound 8192"),
+    sweep(
+        "`-t retrieval.haystack=essay` on a corpus of 10 words",
+        "--tasks",
+        "retrieval",
+        "--lengths",
+        "2048",
+        "--corpus",
+        "{tmp}/tiny.txt",
+        "-t",
+        "retrieval.haystack=essay",
+        expect="has only 10 words, fewer than the 4072 an essay haystack needs",
+    ),
+    sweep(
+        "`-t perplexity.key_tokens={trunc_len: 1500}` with `-o yarn.original_max_position_embeddings=1024`",
+        "--methods",
+        "yarn",
+        "--lengths",
+        "2048",
+        "-o",
+        "yarn.original_max_position_embeddings=1024",
+        "-t",
+        "perplexity.key_tokens={trunc_len: 1500}",
+        expect="is not below the trained context 1024 that yarn x",
+    ),
+    sweep(
+        "`-t perplexity.key_tokens={beta: 0}` (no token can qualify)",
+        "-t",
+        "perplexity.key_tokens={beta: 0}",
+        expect="beta=0 must be below 0",
+    ),
+    sweep(
+        "`ROPEBENCH_MEMORY_GB=inf`",
+        expect="is not a positive number of GB",
+        env={"ROPEBENCH_MEMORY_GB": "inf"},
+    ),
+    raw(
+        "`ropebench lm-eval run --tasks niah_multikey_1` offline, only an empty cache folder of its essays",
+        "run",
+        "--model",
+        "ropebench",
+        "--tasks",
+        "niah_multikey_1",
+        "--metadata",
+        '{"tokenizer": "gpt2"}',
+        kind="lm_eval",
+        expect="niah_multikey_1 needs the hub dataset 'baber/paul_graham_essays'",
+        env={"HF_DATASETS_CACHE": "{tmp}/emptycache", "HF_HUB_CACHE": "{tmp}/emptycache"},
+    ),
+    bench("gpu --cpu-sizes --remap-length 0", "must be an integer >= 2"),
+    bench("gpu --cpu-sizes --lengths 4000000", "cost bound"),
+    bench("gpu --cpu-sizes --demo-scale 0", POSITIVE),
+    bench("gpu --cpu-sizes --device nosuch", "unknown device 'nosuch'"),
+    bench("gpu --cpu-sizes --shapes nosuch", "unknown shape 'nosuch'"),
+    bench("gpu --cpu-sizes --remap-length 64 --remap-length 128", "--remap-length is given twice"),
+    bench("retrieval-sharing --tiny --trials 2 --trials 4", "--trials is given twice"),
+    raw(
+        "`ropebench report table RUN --task a --task b`",
+        "table",
+        "{tmp}/run",
+        "--task",
+        "passkey",
+        "--task",
+        "perplexity",
+        "--metric",
+        "ppl",
+        kind="results",
+        expect="--task is given twice",
+    ),
+    raw(
+        "`ropebench report` a run directory whose name is not UTF-8",
+        "report",
+        "{tmp}/r\udcffun",
+        kind="results",
+        expect="is not valid UTF-8",
+    ),
+]
+TYPES_TESTS = "tests/project/test_bad_inputs_types.py"
+DECLARED = "tests/results/test_report_declared.py"
+CLASSES += [
+    BadClass(
+        what="A size option set past what its work allows: retrieval `candidates` just under its pool's "
+        "limit (millions of wrong answers drawn before any model loads), trials, haystacks, depths, "
+        "generated tokens, documents, chunk and token counts; `bench gpu` lengths and scales",
+        rule="every option that sets a size has a cost bound (`tasks/sizes.py`; bench flags: "
+        "`at_least(..., high=)`), checked before work starts, the bound and what one unit costs in the "
+        "message; retrieval also bounds prompts x (1 + candidates) per length",
+        tests=(
+            f"{SIZES_TESTS}::test_every_size_option_has_a_cost_bound_named_in_its_message",
+            f"{SIZES_TESTS}::test_what_runs_before_the_model_at_the_bound_takes_seconds",
+            f"{SIZES_TESTS}::test_retrieval_answers_per_length_are_bounded_by_their_work",
+            f"{SIZES_TESTS}::test_retrieval_at_the_candidates_bound_finishes_within_seconds",
+        ),
+    ),
+    BadClass(
+        what="Checks that ran after the model loaded: lm-eval tasks whose hub data is missing or only an "
+        "empty cache folder, key-token limits against a forced context, the corpus size of essay haystacks",
+        rule="checked before the model loads on every entry point: a cache folder counts only with a "
+        "finished file in it; the context a patch puts in force is read from a weightless skeleton "
+        "(`preflight.context_in_force`); the essay's words are counted from the corpus",
+        tests=(
+            "tests/lm_eval/test_lm_eval.py::test_a_cached_dataset_counts_only_in_its_cache",
+            f"{TYPES_TESTS}::test_an_essay_corpus_too_small_is_refused_before_the_model_loads",
+            "tests/project/test_bad_inputs.py::test_bad_input_one_line_exit_2",
+        ),
+    ),
+    BadClass(
+        what="Option conflicts: a repeated flag whose first value was dropped, settings under which no token "
+        "can qualify (key_tokens beta >= 0), a zero or an infinity that became a default "
+        "(`bench gpu --remap-length 0`, `ROPEBENCH_MEMORY_GB=inf`)",
+        rule="every single-value flag of `bench` and `report` refuses a second value (`extend/flags.py`; "
+        "the sweep's own `_Once`); a zero, a negative or a non-finite size is refused while parsing",
+        tests=(
+            f"{TYPES_TESTS}::test_a_flag_given_twice_is_refused_by_every_parser_that_refuses_repeats",
+            f"{TYPES_TESTS}::test_key_tokens_settings_under_which_no_token_can_qualify_are_refused",
+            "tests/extend/test_refuse_before_load.py::test_check_fits_names_the_estimate_and_the_largest_length",
+        ),
+    ),
+    BadClass(
+        what="Tracebacks: `bench gpu` options (negative lengths, an unknown device or shape), `report` on a "
+        "run path that is not UTF-8; bare Python errors from the results API on wrong argument types",
+        rule="`bench gpu` checks its flags before any section runs; a run path is checked to be UTF-8 text "
+        "where the results API takes it; the API's arguments are checked where a call enters it "
+        "(`results/arguments.py`) and raise ResultsError",
+        tests=(
+            f"{TYPES_TESTS}::test_the_results_api_raises_its_own_error_for_wrong_types",
+            f"{TYPES_TESTS}::test_a_run_path_that_is_not_utf8_is_refused_with_one_line",
+        ),
+    ),
+    BadClass(
+        what="A value outside its metric's declared range (a 0/1 rate of 1.5) still tabulated and paired",
+        rule="left out of every table, comparison, plot and reach where ok rows are selected "
+        "(`results/ranges.py`), and the report counts what it left out",
+        tests=(
+            f"{DECLARED}::test_values_outside_the_declared_range_are_left_out_and_counted",
+            "tests/results/test_metric_meaning.py::test_out_of_range_names_rows_that_break_the_declared_range",
+        ),
+    ),
+]
+ISSUE_41_FILES = {
+    # what an interrupted download leaves: the folders, a ref, a lock, no data
+    "emptycache/datasets--baber--paul_graham_essays/refs/main": "abc\n",
+    "emptycache/baber___paul_graham_essays/default.lock": "",
+}
+
 WRITE_SAFETY_FILES = {
     "intkey.yaml": "model: smollm2-135m\nmethods: [plain]\ntasks: [perplexity]\nlengths: [64]\n1: x\n",
     "exit_plugin.py": "import sys\nsys.exit(3)\n",
@@ -989,6 +1282,10 @@ WRITE_SAFETY_FILES = {
     "idless/records.jsonl": '{"run": "r", "cell": "a", "task": "perplexity", "metric": "ppl", "value": 9.5}\n'
     '{"run": "r", "cell": "b", "task": "perplexity", "metric": "ppl", "value": 8.1}\n',
     "ownrun/tables/perplexity_ppl.md": "my own table\n",
+    "marker_empty/.ropebench-owned.json": "",
+    "marker_empty/notes.md": "my notes\n",
+    "marker_bad/.ropebench-owned.json": "{not json",
+    "marker_bad/report.md": "my report\n",
 }
 
 
@@ -1090,6 +1387,7 @@ FILES = {
     "optyarm.yaml": "model: smollm2-135m\nmethods: [yarn]\noptions: {yarm: {beta_fast: 16}}\n"
     "tasks: [perplexity]\nlengths: [64]\n",
 }
+FILES.update(ISSUE_41_FILES)
 BINARY = {
     "binary.txt": bytes(range(256)) * 8,
     "utf16.txt": "a document in UTF-16\n".encode("utf-16"),
@@ -1259,9 +1557,39 @@ def docs_table(tmp_root: Path) -> str:
     return "\n".join(rows)
 
 
+def classes_table() -> str:
+    """The classes of bad input, the rule that covers each and its tests (docs/bad-input.md)."""
+    rows = [CLASSES_HEAD, "| class | rule | tests |", "|---|---|---|"]
+    for c in CLASSES:
+        names = "<br>".join(f"`{name}` ({path.removeprefix('tests/')})" for path, name in _split(c.tests))
+        rows.append(f"| {c.what} | {c.rule} | {names} |".replace("\n", " "))
+    return "\n".join(rows) + "\n\n## Every case\n\n"
+
+
+CLASSES_HEAD = "## The classes and the rule that covers each\n"
+
+
+def _split(tests: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [tuple(t.split("::")) for t in tests]
+
+
+def test_every_class_names_tests_that_exist():
+    for c in CLASSES:
+        assert c.what and c.rule and c.tests, c.what
+        for path, name in _split(c.tests):
+            assert f"def {name}(" in (ROOT / path).read_text(), (path, name)
+
+
+def test_docs_classes_match():
+    hint = "docs/bad-input.md is out of date — run `python tests/project/test_bad_inputs.py --write-docs`"
+    assert classes_table() in DOC.read_text(), hint
+
+
 def _docs_rows() -> dict[str, tuple[str, str]]:
     assert DOC.is_file(), f"{DOC} is missing — run `python tests/project/test_bad_inputs.py --write-docs`"
-    table = [line for line in DOC.read_text().splitlines() if line.startswith("| ")]
+    text = DOC.read_text()
+    text = text[text.index("| input | message | exit code |") :]  # the cases' table (the classes' is above)
+    table = [line for line in text.splitlines() if line.startswith("| ")]
     rows = {}
     for line in table[1:]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
@@ -1429,7 +1757,7 @@ if __name__ == "__main__" and "--write-docs" in sys.argv:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with tempfile.TemporaryDirectory() as d:
         table = docs_table(Path(d))
-    DOC.write_text(f"{DOC_HEAD}{table}\n")
+    DOC.write_text(f"{DOC_HEAD}{classes_table()}{table}\n")
     print(f"wrote {len(CASES)} rows to {DOC}")
 
 

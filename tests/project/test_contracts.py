@@ -25,7 +25,7 @@ EMPTY = P.empty
 def resolve(dotted: str):
     """The object a dotted name documents, and whether it is a method looked up on its class."""
     first, *rest = dotted.split(".")
-    obj = importlib.import_module(first)
+    obj = importlib.import_module(f"ropebench.{first}")  # the one copy (a bare `extend` is refused)
     owner = None
     for part in rest:
         owner, obj = obj, getattr(obj, part)

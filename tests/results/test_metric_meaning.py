@@ -189,8 +189,10 @@ def test_out_of_range_names_rows_that_break_the_declared_range():
     bad = out_of_range(frame)
     assert sorted(zip(bad["metric"], bad["value"])) == [("hit", 3.0), ("rank", 0.5)]
     assert out_of_range(frame[frame["value"].between(1, 2)]).empty
-    # a declared rate whose values leave [0, 1] gets no (Wilson) interval rather than a wrong one
-    assert results.estimates(frame, "plugin", "hit").loc[0, "interval"] == "none"
+    # issue 41: a value outside the range is left out of the cell (the rate of 1 and 0: 1/2, n = 2), not only
+    # named
+    cell = results.estimates(frame, "plugin", "hit").iloc[0]
+    assert (cell["n"], cell["mean"], cell["interval"]) == (2, 0.5, "wilson")
 
 
 def test_bad_arguments_are_one_line_results_errors():

@@ -160,6 +160,39 @@ def test_nolima_base_must_be_a_short_length():
     assert e["claim"] == "≥ 16000" and e["reference_length"] == 2000
 
 
+def test_nolima_base_is_capped_at_2048_tokens_for_a_long_trained_context():
+    """Issue 37: a quarter of a 128K trained context is 32768 tokens, no short context; NoLiMa's bases are
+    250-1K tokens, so the base may be at most 2048 tokens whatever the trained context."""
+    long_model = '{"trained_context": 131072}'
+    at_4096 = _rows({4096: 24, 65536: 24, 131072: 24}, options=long_model)
+    e = results.effective_length(normalize(pd.DataFrame(at_4096)), "needles", "hit", rule="short").iloc[0]
+    assert pd.isna(e["effective_length"]) and e["rule"].startswith("not computed")
+    assert "≤ 2048" in e["rule"] and "add a length ≤ 2048" in e["rule"]
+    at_2048 = _rows({2048: 24, 65536: 24, 131072: 24}, options=long_model)
+    e = results.effective_length(normalize(pd.DataFrame(at_2048)), "needles", "hit", rule="short").iloc[0]
+    assert e["reference_length"] == 2048 and e["claim"] == "≥ 131072"
+    # below the cap a quarter of the trained context still rules: 8000 / 4 = 2000 < 2048 (the test above)
+    at_2048_short_model = _rows({2048: 24, 8000: 24})
+    e = results.effective_length(
+        normalize(pd.DataFrame(at_2048_short_model)), "needles", "hit", rule="short"
+    ).iloc[0]
+    assert pd.isna(e["effective_length"]) and "≤ 2000" in e["rule"]
+
+
+@pytest.mark.parametrize("short_length", [4096, 0, 1.5, True])
+def test_nolima_short_length_above_the_cap_is_refused(short_length):
+    rows = normalize(pd.DataFrame(_rows({1024: 24, 8000: 24})))
+    with pytest.raises(results.ResultsError, match="short_length must be a length in tokens from 1 to 2048"):
+        results.effective_length(rows, "needles", "hit", rule="short", short_length=short_length)
+
+
+def test_nolima_cap_is_named_in_the_legend():
+    from ropebench.results.overview import legend_lines
+
+    (line,) = [x for x in legend_lines(rules={("rate", "short")}) if x.startswith("reach (short)")]
+    assert "min(a quarter of the trained context, 2048) tokens" in line and "250-1K" in line
+
+
 # ---------------------------------------------------------------------------- perplexity against the baseline
 def _ppl_rows(method, per_doc):
     return [
@@ -236,11 +269,11 @@ def test_rulers_own_bar_is_a_named_option():
 def test_the_cli_takes_rulers_bar_by_name(monkeypatch, capsys):
     """`ropebench report RUN --bar ruler` (or --threshold ruler) hands RULER's 0.856 to the report; a number
     passes as given, the default is 0.8, and a name it does not know is one line and exit 2."""
-    from ropebench import results
+    from ropebench.results import reporting  # a submodule: imported here, not by an earlier test
     from ropebench.results.__main__ import main
 
     given = []
-    monkeypatch.setattr(results.reporting, "report", lambda *a, **kw: given.append(kw["threshold"]) or "r")
+    monkeypatch.setattr(reporting, "report", lambda *a, **kw: given.append(kw["threshold"]) or "r")
     for argv in (["--bar", "ruler"], ["--threshold", "RULER"], ["--bar", "0.9"], []):
         assert main(["report", "run", *argv]) == 0
     assert given == [0.856, 0.856, 0.9, 0.8]

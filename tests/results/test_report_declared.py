@@ -229,16 +229,26 @@ def test_headline_says_when_nothing_is_significant(tmp_path):
     assert "at most 0" in head and len(head.splitlines()) == 1
 
 
-def test_values_outside_the_declared_range_are_flagged(tmp_path):
+def test_values_outside_the_declared_range_are_left_out_and_counted(tmp_path):
+    """Issue 41 item 4: a value outside its metric's declared range is in no table or comparison, and the
+    report says how many were left out."""
     rows = [r for r in _rank_rows() if r["length"] == 1000]
     rows[0] = {**rows[0], "value": 0.5}  # a rank below 1, the declared lower end
     run = tmp_path / "run"
     results.RecordWriter(run).write(rows)
     md = results.report(run).read_text()
-    flagged = [line for line in md.splitlines() if line.startswith("Out of range:")]
-    assert flagged == [
-        "Out of range: ranker/rank (1 row: 0.5) — outside the metric's declared range; check the task."
-    ]
+    left = [line for line in md.splitlines() if line.startswith("Left out of every table")]
+    expected = (
+        "Left out of every table, comparison and reach: 1 value outside the metric's declared range — "
+        "ranker/rank 1 row (0.5; range [1, inf]); check the task that wrote them."
+    )
+    assert left == [expected]
+    df = results.load(run)
+    cells = results.estimates(df, "ranker", "rank").set_index("method")
+    # plain keeps its 7 questions of rank 1 (8 written, one out of range), ext its 8
+    assert cells.loc["plain", "n"] == 7 and cells.loc["plain", "mean"] == 1.0 and cells.loc["ext", "n"] == 8
+    pairs = results.paired_differences(df, "ranker", "rank", "plain").set_index("method")
+    assert pairs.loc["ext", "n"] == 7  # the left-out question pairs with nothing
 
 
 def test_withheld_longppl_is_said_with_its_key_tokens(synthetic_records, tmp_path):

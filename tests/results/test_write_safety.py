@@ -63,8 +63,8 @@ def test_report_into_a_new_directory_then_again_replaces_only_its_own_files(perp
     out = tmp_path / "a" / "b" / "rep"
     path = results.report(perplexity_run_dir, out=out)
     assert path == out / "report.md" and path.read_text().startswith("# ropebench report")
-    index = json.loads((out / ".ropebench-report.json").read_text())["files"]
-    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {".ropebench-report.json"}
+    index = json.loads((out / ".ropebench-owned.json").read_text())["files"]  # the marker (owned_paths.py)
+    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {".ropebench-owned.json"}
     assert set(index) == written and "report.md" in written and any(f.startswith("plots/") for f in written)
     (out / "tables" / "notes.md").write_text("mine, with a name the report does not use")
     results.report(perplexity_run_dir, out=out)  # its own files are replaced
@@ -90,7 +90,7 @@ def test_report_refused_in_a_new_directory_leaves_nothing(synthetic_records, tmp
 
 
 def test_an_annotated_copy_of_a_report_is_never_replaced(perplexity_run_dir, tmp_path):
-    """Ownership is decided by the marker file a report writes (.ropebench-report.json), not by the first line
+    """Ownership is decided by the marker file a report writes (.ropebench-owned.json), not by the first line
     of report.md: a user's annotated copy keeps "# ropebench report" and must survive untouched."""
     out = tmp_path / "mine"
     results.report(perplexity_run_dir, out=tmp_path / "orig")

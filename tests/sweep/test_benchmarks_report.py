@@ -146,9 +146,14 @@ def test_prefix_section_window_counts_come_from_the_full_run(synthetic_benchmark
     assert "per window ropebench takes 2.0 s, lm-eval 3.0 s; ropebench runs 1 window(s) more." in text
 
 
-def test_report_command_adds_the_demo_time(tmp_path, synthetic_benchmark_run, benchmark_model_facts):
-    source = tmp_path / "BENCHMARKS.json"
-    source.write_text(json.dumps(synthetic_benchmark_run(benchmark_model_facts)))
+def test_report_command_adds_the_demo_time(
+    tmp_path, monkeypatch, synthetic_benchmark_run, benchmark_model_facts
+):
+    from ropebench.extend.owned_paths import write_loose_file
+
+    monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path / "cache"))  # where ropebench lists the files it wrote
+    source = tmp_path / "BENCHMARKS.json"  # as `bench run --out` writes it: a file ropebench may re-render
+    write_loose_file(source, json.dumps(synthetic_benchmark_run(benchmark_model_facts)), "--out")
     code = cli.main(["report", str(source), "--demo-seconds", "450", "--notes", str(tmp_path / "none.md")])
     assert code == 0
     text = source.with_suffix(".md").read_text()

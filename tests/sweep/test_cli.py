@@ -1,4 +1,4 @@
-"""The `ropebench` command (scripts/cli.py, installed as a console script): it lists its five subcommands,
+"""The `ropebench` command (scripts/cli.py, installed as a console script): it lists its six subcommands,
 each subcommand answers `--help` with the options of the CLI it hands over to, the old entry points still
 answer with the same options, an unknown subcommand is one line and exit 2, and bad input below it keeps its
 exit code. Run through the installed script in subprocesses, offline; nothing loads a model."""
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 ROPEBENCH = Path(PY).parent / "ropebench"  # the console script pip installs beside the interpreter
-EXPECTED = ["sweep", "report", "inspect", "lm-eval", "bench"]  # issue 23, item 2
+EXPECTED = ["sweep", "report", "inspect", "lm-eval", "bench", "export"]  # issue 23, item 2; issue 40
 
 # ropebench's subcommand -> the old entry point that must do the same
 OLD_ENTRY_POINTS = {
@@ -46,7 +46,7 @@ def test_the_console_script_is_installed():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["-h"], ["help"]], ids=["--help", "-h", "help"])
-def test_help_lists_the_five_subcommands_one_line_each(argv):
+def test_help_lists_the_six_subcommands_one_line_each(argv):
     out = run([ROPEBENCH, *argv])
     assert out.returncode == 0, out.stderr
     listed = re.findall(r"^  (\S+)  +\S", out.stdout, flags=re.MULTILINE)

