@@ -25,7 +25,7 @@ import time
 from itertools import groupby
 from pathlib import Path
 
-from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code
 
 
 def demo_cells(config: str | None) -> tuple[dict, list]:
@@ -223,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     wall.add_argument(
         "--run-dir", type=Path, default=None, help="a finished run of the config: its recorded cell times"
     )
-    p.add_argument("--gemm-size", type=int, default=2048)
+    p.add_argument(
+        "--gemm-size",
+        type=at_least(64, 2048, high=16384, cost="an n x n GEMM is 2n^3 FLOPs, best of 3"),
+        default=2048,
+    )
     p.add_argument(
         "--per-core", action="store_true", help="the GEMM rate from one thread's CPU time x threads"
     )

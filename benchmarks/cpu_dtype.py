@@ -13,14 +13,14 @@ import datetime
 import os
 import sys
 
-from ropebench.benchmarks.errors import ArgumentParser, exit_code, positive_int
+from ropebench.benchmarks.errors import REPEATS, ArgumentParser, exit_code, forward_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="ropebench bench cpu-dtype", description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=positive_int, nargs="+", default=[256, 512, 1024, 2048, 4096])
+    p.add_argument("--tokens", type=forward_tokens(1024), nargs="+", default=[256, 512, 1024, 2048, 4096])
     p.add_argument(
-        "--rounds", type=positive_int, default=3, help="timed rounds per side (best of), after one warm-up"
+        "--rounds", type=REPEATS, default=3, help="timed rounds per side (best of), after one warm-up"
     )
     args = p.parse_args(argv)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ropebench.extend.errors import RopebenchError  # imports nothing heavy (extend loads its names lazily)
@@ -27,6 +28,14 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         parsed, extra = super().parse_known_args(args, namespace)
         return forget_given(parsed), extra
+
+    def add_argument(self, *args, **kwargs):
+        kind = kwargs.get("type")
+        if kind is int or getattr(kind, "bounded", True) is False:
+            raise TypeError(
+                f"{args[0]}: an integer flag needs a cost bound — declare it with at_least(..., high=)"
+            )
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message):  # argparse would print the whole usage, then exit on its own
         raise BenchmarkError(f"{message} — run `{self.prog} --help` for usage")
@@ -49,10 +58,27 @@ def at_least(low: int, example: int | None = None, *, high: int | None = None, c
         return value
 
     check.__name__ = "int"  # what argparse names in "invalid int value"
+    check.bounded = high is not None
     return check
 
 
-positive_int = at_least(1)
+# Every integer flag sets a size (of a forward, a sample, a repetition): each has a cost bound, checked while
+# parsing, so a typo of 10^12 is refused at once instead of running for days (ArgumentParser refuses to
+# declare an unbounded integer flag).
+MAX_TOKENS = 1 << 20
+
+
+def forward_tokens(example: int) -> Callable[[str], int]:
+    """Tokens of one forward: 2 to MAX_TOKENS."""
+    return at_least(2, example, high=MAX_TOKENS, cost="tokens of one forward")
+
+
+def count(example: int, high: int, cost: str) -> Callable[[str], int]:
+    """A positive count up to its cost bound (`cost`: what one unit costs)."""
+    return at_least(1, example, high=high, cost=cost)
+
+
+REPEATS = count(3, 100, "each repeat runs the whole measurement again")
 
 
 def fraction(text: str) -> float:

@@ -76,7 +76,7 @@ def parser() -> ArgumentParser:
     )
     p.add_argument("--remap-length", type=TOKENS, default=None, help="the remap methods' length (GPU: 32k)")
     p.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
-    p.add_argument("--seed", type=at_least(0, 0), default=0)
+    p.add_argument("--seed", type=at_least(0, 0, high=2**32 - 1, cost="a seed"), default=0)
     p.add_argument(
         "--demo-scale",
         type=SCALE,

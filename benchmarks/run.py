@@ -28,7 +28,17 @@ from argparse import SUPPRESS
 from pathlib import Path
 
 from ropebench.benchmarks import orchestrate, report
-from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code, positive_int
+from ropebench.benchmarks.errors import (
+    MAX_TOKENS,
+    REPEATS,
+    ArgumentParser,
+    BenchmarkError,
+    at_least,
+    count,
+    exit_code,
+    forward_tokens,
+)
+from ropebench.tasks.sizes import MAX_TRIALS, TRIAL_COST
 
 HERE = Path(__file__).resolve().parent
 PROG = "ropebench bench run"
@@ -136,22 +146,24 @@ def parser() -> ArgumentParser:
         "--quick", action="store_true", help="CI smoke run: tiny lengths, 1 repeat, BENCHMARKS.quick.md"
     )
     p.add_argument(
-        "--lengths", type=at_least(2, 4096), nargs="+", help=f"perplexity lengths (default {FULL_LENGTHS})"
+        "--lengths", type=forward_tokens(4096), nargs="+", help=f"perplexity lengths (default {FULL_LENGTHS})"
     )
     p.add_argument(
-        "--max-length", type=at_least(2, 8192), help="drop lengths above this (e.g. 8192 for a shorter run)"
+        "--max-length",
+        type=forward_tokens(8192),
+        help="drop lengths above this (e.g. 8192 for a shorter run)",
     )
-    p.add_argument("--repeats", type=positive_int, help="runs per figure (default 3; quick: 1)")
+    p.add_argument("--repeats", type=REPEATS, help="runs per figure (default 3; quick: 1)")
     p.add_argument(
-        "--window", type=at_least(2, 4096), help="rolling-perplexity window (default 4096; quick: 256)"
+        "--window", type=forward_tokens(4096), help="rolling-perplexity window (default 4096; quick: 256)"
     )
     p.add_argument(
         "--rolling-tokens",
-        type=at_least(0, 16384),
+        type=at_least(0, 16384, high=MAX_TOKENS, cost="tokens of one forward"),
         help="cut the rolling document to this many tokens (default 16384; quick: 1024; 0 = whole document)",
     )
     p.add_argument(
-        "--passkey-length", type=at_least(2, 8192), help="passkey prompt length (default 8192; quick: 512)"
+        "--passkey-length", type=forward_tokens(8192), help="passkey prompt length (default 8192; quick: 512)"
     )
     p.add_argument(
         "--dtype", default="auto", help="float32, bfloat16 or auto (default: extend.load's CPU default)"
@@ -176,18 +188,22 @@ def parser() -> ArgumentParser:
     )
     p.add_argument(
         "--prefix-length",
-        type=at_least(2, 8192),
+        type=forward_tokens(8192),
         help="prefix-sharing prompt length (default 8192; quick: 512)",
     )
     p.add_argument(
-        "--prefix-queries", type=positive_int, help="many-shot queries per cell (default 24; quick: 4)"
+        "--prefix-queries",
+        type=count(24, 10_000, "each query is one more continuation"),
+        help="many-shot queries per cell (default 24; quick: 4)",
     )
     p.add_argument(
-        "--prefix-trials", type=positive_int, help="passkey trials, x 5 depths (default 4; quick: 1)"
+        "--prefix-trials",
+        type=count(4, MAX_TRIALS, TRIAL_COST),
+        help="passkey trials, x 5 depths (default 4; quick: 1)",
     )
     p.add_argument(
         "--prefix-zero-shot-queries",
-        type=positive_int,
+        type=count(4, 10_000, "each document is one more forward"),
         help="zero-shot documents for the nothing-to-share figure (default 4; quick: 2)",
     )
     p.add_argument(
@@ -198,7 +214,7 @@ def parser() -> ArgumentParser:
     )
     p.add_argument(
         "--prefix-repeats",
-        type=positive_int,
+        type=REPEATS,
         default=1,
         help="repeats of the prefix-sharing child in a full "
         "run (default 1; it takes ~35 min at 8192 on a quiet 2-core CPU)",
@@ -206,7 +222,7 @@ def parser() -> ArgumentParser:
     p.add_argument("--prefix-json", help=SUPPRESS)
     p.add_argument("--child", help=SUPPRESS)
     p.add_argument("--model-dir", help=SUPPRESS)
-    p.add_argument("--repeat-index", type=at_least(0), default=0, help=SUPPRESS)
+    p.add_argument("--repeat-index", type=at_least(0, 0, high=1000), default=0, help=SUPPRESS)
     return p
 
 

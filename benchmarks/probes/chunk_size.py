@@ -13,7 +13,7 @@ import sys
 import time
 from unittest import mock
 
-from ropebench.benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import REPEATS, ArgumentParser, exit_code, forward_tokens
 
 
 def best_of(fn, repeats, *args, **kw):
@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m ropebench.benchmarks.probes.chunk_size", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--length", type=int, default=8192)
-    p.add_argument("--chunks", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--length", type=forward_tokens(8192), default=8192)
+    p.add_argument("--chunks", type=forward_tokens(1024), nargs="+", default=[256, 1024, 4096])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=REPEATS, default=3)
     args = p.parse_args(argv)
 
     import torch

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ropebench.benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code, forward_tokens
 
 LENGTH = 8192
 
@@ -23,7 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m ropebench.benchmarks.probes.continuation_blocks", description=__doc__.splitlines()[0]
     )
-    p.add_argument("prefix", type=int, nargs="?", default=2048, help="tokens on the cache (default 2048)")
+    p.add_argument(
+        "prefix",
+        type=forward_tokens(2048),
+        nargs="?",
+        default=2048,
+        help="tokens on the cache (default 2048)",
+    )
     args = p.parse_args(argv)
 
     import torch

@@ -20,7 +20,7 @@ import time
 from unittest import mock
 
 from ropebench.benchmarks.cost_model import quadratic_fit
-from ropebench.benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, count, exit_code, forward_tokens
 from ropebench.benchmarks.orchestrate import machine
 from ropebench.benchmarks.prefix_sharing import DEPTHS
 
@@ -66,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="python -m ropebench.benchmarks.probes.passkey_floor", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--length", type=int, default=8192)
-    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--length", type=forward_tokens(8192), default=8192)
+    parser.add_argument("--trials", type=count(4, 1000, "one prompt each"), default=4)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
-        "--tail-from", type=int, default=2048, help="cached prefix of the measured continuation"
+        "--tail-from",
+        type=forward_tokens(2048),
+        default=2048,
+        help="cached prefix of the measured continuation",
     )
     args = parser.parse_args(argv)
 

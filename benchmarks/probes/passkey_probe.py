@@ -11,7 +11,7 @@ import sys
 import time
 from unittest import mock
 
-from ropebench.benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code, forward_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("method", help="a registered method, e.g. plain, yarn, self-extend")
     p.add_argument("factor", type=float, help="its factor, e.g. 2")
-    p.add_argument("length", type=int, help="prompt length in tokens, e.g. 8192")
+    p.add_argument("length", type=forward_tokens(8192), help="prompt length in tokens, e.g. 8192")
     args = p.parse_args(argv)
 
     import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ropebench.benchmarks.errors import ArgumentParser, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, exit_code, forward_tokens
 
 GROUPS = {
     "aten::mm": "linear layers (mm)",
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
         prog="python -m ropebench.benchmarks.probes.profile_forward", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    p.add_argument("--lengths", type=forward_tokens(4096), nargs="+", default=[4096, 16384])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     args = p.parse_args(argv)
 

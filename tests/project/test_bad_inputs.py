@@ -45,8 +45,8 @@ only into a new or empty directory or one ropebench made, never over a file rope
 files that are damaged or not ropebench's are named with their file and first bad line (damaged lines among
 good ones are skipped with one warning); records that carry no model, method or length are no ropebench run
 and are refused, naming the missing fields. The benchmarks (`ropebench bench NAME`) check their numeric flags
-while parsing (`benchmarks/errors.py`: `positive_int`, `at_least`, `fraction`) and what they pass on by the
-owning layer's checks, before the model loads.
+while parsing, each integer against its cost bound (`benchmarks/errors.py`: `at_least`, `forward_tokens`,
+`count`, `fraction`), and what they pass on by the owning layer's checks, before the model loads.
 
 This page is generated from `tests/project/test_bad_inputs.py`, which runs every case (`python
 tests/project/test_bad_inputs.py --write-docs` rewrites it; DIR is the test's scratch directory).
@@ -821,10 +821,11 @@ def bench(command: str, expect: str) -> Case:
 
 # -- issue 32 item 4: the benchmarks' options checked before any model loads; records that are not a run
 POSITIVE = "must be a positive integer"
+TOKENS = "must be an integer >= 2"  # tokens of one forward (benchmarks/errors.py: forward_tokens)
 CASES += [
     bench("longppl-cost --length -5", "must be an integer >= 2"),
-    bench("longppl-cost --trunc-len 0", POSITIVE),
-    bench("longppl-cost --sliding-window -1", POSITIVE),
+    bench("longppl-cost --trunc-len 0", TOKENS),
+    bench("longppl-cost --sliding-window -1", TOKENS),
     bench("longppl-cost --repeats 0", POSITIVE),
     bench("longppl-cost --length 1024 --trunc-len 2048", "trunc_len"),
     bench("longppl-cost --corpus nosuch", "unknown corpus"),
@@ -832,13 +833,13 @@ CASES += [
     bench("retrieval-sharing --tiny --trials 0", POSITIVE),  # SmolLM2 used to load first, even with --tiny
     bench("retrieval-sharing --tiny --depths 2.0", "must be a number from 0 to 1"),
     bench("retrieval-sharing --tiny --variants nosuch", "variants=['nosuch']"),
-    bench("retrieval-sharing --tiny --lengths 0", POSITIVE),
+    bench("retrieval-sharing --tiny --lengths 0", TOKENS),
     bench("retrieval-sharing --tiny --repeats 0", POSITIVE),
-    bench("cpu-dtype --tokens -5", POSITIVE),
+    bench("cpu-dtype --tokens -5", TOKENS),
     bench("cpu-dtype --rounds 0", POSITIVE),
     bench("remap-cost --length 1", "must be an integer >= 2"),
     bench("remap-cost --layers -3", POSITIVE),
-    bench("remap-cost --block 0", POSITIVE),
+    bench("remap-cost --block 0", TOKENS),
     bench("remap-cost --cells nosuch:2", "unknown RoPE method 'nosuch'"),
     bench("shape-check --methods yarm", "unknown RoPE method 'yarm'"),
     bench("longppl-bias --num-docs 0", POSITIVE),

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from ropebench import tasks
+from ropebench.benchmarks.cli import COMMANDS as BENCH_COMMANDS
 from ropebench.tasks.checks import check_lengths_fit, check_task
 from ropebench.tasks.errors import TaskError
 from ropebench.tasks.kit import by_default, task_spec
@@ -133,3 +134,59 @@ def test_retrieval_at_the_candidates_bound_finishes_within_seconds(tiny_model, t
     assert time.perf_counter() - start < SECONDS
     chance = [r["value"] for r in rows if r["metric"] == "chance"]
     assert chance == [1 / 1001]  # every candidate was ranked
+
+
+# -- the benchmark commands' integer flags: every one has a cost bound ------------------------------------
+BENCH_PROBES = ["chunk_size", "continuation_blocks", "passkey_floor", "passkey_probe", "profile_forward"]
+
+
+def test_a_bench_parser_refuses_to_declare_an_unbounded_integer_flag():
+    from ropebench.benchmarks.errors import ArgumentParser, at_least
+
+    p = ArgumentParser(prog="x")
+    with pytest.raises(TypeError, match="--n: an integer flag needs a cost bound"):
+        p.add_argument("--n", type=int)
+    with pytest.raises(TypeError, match="--m: an integer flag needs a cost bound"):
+        p.add_argument("--m", type=at_least(1))
+    p.add_argument("--k", type=at_least(1, 2, high=9, cost="one unit"))  # bounded: declared
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_COMMANDS))
+def test_every_bench_command_declares_only_bounded_integer_flags(name):
+    """Declaring an unbounded integer flag raises while the parser is built, so `--help` of every command
+    (and of every probe, below) proves each integer flag has its cost bound."""
+    from ropebench.benchmarks import cli
+
+    assert cli.main([name, "--help"]) == 0
+
+
+@pytest.mark.parametrize("probe", BENCH_PROBES)
+def test_every_probe_declares_only_bounded_integer_flags(probe):
+    import importlib
+
+    module = importlib.import_module(f"ropebench.benchmarks.probes.{probe}")
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    assert done.value.code == 0
+
+
+@pytest.mark.parametrize(
+    "argv, bound",
+    [
+        (["cpu-dtype", "--tokens", str((1 << 20) + 1)], "2 to 1048576"),
+        (["retrieval-sharing", "--trials", "10001"], "1 to 10000"),
+        (["longppl-bias", "--num-docs", "1001"], "1 to 1000"),
+        (["run", "--repeats", "101"], "1 to 100"),
+        (["compute-floor", "--gemm-size", "16385"], "64 to 16384"),
+    ],
+)
+def test_a_bench_size_past_its_bound_is_refused_while_parsing(argv, bound, capsys):
+    from ropebench.benchmarks import cli
+
+    started = time.perf_counter()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith("error: argument ") and f"must be {bound}, its cost bound" in err and "\n" not in err
+    )
+    assert time.perf_counter() - started < 10  # refused while parsing, before any model or measurement
