@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,27 @@ def _what_ran(config: dict, args: dict, f: Path) -> tuple[str, float, dict[str, 
                 f"{f}: config.ropebench_options is not a JSON object ({e}) — pass an unedited "
                 f"lm-eval results file"
             ) from e
-        return str(config["ropebench_method"]), float(config.get("ropebench_factor") or 1.0), options
+        return str(config["ropebench_method"]), _factor(config.get("ropebench_factor"), f), options
     loading = _loading_args()
     options = {k: v for k, v in args.items() if k not in loading}
-    return args.get("method") or "plain", float(args.get("factor", 1.0) or 1.0), options
+    return args.get("method") or "plain", _factor(args.get("factor"), f), options
+
+
+def _factor(value: Any, f: Path) -> float:
+    """A recorded factor: absent is 1 (no extension); anything else must be a finite number > 0 (a 0 is no
+    default: it is a factor no patch accepts)."""
+    if value is None:
+        return 1.0
+    try:
+        factor = float(value)
+    except (TypeError, ValueError):
+        factor = math.nan
+    if isinstance(value, bool) or not math.isfinite(factor) or factor <= 0:
+        raise ResultsError(
+            f"{f}: the run's factor {value!r} is not a finite number > 0 — pass an unedited lm-eval results "
+            f"file, or give the factor (from_lm_eval(..., factor=2))"
+        )
+    return factor
 
 
 def _result_files(path: Path) -> list[Path]:

@@ -235,6 +235,21 @@ def test_from_lm_eval_rows(tmp_path):
     (tmp_path / "plain" / "results_y.json").write_text(json.dumps(blob))
     plain = results.from_lm_eval(tmp_path / "plain")  # a directory of results files works too
     assert set(plain["method"]) == {"plain"} and set(plain["factor"]) == {1.0}
+    # a recorded factor of 0 is no default of 1: it is refused, naming the file
+    for where, zero in (("model_args", {"pretrained": "x", "method": "pi", "factor": "0"}), ("config", 0)):
+        bad = json.loads(j.read_text())
+        if where == "config":
+            bad["config"].update(
+                ropebench_method="pi", ropebench_factor=zero
+            )  # what the ropebench model records
+        else:
+            bad["config"]["model_args"] = zero
+            bad["config"].pop("ropebench_method", None)
+        (tmp_path / "zero.json").write_text(json.dumps(bad))
+        with pytest.raises(
+            results.ResultsError, match=r"zero.json: the run's factor .* is not a finite number > 0"
+        ):
+            results.from_lm_eval(tmp_path / "zero.json")
     # lm-eval rows sit in the same tables as the sweep's rows
     both = pd.concat([df, plain], ignore_index=True)
     t = results.table(both, "arc_easy", "acc", cols=None)
