@@ -24,6 +24,7 @@ import inspect
 import json
 import re
 import sys
+import tempfile
 from argparse import SUPPRESS
 from pathlib import Path
 
@@ -130,9 +131,8 @@ def resolve(args) -> Path:
             check_loose_file(path, "--out", BenchmarkError)
     try:  # before any measuring: a report that cannot be written would lose the whole run
         out.parent.mkdir(parents=True, exist_ok=True)
-        probe = out.with_name(f".{out.name}.probe")
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".probe"):
+            pass  # a new file of a fresh name (never one of the user's), removed on exit
     except OSError as e:
         raise BenchmarkError(
             f"cannot write the report to {out} ({e.strerror}) — pass a writable --out"

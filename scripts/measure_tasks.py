@@ -37,6 +37,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-tasks.md"))
     args = ap.parse_args()
     command = "python scripts/measure_tasks.py " + " ".join(sys.argv[1:])
+    from ropebench.extend.owned_paths import check_loose_file
+
+    try:  # before the hours of measuring: --out must be new, or ropebench's and unchanged
+        check_loose_file(args.out, "--out")
+    except extend.RopebenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
     t_all = time.perf_counter()
     model, tok = extend.load("smollm2-135m", dtype=None if args.dtype == "auto" else args.dtype)
@@ -134,9 +141,10 @@ def write(path, command, rows, timings, seconds, done):
     lines += [f"| {s} | {setting} | {length} | {value} | {n} |" for s, setting, length, value, n in rows]
     text = "\n".join(lines) + "\n"
     print(text, flush=True)
+    from ropebench.extend.owned_paths import write_loose_file
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+    write_loose_file(path, text, "--out")  # new, or ropebench's and unchanged: never a file of the user's
 
 
 if __name__ == "__main__":

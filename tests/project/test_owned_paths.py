@@ -473,3 +473,25 @@ def test_bench_run_out_never_replaces_a_users_report(tmp_path, monkeypatch, caps
     with pytest.raises(RopebenchError, match="exists and ropebench did not write it"):
         orchestrate.atomic_write_text(mine, "x")
     assert mine.read_bytes() == USER
+
+
+def test_measure_tasks_refuses_a_users_out_file_before_measuring(tmp_path):
+    """scripts/measure_tasks.py writes its --out through the guard and checks it first, before hours of
+    measuring: a user's file there is kept byte for byte, one `error:` line, exit 2."""
+    import subprocess
+    import sys
+
+    mine = tmp_path / "notes.md"
+    mine.write_bytes(b"the user's own notes\n")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "measure_tasks.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(mine)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "ROPEBENCH_CACHE": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().startswith(f"error: --out {mine} exists and ropebench did not write it")
+    assert "\n" not in done.stderr.strip() and mine.read_bytes() == b"the user's own notes\n"
