@@ -18,7 +18,6 @@ import time
 from unittest import mock
 
 from ropebench.benchmarks.errors import REPEATS, ArgumentParser, count, exit_code, forward_tokens, fraction
-from ropebench.tasks.sizes import MAX_TRIALS, TRIAL_COST
 
 
 def _model(tiny: bool):
@@ -62,6 +61,8 @@ def _side(model, tok, share: bool, kw: dict):
 
 
 def main(argv=None) -> int:
+    from ropebench.tasks.sizes import MAX_TRIALS, TRIAL_COST  # the tasks' bound (tasks load torch: here)
+
     p = ArgumentParser(prog="ropebench bench retrieval-sharing", description=__doc__.splitlines()[0])
     p.add_argument("--lengths", type=forward_tokens(4096), nargs="+", default=[4096])
     p.add_argument("--variants", nargs="+", default=["niah_multikey", "niah_multiquery"])

@@ -39,7 +39,6 @@ from ropebench.benchmarks.errors import (
     exit_code,
     forward_tokens,
 )
-from ropebench.tasks.sizes import MAX_TRIALS, TRIAL_COST
 
 HERE = Path(__file__).resolve().parent
 PROG = "ropebench bench run"
@@ -141,6 +140,8 @@ def resolve(args) -> Path:
 
 
 def parser() -> ArgumentParser:
+    from ropebench.tasks.sizes import MAX_TRIALS, TRIAL_COST  # the tasks' bound (tasks load torch: here)
+
     p = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument(
         "--quick", action="store_true", help="CI smoke run: tiny lengths, 1 repeat, BENCHMARKS.quick.md"
