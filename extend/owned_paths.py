@@ -88,12 +88,18 @@ def read_marker(root: str | os.PathLike) -> dict[str, str] | None:
 
 
 @contextlib.contextmanager
-def _dir_lock(root: Path):
+def dir_lock(root: Path, *, shared: bool = False):
     """Serialise marker updates of processes writing into one directory (accelerate ranks, two reports): an
-    flock on the directory itself, so no lock file is left behind."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    flock on the directory itself, so no lock file is left behind. ``shared``: a reader's lock (it sees the
+    directory before or after a marker update, never a half-made one). A directory that cannot be opened
+    (no read permission) is not locked."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
@@ -141,17 +147,20 @@ class OwnedDir:
                 f"{what} {root} is not a directory ropebench made (a file or a symbolic link) — pass a new "
                 f"or empty directory"
             )
-        files = read_marker(root) if root.is_dir() else {}
-        if files is None:
-            if not any(root.iterdir()):
-                files = {}
-            elif adopt is not None and (found := adopt(root)) is not None:
-                files = found
-            else:
-                raise error(
-                    f"{what} {root} is a non-empty directory ropebench did not make (no valid {MARKER}) — "
-                    f"pass a new or empty directory; ropebench never writes into other directories"
-                )
+        if not root.is_dir():
+            return cls(root, {}, error, what)
+        with dir_lock(root, shared=True):  # another process (a rank of this sweep) may be making the marker
+            files = read_marker(root)
+            if files is None:
+                if not any(root.iterdir()):
+                    files = {}
+                elif adopt is not None and (found := adopt(root)) is not None:
+                    files = found
+                else:
+                    raise error(
+                        f"{what} {root} is a non-empty directory ropebench did not make (no valid {MARKER}) "
+                        f"— pass a new or empty directory; ropebench never writes into other directories"
+                    )
         return cls(root, files, error, what)
 
     # -- where a file goes ----------------------------------------------------------------------------------
@@ -278,7 +287,7 @@ class OwnedDir:
 
     def _update(self, changes: dict[str, str | None]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        with _dir_lock(self.root):
+        with dir_lock(self.root):
             on_disk = read_marker(self.root)
             files = dict(on_disk if on_disk is not None else self.files)
             for key, digest in changes.items():
@@ -287,6 +296,8 @@ class OwnedDir:
                 else:
                     files[key] = digest
             self.files = files
+            if on_disk is not None and files == on_disk:
+                return  # nothing new: the marker stays as it is (a refused sweep rewrites nothing)
             marker = self.root / MARKER
             if not files:
                 if on_disk is not None:
@@ -402,7 +413,7 @@ def write_loose_file(
     _atomic_write(path, data)
     cache = owned_cache(error)
     cache.mkdir()
-    with _dir_lock(cache.root):
+    with dir_lock(cache.root):
         files = _loose_list(cache)
         files[str(path.resolve())] = hashlib.sha256(data).hexdigest()
         _atomic_write(cache.root / LOOSE_FILES, (json.dumps(files, indent=1, sort_keys=True) + "\n").encode())

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from ropebench.extend.errors import RopebenchError
-from ropebench.extend.owned_paths import MARKER, OwnedDir
+from ropebench.extend.owned_paths import MARKER, OwnedDir, dir_lock
 
 from .config import ConfigError
 
@@ -122,13 +122,10 @@ def take(out: Path, rank: int | None = None) -> tuple[RunLock, bool]:
         created = True
     except FileExistsError:
         created = False
-    lock = RunLock(out, rank).acquire()
-    try:
-        open_run_dir(out).record([lock_name(rank)], appended=True)  # the marker: this run directory is ours
-    except BaseException:
-        lock.release()
-        raise
-    return lock, created
+    # The marker first, then the lock file: a rank of this sweep checking the directory meanwhile sees it empty
+    # or marked, never holding an unmarked lock file that is not yet ropebench's by its content.
+    open_run_dir(out).record([lock_name(rank)], appended=True)
+    return RunLock(out, rank).acquire(), created
 
 
 def discard(out: Path, lock: RunLock, rank: int | None = None) -> None:
@@ -162,10 +159,11 @@ def clean_stray_temps(out: Path, rank: int | None = None) -> list[Path]:
     )
     stray = re.compile(rf"^\.({'|'.join(map(re.escape, names))})\.\d+\.[0-9a-f]{{8}}\.tmp$")
     removed = []
-    for p in out.iterdir():
-        if stray.match(p.name) and p.is_file():
-            p.unlink(missing_ok=True)
-            removed.append(p)
+    with dir_lock(out):  # the marker's temp may be another rank's marker update in progress: wait it out
+        for p in out.iterdir():
+            if stray.match(p.name) and p.is_file():
+                p.unlink(missing_ok=True)
+                removed.append(p)
     return removed
 
 

@@ -362,3 +362,101 @@ def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(
                 p.wait(timeout=30)
     check_complete(out)
     assert sorted(calls(log)) == sorted(set(calls(log))) and len(calls(log)) == len(METHODS)
+
+
+# -- ranks of one accelerate launch taking a new --out together ---------------------------------------------
+# (a CI run once lost rank 1: rank 0's stray-temp sweep removed rank 1's marker update in progress)
+
+
+def test_a_marker_update_in_progress_is_not_swept_as_a_stray_temp(tmp_path):
+    import os
+    import threading
+
+    from ropebench.extend.owned_paths import MARKER, dir_lock
+    from ropebench.sweep_lib import rundir
+
+    out = tmp_path / "run"
+    lock, _ = rundir.take(out)
+    pending = out / f".{MARKER}.{os.getpid()}.0123abcd.tmp"  # what a marker update writes before its rename
+    with dir_lock(out):  # held by the update for the whole write-and-rename
+        pending.write_text("{}")
+        sweep = threading.Thread(target=rundir.clean_stray_temps, args=(out,))
+        sweep.start()
+        sweep.join(0.5)
+        assert sweep.is_alive() and pending.exists()  # waits for the update instead of deleting its file
+        pending.unlink()
+    sweep.join(10)
+    assert not sweep.is_alive()
+    lock.release()
+
+
+def test_the_run_directory_is_never_seen_half_made(tmp_path):
+    import os
+    import threading
+
+    from ropebench.extend.owned_paths import MARKER, dir_lock
+    from ropebench.sweep_lib import rundir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    seen = []
+    with dir_lock(out):  # rank 0 between writing its first marker and renaming it into place
+        (out / f".{MARKER}.{os.getpid()}.0123abcd.tmp").write_text("{}")
+        check = threading.Thread(target=lambda: seen.append(_outcome(rundir.check_out, out)))
+        check.start()
+        check.join(0.5)
+        assert check.is_alive()  # rank 1's check waits for the marker ...
+        (out / f".{MARKER}.{os.getpid()}.0123abcd.tmp").unlink()
+        (out / MARKER).write_text(
+            json.dumps({"made_by": "ropebench", "files": {".ropebench.lock": "appended"}})
+        )
+    check.join(10)
+    assert seen == ["ok"]  # ... and then finds the directory ropebench's
+
+
+def _outcome(fn, *args):
+    try:
+        fn(*args)
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - the test reports what was raised
+        return f"{type(e).__name__}: {e}"
+
+
+_RACE = """
+import sys
+from pathlib import Path
+from ropebench.sweep_lib import rundir
+
+base, rank, n, go = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+while not go.exists():
+    pass
+fails = 0
+for i in range(n):
+    out = base / f"run{i}"
+    try:
+        rundir.check_out(out)
+        lock, _ = rundir.take(out, rank or None)
+        rundir.clean_stray_temps(out, rank or None)
+        lock.release()
+    except BaseException as e:
+        fails += 1
+        print(f"{i}: {type(e).__name__}: {e}", file=sys.stderr)
+sys.exit(1 if fails else 0)
+"""
+
+
+def test_two_ranks_take_new_run_directories_together(tmp_path):
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [PY, "-c", _RACE, str(tmp_path), str(rank), "150", str(go)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    time.sleep(1.0)  # both imported and spinning
+    go.touch()
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
