@@ -122,8 +122,8 @@ def take(out: Path, rank: int | None = None) -> tuple[RunLock, bool]:
         created = True
     except FileExistsError:
         created = False
-    # The marker first, then the lock file: a rank of this sweep checking the directory meanwhile sees it empty
-    # or marked, never holding an unmarked lock file that is not yet ropebench's by its content.
+    # The marker first, then the lock file: a rank of this sweep checking the directory meanwhile sees it
+    # empty or marked, never holding an unmarked lock file that is not yet ropebench's by its content.
     open_run_dir(out).record([lock_name(rank)], appended=True)
     return RunLock(out, rank).acquire(), created
 
