@@ -28,6 +28,7 @@ from .longppl_report import annotate_key_counts
 from .meaning import meaning_of
 from .overview import short_model
 from .reach import trained_context_of
+from .stats import SKEW_T_ONE_SIDED_MISS
 from .store import ResultsError
 from .tables import cell_interval, select
 
@@ -212,7 +213,12 @@ def plot_perplexity(
     ax.set_ylabel(f"{metric} (log scale, lower is better)")
     n = _n_range(data)
     # promise a band only when one is drawn (none below 3 documents)
-    band = ", band: 95% skew-robust t" if _has_band(data) else ", no band (too few documents for an interval)"
+    # the legend's name for it (skew_t) and what each edge alone holds (its bounds' misses are not even)
+    band = (
+        f", band: skew_t 95% (each edge alone {1 - SKEW_T_ONE_SIDED_MISS:.0%})"
+        if _has_band(data)
+        else ", no band (too few documents for an interval)"
+    )
     ax.set_title(
         f"{metric} vs length — {short_model(model)}\ncorpus: {short_model(corpus)} · {_factors(sub)} · "
         f"{n} documents{band}"

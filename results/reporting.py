@@ -63,7 +63,15 @@ from .reach import (
     recorded_contexts,
     rules_of,
 )
-from .stats import MIN_INFORMATIVE_PAIRS, MIN_T_UNITS, PAIRED_CLUSTERS, PAIRED_RATES, PAIRED_T, t975
+from .stats import (
+    MIN_INFORMATIVE_PAIRS,
+    MIN_T_UNITS,
+    PAIRED_CLUSTERS,
+    PAIRED_RATES,
+    PAIRED_T,
+    SKEW_T_ONE_SIDED_MISS,
+    t975,
+)
 from .store import ResultsError, atomic_write_text, check_path_text, legacy_owned_files
 from .strata_report import detectable_note, per_distance_table, power_phrase, where_line
 from .tables import (
@@ -642,7 +650,8 @@ def _metric_table(r: _Report, ok: pd.DataFrame, q: Quantity, references: dict, s
     d = q.meaning
     better = {"higher": "higher is better", "lower": "lower is better"}.get(d.direction, "no direction")
     how = {
-        "log": f"skew_t (results.stats.skew_t: skew-robust t on the log scale), none below {MIN_T_UNITS}",
+        "log": f"skew_t (results.stats.skew_t: skew-robust t on the log scale; each bound alone "
+        f"{1 - SKEW_T_ONE_SIDED_MISS:.0%}), none below {MIN_T_UNITS}",
         "rate": "Wilson",
         "mean": f"t over units, none below {MIN_T_UNITS}",
     }[q.kind]

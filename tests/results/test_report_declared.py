@@ -296,7 +296,7 @@ def test_summary_of_an_empty_frame_is_one_line():
 # ------------------------------------------------------------------------------------------------ the plots
 def test_perplexity_title_promises_a_band_only_when_drawn(demo_like, tmp_path):
     three = results.plot_perplexity(demo_like, tmp_path / "three.png")
-    assert "band: 95% skew-robust t" in three.figure.axes[0].get_title()
+    assert "band: skew_t 95% (each edge alone 94%)" in three.figure.axes[0].get_title()
     one = demo_like[(demo_like["task"] != "perplexity") | demo_like["doc"].isin([None, "doc0"])]
     one = one[(one["task"] != "perplexity") | one["doc"].notna()]
     single = results.plot_perplexity(one, tmp_path / "one.png")
