@@ -353,8 +353,10 @@ def _context(method: str, factor: float, options: dict, context: int) -> int | N
 
 def llama_cpp_form(method: str, factor: float, options: dict, config) -> tuple[list, dict]:
     """(llama.cpp CLI flags, llama-cpp-python keyword arguments). Raises ExportError for what llama.cpp
-    cannot say. llama.cpp's YaRN multiplies cos/sin by yarn_attn_factor x (1 + 0.1 ln s) (ggml's rope_yarn),
-    so an attention factor a is passed as a / (1 + 0.1 ln s)."""
+    cannot say. llama.cpp's YaRN puts its own 1 + 0.1 ln s on cos/sin and multiplies the model's
+    `rope.scaling.attn_factor` into it, so an attention factor a other than YaRN's goes there, as
+    a / (1 + 0.1 ln s), by a metadata override: `--yarn-attn-factor` is replaced by llama.cpp's own value
+    whenever YaRN's ramp is on (llama-context.cpp, llama-cpp-python 0.3.36; measured, docs/export.md)."""
     if method in LACKS["llama.cpp"] or (method not in ROPE_TYPES and method != "ntk"):
         raise _refuse("llama.cpp", method, LACKS["llama.cpp"].get(method, "ropebench maps no flag to it"))
     transformers_updates(method, factor, options, config)  # the same model checks (scaled RoPE, layers)
@@ -383,7 +385,7 @@ def llama_cpp_form(method: str, factor: float, options: dict, config) -> tuple[l
         beta_fast, beta_slow = float(options.get("beta_fast", 32.0)), float(options.get("beta_slow", 1.0))
         flags += [
             "--rope-scaling", "yarn", "--rope-scale", f"{factor:g}", "--yarn-orig-ctx", str(model.context),
-            "--yarn-ext-factor", "1", "--yarn-attn-factor", repr(attn),
+            "--yarn-ext-factor", "1",
             "--yarn-beta-fast", f"{beta_fast:g}", "--yarn-beta-slow", f"{beta_slow:g}",
         ]  # fmt: skip
         kwargs.update(
@@ -391,11 +393,20 @@ def llama_cpp_form(method: str, factor: float, options: dict, config) -> tuple[l
             rope_freq_scale=1.0 / factor,
             yarn_orig_ctx=model.context,
             yarn_ext_factor=1.0,
-            yarn_attn_factor=attn,
             yarn_beta_fast=beta_fast,
             yarn_beta_slow=beta_slow,
         )
+        if attn != 1.0:
+            key = f"{gguf_arch(config)}.rope.scaling.attn_factor"
+            flags += ["--override-kv", f"{key}=float:{attn!r}"]
+            kwargs["kv_overrides"] = {key: attn}
     return ["-c", str(n_ctx), *flags], kwargs
+
+
+def gguf_arch(config) -> str:
+    """The architecture name llama.cpp's GGUF keys start with: the config's model type (what llama.cpp's
+    converter writes for Llama, Qwen, Gemma, Phi-3 and most families; a GGUF-loaded config keeps it)."""
+    return str(getattr(config, "model_type", None) or "llama")
 
 
 def plan(engine: str, method: str, factor, options: dict | None, config) -> Export:

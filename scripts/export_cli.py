@@ -4,7 +4,8 @@ setting written in the form an engine reads (the mapping: ropebench.extend.expor
 - transformers: a model folder D (config.json with transformers' own `rope_parameters`, the tokenizer files
   copied, the weights symlinked, never copied) that `from_pretrained(D)` loads without ropebench;
 - vllm: the `--hf-overrides` JSON and the `LLM(...)` keywords (printed; with --out, also D/export.json);
-- llama.cpp: the CLI flags and the llama-cpp-python keywords (printed; with --out, also D/export.json).
+- llama.cpp: the CLI flags and the llama-cpp-python keywords (printed; with --out, also D/export.json; with
+  --gguf-copy, a copy of the .gguf whose metadata carries the setting: extend/export_gguf.py).
 
 Every check (engine, method, factor, options, the output folder, the gate) runs before any weight is read:
 bad input is one `error:` line and exit 2. The output folder must be new or empty; it is written in a
@@ -54,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
         "--allow-mismatch",
         action="store_true",
         help="export even where the engine is known to differ from the measured setting",
+    )
+    p.add_argument(
+        "--gguf-copy",
+        action="store_true",
+        help="--to llama.cpp with a .gguf model: also write into --out a copy of it whose metadata carries "
+        "the setting (llama.cpp then needs no rope flag)",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     return p
@@ -164,14 +171,39 @@ def write_transformers(export, config, source: Path, out: Path, spec: str) -> tu
     return linked, copied
 
 
-def write_record(export, out: Path, spec: str) -> None:
+def write_record(export, out: Path, spec: str, copy: tuple[Path, str, dict] | None = None) -> None:
+    """export.json into the new folder ``out``; with ``copy`` (source GGUF, copy's name, its metadata) also
+    the GGUF copy (extend.export_gguf), both in a temporary sibling renamed into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        (tmp / "export.json").write_text(json.dumps(_record(export, spec, None), indent=1) + "\n")
+        record = _record(export, spec, None)
+        if copy is not None:
+            from ropebench.extend.export_gguf import write_copy
+
+            source, name, metadata = copy
+            write_copy(source, tmp / name, metadata)
+            record["gguf_copy"] = {"file": name, "source": str(source), "metadata": metadata}
+        (tmp / "export.json").write_text(json.dumps(record, indent=1) + "\n")
         _place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gguf_copy_plan(export, spec: str, out: Path | None) -> tuple[Path, str, dict]:
+    """(source GGUF, the copy's file name, its metadata) for --gguf-copy, checked before anything is written.
+    Raises ExportError / GGUFCopyError."""
+    from ropebench.extend import loading
+    from ropebench.extend.export import ExportError
+    from ropebench.extend.export_gguf import check_source, gguf_metadata
+
+    if export.engine != "llama.cpp":
+        raise ExportError("--gguf-copy writes a GGUF for llama.cpp — use it with --to llama.cpp")
+    if out is None:
+        raise ExportError("--gguf-copy writes a file — give --out D (a new folder)")
+    source = loading.embedded_gguf(spec) if spec in loading.ALIASES else Path(spec).expanduser()
+    metadata = gguf_metadata(export.kwargs, check_source(source))
+    return source, f"{source.stem}.{export.method}-x{export.factor:g}.gguf", metadata
 
 
 def _model_ref(spec: str, engine: str) -> str:
@@ -231,12 +263,15 @@ def main(argv=None) -> int:
             print(f"  copied: {', '.join(copied) or 'none'}")
             print(f"  load it: AutoModelForCausalLM.from_pretrained({str(out)!r})")
         else:
+            copy = gguf_copy_plan(export, spec, out) if args.gguf_copy else None
             if out is not None:
-                write_record(export, out, spec)
+                write_record(export, out, spec, copy)
             print(status)
             print("\n".join(describe(export, spec)))
             if out is not None:
                 print(f"wrote {out / 'export.json'}")
+            if copy is not None:
+                print(f"wrote {out / copy[1]}: {json.dumps(copy[2])} (run it with -c {export.context} only)")
         for note in export.notes:
             print(f"note: {note}")
     except RopebenchError as e:

@@ -274,10 +274,22 @@ def test_llama_cpp_flags_for_the_embedded_model(smollm2_config):
     flags = dict(zip(yarn.flags[::2], yarn.flags[1::2], strict=True))
     assert flags["--rope-scaling"] == "yarn" and float(flags["--rope-scale"]) == 4
     assert int(flags["--yarn-orig-ctx"]) == 8192 and int(flags["-c"]) == 4 * 8192
-    assert float(flags["--yarn-attn-factor"]) == 1.0  # llama.cpp adds 0.1 ln s + 1 itself
+    # llama.cpp puts YaRN's own 0.1 ln s + 1 on cos/sin: the default needs no attention factor at all
+    assert (
+        "--yarn-attn-factor" not in flags
+        and "--override-kv" not in flags
+        and "kv_overrides" not in yarn.kwargs
+    )
     assert yarn.kwargs["rope_freq_scale"] == 0.25 and yarn.kwargs["rope_scaling_type"] == 2
+    # ntk-parts (attention factor 1) cancels it through the model's rope.scaling.attn_factor, which llama.cpp
+    # multiplies in (its --yarn-attn-factor is overwritten while YaRN's ramp is on)
     parts = engines.plan("llama.cpp", "ntk-parts", 4, {}, smollm2_config)
-    assert parts.kwargs["yarn_attn_factor"] * (0.1 * math.log(4) + 1) == pytest.approx(1.0, abs=1e-15)
+    attn = parts.kwargs["kv_overrides"]["llama.rope.scaling.attn_factor"]
+    assert attn * (0.1 * math.log(4) + 1) == pytest.approx(1.0, abs=1e-15)
+    assert (
+        parts.flags[parts.flags.index("--override-kv") + 1]
+        == f"llama.rope.scaling.attn_factor=float:{attn!r}"
+    )
     pi = engines.plan("llama.cpp", "pi", 2, {}, smollm2_config)
     assert pi.flags == ["-c", "16384", "--rope-scaling", "linear", "--rope-scale", "2"]
     ntk = engines.plan("llama.cpp", "ntk", 2, {}, smollm2_config)
