@@ -76,6 +76,11 @@ COMMANDS = {
         "LongPPL's evaluator bias by the swap test: plain (evaluator self) vs a method as evaluator",
         list,
     ),
+    "llamacpp-parity": (
+        "ropebench.benchmarks.llamacpp_parity",
+        "llama.cpp (llama-cpp-python: --llama-python) vs ropebench: perplexity ratio to plain per method",
+        list,
+    ),
     "retrieval-sharing": (
         "ropebench.benchmarks.retrieval_sharing",
         "the retrieval task with vs without haystack sharing (--tiny: a smoke run in seconds)",

@@ -203,3 +203,25 @@ def test_help_lists_every_benchmark_and_probe(capsys):
         assert probe in text, probe
     assert cli.main(["run", "--help"]) == 0  # argparse's own help: exit code 0, not an error
     assert "--quick" in capsys.readouterr().out
+
+
+def test_llamacpp_parity_table_is_each_engine_over_its_own_plain():
+    """`bench llamacpp-parity`'s table: ratios to each side's own plain (quantization cancels), the copy's
+    column only where a copy was run; the llama.cpp side itself needs llama-cpp-python (docs/export.md)."""
+    import math
+
+    from ropebench.benchmarks.llamacpp_parity import table
+
+    nll = {"plain": 3.0, "yarn": 2.5}
+    ours = {m: {"mean_nll": v} for m, v in nll.items()}
+    theirs = [
+        {"method": "plain", "form": "flags", "mean_nll": 3.2},
+        {"method": "yarn", "form": "flags", "mean_nll": 2.75},
+        {"method": "yarn", "form": "gguf copy", "mean_nll": 2.75},
+    ]
+    lines = table({"rows": ours, "llama": {"runs": theirs}})
+    plain, yarn = lines[2].split(" | "), lines[3].split(" | ")
+    assert plain[1:4] == ["1.0000", "1.0000", "(the file itself)"]
+    assert float(yarn[1]) == round(math.exp(-0.5), 4) and float(yarn[2]) == round(math.exp(-0.45), 4)
+    assert yarn[3] == yarn[2]
+    assert yarn[4] == f"{math.exp(0.05) - 1:+.2%} |"
