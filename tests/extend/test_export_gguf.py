@@ -11,23 +11,14 @@ from ropebench.export_cli import main
 from ropebench.extend import export as engines
 from ropebench.extend import loading
 from ropebench.extend.export_gguf import GGUFCopyError, gguf_metadata, write_copy
-from transformers import LlamaConfig
 
 CONTEXT, THETA, HEAD_DIM = 64, 10000.0, 16
 
 
 @pytest.fixture
-def config():
-    return LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=32,
-        max_position_embeddings=CONTEXT,
-        rope_theta=THETA,
-    )
+def config(tiny_llama_factory):
+    """The tests' tiny Llama's config (head dim 16), trained context CONTEXT, base THETA."""
+    return tiny_llama_factory(max_position_embeddings=CONTEXT, rope_theta=THETA).config
 
 
 @pytest.fixture
