@@ -10,6 +10,10 @@ Swapping the two settings swaps the evaluators and negates every d, so the bias 
 setting" is the same number either way (`swap_test`). A comparison between two settings neither of which is
 the evaluator has no such bias: both are scored on the same key tokens.
 
+Next to them, the default selection since issue 37 (results/longppl.py): key tokens by the rule on the mean
+long-context loss of the two settings (short context: the unpatched model's), d_mean on those; symmetric by
+construction (swapping the settings negates it exactly).
+
     HF_HUB_OFFLINE=1 .venv/bin/ropebench bench longppl-bias [--length 2048] [--num-docs 12] [--method ntk]
         [--factor 2] [--json out.json]
 """
@@ -35,10 +39,17 @@ def swap_test(short_a, long_a, short_b, long_b, alpha: float, beta: float) -> di
     """One document's swap test of settings a and b (torch tensors of per-token losses, NaN where a position
     has no short window): key tokens by a's losses and by b's (the paper's rule), d_a and d_b = mean loss of b
     minus mean loss of a over each set (log of LongPPL_b / LongPPL_a), the symmetric estimate (d_a + d_b) / 2
-    and the bias of a as evaluator, (d_a - d_b) / 2. None for d where a set is empty."""
+    and the bias of a as evaluator, (d_a - d_b) / 2; and d_mean over the key tokens of the default selection
+    (the rule on a's short losses and the mean of both long losses). None for d where a set is empty."""
+    import torch
+    from ropebench.results.longppl import select
     from ropebench.tasks.key_tokens import paper_rule
 
     keys_a, keys_b = paper_rule(short_a, long_a, alpha, beta), paper_rule(short_b, long_b, alpha, beta)
+    # the default: the rule on the mean of the two settings' long losses (the short context is a's, the model
+    # as loaded, as the cells write it), in a fixed order so that the swap negates d_mean exactly
+    longs = sorted([long_a.numpy(), long_b.numpy()], key=lambda x: x.tobytes())
+    keys_mean = torch.from_numpy(select(short_a.numpy(), longs, alpha, beta))
 
     def d(keys):
         if not keys.any():
@@ -51,8 +62,10 @@ def swap_test(short_a, long_a, short_b, long_b, alpha: float, beta: float) -> di
         "key_tokens_a": int(keys_a.sum()),
         "key_tokens_b": int(keys_b.sum()),
         "key_tokens_both": int((keys_a & keys_b).sum()),
+        "key_tokens_mean": int(keys_mean.sum()),
         "d_a": d_a,
         "d_b": d_b,
+        "d_mean": d(keys_mean),
         "symmetric": (d_a + d_b) / 2 if both else None,
         "bias_a": (d_a - d_b) / 2 if both else None,
     }
@@ -104,6 +117,8 @@ def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=2048, n
     bias = [v["bias_a"] for v in documents.values() if v["bias_a"] is not None]
     sym = [v["symmetric"] for v in documents.values() if v["symmetric"] is not None]
     plain_sel = [v["d_a"] for v in documents.values() if v["d_a"] is not None]
+    method_sel = [v["d_b"] for v in documents.values() if v["d_b"] is not None]
+    mean_sel = [v["d_mean"] for v in documents.values() if v["d_mean"] is not None]
 
     def as_ratio(iv):
         return {k: (math.exp(v) if isinstance(v, float) and k != "n" else v) for k, v in iv.items()}
@@ -112,6 +127,8 @@ def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=2048, n
         "bias_of_plain_as_evaluator": t_interval(bias),
         "method_over_plain_symmetric": t_interval(sym),
         "method_over_plain_plain_selects": t_interval(plain_sel),
+        "method_over_plain_method_selects": t_interval(method_sel),
+        "method_over_plain_mean_selection": t_interval(mean_sel),  # the default since issue 37
     }
     return {
         "method": method,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .arguments import as_path, as_paths
 from .lm_eval_import import lm_eval_rows
+from .longppl import derive as derive_longppl
 from .store import (
     BOOKKEEPING,
     JSON_COLUMNS,
@@ -181,7 +182,9 @@ def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     """One tidy DataFrame over one or many run directories (all ``records*.jsonl`` of all ranks).
 
     A path may also be a single ``.jsonl`` file or an lm-eval results ``.json``. When a cell was
-    recomputed (resume), only its latest rows are kept. Raises :class:`ResultsError` for a missing
+    recomputed (resume), only its latest rows are kept. LongPPL's per-token losses (``longppl_token_losses``)
+    become ``longppl`` and ``longppl_key_tokens`` rows, key tokens chosen from the compared settings
+    (results/longppl.py). Raises :class:`ResultsError` for a missing
     directory or when there are no records.
     """
     paths = _as_paths(path_or_paths)
@@ -199,6 +202,10 @@ def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     df = normalize(df)
     # Same measured value written twice (e.g. the same cell appended twice in one session): keep the last.
     df = df.loc[~df[list(KEY_COLUMNS)].astype(str).duplicated(keep="last")]
+    # LongPPL of the default evaluator: key tokens chosen from the compared settings' per-token losses
+    derived = derive_longppl(df)
+    if derived is not df:
+        df = normalize(derived)
     return df.reset_index(drop=True)
 
 

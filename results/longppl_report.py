@@ -1,6 +1,8 @@
-"""What a report says about LongPPL (the perplexity task's `longppl` rows): the evaluator, the selection and
-its settings as used, the key-token count per length and setting, the lengths whose evidence the evaluator's
-context limits (task_options.key_evidence_within) and the setting that is itself the evaluator (its own losses
+"""What a report says about LongPPL (the perplexity task's `longppl` rows): the selection and its settings as
+used — by default the mean long-context loss of the compared settings, named (results/longppl.py derives
+those rows when results load), else a named evaluator's —, the key-token count per length and setting, the
+lengths whose evidence a named evaluator's context limits (task_options.key_evidence_within) and, in runs
+written before the default selection was symmetric, the setting that was itself the evaluator (its own losses
 chose the key tokens: task_options.key_tokens.evaluator_is_setting). Reads records only."""
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def _options(text: Any) -> dict:
     return opts if isinstance(opts, dict) else {}
 
 
+def _used(kt: dict) -> str:
+    return ", ".join(f"{k} {kt[k]:g}" for k in SETTINGS if isinstance(kt.get(k), (int, float)))
+
+
 def _describe(kt: dict) -> str:
     """One selection's evaluator and settings, as the rows recorded them."""
     evaluator = kt.get("evaluator", "?")
@@ -33,10 +39,24 @@ def _describe(kt: dict) -> str:
         if evaluator == "self"
         else f"{evaluator} (named)"
     )
-    used = ", ".join(f"{k} {kt[k]:g}" for k in SETTINGS if isinstance(kt.get(k), (int, float)))
     context = kt.get("evaluator_context")
     seen = f"; the evaluator sees at most {context} tokens" if context else ""
-    return f"evaluator {who}; {used}{seen}"
+    return f"evaluator {who}; {_used(kt)}{seen}"
+
+
+def _selection_line(kt: dict) -> str:
+    """The selection the rows rest on: the compared settings' mean loss (named), or the evaluator's."""
+    compared = kt.get("compared_settings")
+    if isinstance(compared, list) and compared:
+        n = len(compared)
+        return (
+            "Key tokens: chosen once per document and length by the paper's rule from the unpatched model's "
+            f"short-context losses and the mean long-context loss of the {n} compared setting"
+            f"{'s' if n != 1 else ''} ({', '.join(map(str, compared))}); {_used(kt)}. Every setting's "
+            "LongPPL is over these same key tokens: the selection is symmetric in the settings."
+        )
+    selection = kt.get("selection") or "not recorded (rows written before the selection was recorded)"
+    return f"Key tokens: {_describe(kt)}. Selection: {selection}."
 
 
 def longppl_lines(ok: pd.DataFrame, task: str) -> list[str]:
@@ -46,15 +66,11 @@ def longppl_lines(ok: pd.DataFrame, task: str) -> list[str]:
         return []
     recorded = rows["task_options"] if "task_options" in rows.columns else pd.Series([None] * len(rows))
     rows = rows.assign(_opts=[_options(t) for t in recorded])
-    selections: dict[str, dict] = {}
-    for opts in rows["_opts"]:
-        kt = opts.get("key_tokens") if isinstance(opts.get("key_tokens"), dict) else {}
-        selections.setdefault(_describe(kt), kt)
-    lines = ["### LongPPL", ""]
-    for described, kt in selections.items():
-        selection = kt.get("selection") or "not recorded (rows written before the selection was recorded)"
-        lines.append(f"Key tokens: {described}. Selection: {selection}.")
-    lines.append("")
+    selections = dict.fromkeys(
+        _selection_line(opts.get("key_tokens") if isinstance(opts.get("key_tokens"), dict) else {})
+        for opts in rows["_opts"]
+    )
+    lines = ["### LongPPL", "", *selections, ""]
     lines += _count_table(rows)
     lines += _self_note(rows)
     lines += _evidence_note(rows)
@@ -95,7 +111,8 @@ def _count_table(rows: pd.DataFrame) -> list[str]:
 
 
 def _self_note(rows: pd.DataFrame) -> list[str]:
-    """The setting that is the evaluator: its own losses chose the key tokens every setting is scored on."""
+    """The setting that is the evaluator (rows written before the default selection became the compared
+    settings' mean loss): its own losses chose the key tokens every setting is scored on."""
     own = rows[rows["_opts"].map(lambda o: bool((o.get("key_tokens") or {}).get("evaluator_is_setting")))]
     if own.empty:
         return []
@@ -103,8 +120,8 @@ def _self_note(rows: pd.DataFrame) -> list[str]:
     note = (
         f"{', '.join(who)} is the evaluator itself: its own losses chose the key tokens, which favours it "
         "in a LongPPL comparison with it (the swap-test bias is in docs/measured.md); the other settings "
-        "share those key tokens, so comparisons among them are symmetric. Name an evaluator "
-        "(key_tokens.evaluator) for a selection symmetric in every pair."
+        "share those key tokens, so comparisons among them are symmetric. These rows predate the default "
+        "selection from the compared settings' mean loss (symmetric in every pair): rerun the cells for it."
     )
     return [note, ""]
 

@@ -163,6 +163,14 @@ BUILT_IN: dict[tuple[str | None, str], Metric] = {
     ("perplexity", "longppl_key_tokens"): Metric(
         "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
     ),
+    ("perplexity", "longppl_token_losses"): Metric(
+        "mean",
+        None,
+        "tokens",
+        "per-token losses LongPPL's key tokens are selected from when results load",
+        role="detail",
+        lo=0.0,
+    ),
     ("perplexity", "loss"): Metric(
         "mean", "lower", "nats/token", "mean NLL per token", role="detail", lo=0.0
     ),

@@ -10,26 +10,31 @@ of the evaluated model is key when one span contains all its characters. LongPPL
 evaluated model over its key tokens).
 
 The evaluator: "self" (default) is the evaluated model with no patch (`extend.patching.unpatched`); any
-`extend.load` spec may be named. It sees at most its own trained context C ("self": the trained context in
-force): past C a token's long context is a window of C tokens (windows start every C/2 tokens, each scoring
-its second half), so key tokens at L > C can only be those whose evidence lies within C (rows there carry
-task_options.key_evidence_within = C). Within C this is the package's definition exactly
-(tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`).
+`extend.load` spec may be named. A named evaluator sees at most its own trained context C: past C a token's
+long context is a window of C tokens (windows start every C/2 tokens, each scoring its second half), so key
+tokens at L > C can only be those whose evidence lies within C (rows there carry
+task_options.key_evidence_within = C). With "self" the long context is each setting's own window of L tokens
+(below). Within C this is the package's definition exactly (tests/tasks/test_key_tokens.py checks equality
+with `longppl.compute_longppl`).
 
-The selection is the paper's, per token, and the evaluator's alone: one set of key tokens per document
-(and settings), found once and shared by every setting of a sweep (the cache below), so the key tokens never
-depend on the setting scored. It is symmetric in any two settings neither of which is the evaluator. With
-evaluator "self" the evaluator is the unpatched model, i.e. plain on the shipped RoPE: its own losses select
-the tokens, which favours it in a comparison with plain (rows of that setting carry
-task_options.key_tokens.evaluator_is_setting = true and the report says so; `ropebench bench longppl-bias`
-measures the size of that bias by the swap test). A named evaluator (key_tokens.evaluator, as in the paper)
-is symmetric in every pair. The old split-sample selection (string matches across position halves) is gone:
+The selection is the paper's rule, per token. With a named evaluator (key_tokens.evaluator, as in the paper)
+it is the evaluator's alone: one set of key tokens per document, found once and shared by every setting of a
+sweep (the cache below), symmetric in every pair; the cell writes `longppl` itself. With evaluator "self"
+(the default) no cell selects: the evaluator would be the unpatched model, i.e. plain, whose own losses would
+favour it in a comparison with plain (`ropebench bench longppl-bias` measured ~1.14x). Each cell writes
+instead, per document and length, a `longppl_token_losses` row (tasks/key_losses.py): the unpatched model's
+short-context losses (cached per text: the same for every setting) and the setting's own long-context losses
+(its pass at that length). When results load, results/longppl.py picks the key tokens from the mean
+long-context loss of the compared settings and derives `longppl` and `longppl_key_tokens`: symmetric in the
+settings by construction. The old split-sample selection (string matches across position halves) is gone:
 it scored mostly function words, not key tokens (issue 37).
 
 Defaults (the rule at SHORT_FRACTION below): trunc_len T/32, sliding_window T/64 (T: the trained context in
 force, the one the rows record), alpha by the evaluator's size (0.5 up to 1B parameters, the package's 2 from
 7B), beta -2, the evaluator "self". A length's `longppl` is written only when its key tokens over
 all documents reach MIN_KEY_TOKENS; `longppl_key_tokens` says how many there were at every length.
+
+The perplexity task's hook that writes these rows is tasks/pass_extras.py (`PassExtras`).
 
 Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2))
 and ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins
@@ -44,13 +49,11 @@ import hashlib
 import json
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from .common import record
 from .errors import TaskError
 from .loss_fit import (  # noqa: F401  (re-exported: tasks.key_tokens.power_law_fit and the rest stay valid)
     B_RANGE,
@@ -265,14 +268,6 @@ def fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
-def as_loaded(model) -> bool:
-    """Is the model's forward the model as loaded? (no patch, or plain on the shipped RoPE: bit-identical)."""
-    from ropebench import extend
-
-    active = extend.current(model)
-    return active is None or (active.method == "plain" and active.options.get("start_from") == "shipped")
-
-
 # ---------------------------------------------------------------------------------------------- key spans
 def encode_with_offsets(tokenizer, text: str, prefix: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
     """`prefix` + the text's tokens, with each token's character span ((0, 0) for the prefix)."""
@@ -428,256 +423,6 @@ def key_mask(spans: list, offsets: list[tuple[int, int]]) -> torch.Tensor:
         torch.searchsorted(starts, tok[:, 0].contiguous(), right=True) - 1
     )  # the last span starting at or before the token
     return (last >= 0) & (reach[last.clamp(min=0)] >= tok[:, 1])
-
-
-# -------------------------------------------------------------------------------------------- the task's hook
-class PassExtras:
-    """What perplexity.run adds to its truncate pass: `longppl` and `longppl_key_tokens` per length, and
-    `loss_bin` / `loss_fit_*` rows.
-
-    start() -> None when neither is asked; options() -> what goes into every record's task_options;
-    add(doc, ids, per_length) per document -> its rows; finish() -> the rows over all documents."""
-
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        key_tokens,
-        loss_by_position: bool,
-        *,
-        lengths,
-        prefix,
-        first,
-        corpus,
-        chunk_size,
-    ):
-        self.model, self.tokenizer, self.corpus, self.chunk_size = model, tokenizer, corpus, chunk_size
-        self.lengths, self.prefix, self.first = lengths, list(prefix), first
-        self.trained = in_force(model)  # what the rows record (a forced original_max_position_embeddings too)
-        self.settings = None
-        self.by_position = loss_by_position
-        self.evaluator: Evaluator | None = None
-        self.key_totals = {
-            L: [0.0, 0, 0.0, 0] for L in lengths
-        }  # sum nll over key tokens, count, seconds, docs
-        self.key_rows: dict[int, list[dict]] = {L: [] for L in lengths}  # per document, written at finish
-        self.docs = 0
-        self.bins = position_bins(first, lengths[-1]) if loss_by_position else []
-        self.bin_totals = [[0.0, 0, 0.0] for _ in self.bins]  # sum, tokens, sum of squares
-        if requested(key_tokens):
-            check_key_token_lengths(key_tokens, lengths)
-            problem = offsets_problem(tokenizer)
-            if problem:
-                raise TaskError(
-                    f"key_tokens needs the model's tokens as character spans, but {problem} — load the "
-                    f"model with its fast tokenizer"
-                )
-            self.evaluator = evaluator_for(evaluator_spec(key_tokens), model, tokenizer)
-            self.settings = resolve(key_tokens, self.trained, parameter_count(self.evaluator.model))
-            if self.settings.trunc_len >= self.evaluator.context:
-                raise TaskError(
-                    f"key_tokens trunc_len {self.settings.trunc_len} is not below the evaluator's trained "
-                    f"context {self.evaluator.context} — use a smaller trunc_len"
-                )
-
-    @classmethod
-    def start(cls, model, tokenizer, key_tokens, loss_by_position, *, protocol, **kw) -> PassExtras | None:
-        if not requested(key_tokens) and not loss_by_position:
-            return None
-        if protocol != "truncate":
-            raise TaskError(
-                "key_tokens and loss_by_position need protocol='truncate' (positions of one window) — "
-                "drop them or use the truncate protocol"
-            )
-        return cls(model, tokenizer, key_tokens, bool(loss_by_position), **kw)
-
-    def options(self) -> dict:
-        out = {}
-        if self.settings is not None:
-            out["key_tokens"] = dict(
-                asdict(self.settings),
-                evaluator_context=self.evaluator.context,
-                trained_context=self.trained,
-                min_key_tokens=MIN_KEY_TOKENS,
-                selection=SELECTION,
-                # the evaluator's own losses chose the key tokens this setting is scored on: favours it
-                evaluator_is_setting=self.evaluator.is_self and as_loaded(self.model),
-            )
-        if self.by_position:
-            out["loss_bins"] = "half-octave"
-            out["loss_fit_within"] = self.trained
-        return out
-
-    def add(self, doc, ids: list[int], per_length: dict, options: dict) -> list[dict]:
-        """Rows of one document; `ids` its text tokens of the largest window, per_length {L: (nll,
-        seconds)}. LongPPL's per-document rows wait for finish (written only where the length's total of key
-        tokens reaches MIN_KEY_TOKENS)."""
-        self.docs += 1
-        if self.settings is not None:
-            self._longppl(doc, ids, per_length, options)
-        return self._bins(doc, per_length[self.lengths[-1]], options) if self.by_position else []
-
-    def _row_options(self, options: dict, length: int) -> dict:
-        """Past the evaluator's context C a key token's evidence can only lie within C tokens before it."""
-        if length > self.evaluator.context:
-            return dict(options, key_evidence_within=self.evaluator.context)
-        return options
-
-    def _longppl(self, doc, ids, per_length, options) -> None:
-        t0 = time.perf_counter()
-        text, offsets = self._text_of(doc, ids)
-        longest = self.lengths[-1]
-        shared = (
-            (self.prefix + ids, per_length[longest][0], self.first)
-            if (self.settings.evaluator == SELF and as_loaded(self.model))
-            else None
-        )
-        # the package's selection on the longest text: causal, so its part within a window is the selection on
-        # that window's text (`_masks`)
-        spans = key_spans(text, self.settings, self.evaluator, chunk_size=self.chunk_size, shared=shared)
-        masks = self._masks(text, offsets, spans, per_length)
-        key_seconds = time.perf_counter() - t0
-        for L, (nll, secs) in per_length.items():
-            index = torch.nonzero(masks[L]).flatten() + len(self.prefix) - self.first
-            total = self.key_totals[L]
-            total[2] += secs + key_seconds
-            total[3] += 1
-            if index.numel() == 0:
-                continue
-            losses = nll[index].double()
-            total[0] += losses.sum().item()
-            total[1] += index.numel()
-            self.key_rows[L].append(
-                record(
-                    "perplexity",
-                    self.corpus,
-                    L,
-                    "longppl",
-                    math.exp(losses.mean().item()),
-                    index.numel(),
-                    secs + key_seconds,
-                    self._row_options(options, L),
-                    doc=doc.id,
-                )
-            )
-
-    def _masks(self, text: str, offsets, spans: list, per_length: dict) -> dict[int, torch.Tensor]:
-        """{L: which of the window's text tokens are key}: the package's spans inside the window."""
-        masks = {}
-        for L in per_length:
-            text_tokens = min(L - len(self.prefix), len(offsets))
-            mask = key_mask(spans, offsets[:text_tokens])
-            mask[: max(0, self.first - len(self.prefix))] = False  # tokens before the first scored position
-            masks[L] = mask
-        return masks
-
-    def _text_of(self, doc, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
-        """The document's text up to the end of its last token in the window, and every such token's span."""
-        enc = self.tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"][: len(ids)]) != list(ids):
-            raise TaskError(
-                f"document {doc.id}: the tokenizer's offsets encoding differs from its plain encoding — "
-                f"key_tokens cannot map this tokenizer's tokens to characters"
-            )
-        offsets = [tuple(o) for o in enc["offset_mapping"][: len(ids)]]
-        return doc.text[: offsets[-1][1]], offsets
-
-    def _bins(self, doc, pass_, options) -> list[dict]:
-        nll, secs = pass_
-        rows = []
-        for i, (start, stop) in enumerate(self.bins):
-            part = nll[start - self.first : stop - self.first].double()
-            self.bin_totals[i][0] += part.sum().item()
-            self.bin_totals[i][1] += part.numel()
-            self.bin_totals[i][2] += (part * part).sum().item()
-            rows.append(
-                record(
-                    "perplexity",
-                    self.corpus,
-                    self.lengths[-1],
-                    "loss_bin",
-                    part.mean().item(),
-                    part.numel(),
-                    secs,
-                    options,
-                    depth=float(start),
-                    doc=doc.id,
-                )
-            )
-        return rows
-
-    def finish(self, options: dict) -> list[dict]:
-        rows = []
-        if self.settings is not None:
-            for L, (total, n, secs, docs) in self.key_totals.items():
-                opts = self._row_options(options, L)
-                # every length says how many key tokens its LongPPL rests on (0: none could be found)
-                rows.append(record("perplexity", self.corpus, L, "longppl_key_tokens", n, docs, secs, opts))
-                if n >= MIN_KEY_TOKENS:
-                    rows += self.key_rows[L]
-                    rows.append(
-                        record("perplexity", self.corpus, L, "longppl", math.exp(total / n), n, secs, opts)
-                    )
-        return rows + (self._fit_rows(options) if self.by_position else [])
-
-    def _fit_rows(self, options: dict) -> list[dict]:
-        """The aggregate `loss_bin` rows and the fit over the bins within the trained context, weighted by
-        inverse variance (tokens per bin over the pooled variance of a token's loss). The fit's outcome (its
-        weights, the exponent's interval, or why there is none) is in every aggregate row's
-        task_options.loss_fit."""
-        longest, means, ranges, tokens, sums, squares = self.lengths[-1], [], [], [], 0.0, 0.0
-        for (start, stop), (total, n, sq) in zip(self.bins, self.bin_totals, strict=True):
-            if stop <= self.trained:
-                means.append(total / n)
-                ranges.append((start, stop))
-                tokens.append(n)
-                sums, squares = sums + total, squares + sq
-        count = sum(tokens)
-        variance = (squares - sums * sums / count) / (count - 1) if count > 1 else math.nan
-        fit, problem = None, None
-        if self.docs < MIN_FIT_DOCS:
-            problem = (
-                f"{self.docs} document: the fit needs at least {MIN_FIT_DOCS} (one text's losses drift "
-                f"together, so its own spread understates the bins' error)"
-            )
-        elif not (variance > 0):
-            problem = "the token losses have no spread to weight the bins by"
-        else:
-            fit = power_law_fit(ranges, means, [n / variance for n in tokens])
-            problem = "fewer than 4 bins within the trained context" if fit is None else fit.problem
-        outcome = {"weights": "tokens / pooled token variance", "bins": len(means), "within": self.trained}
-        if problem is not None:
-            outcome["status"] = f"no fit: {problem}"
-        else:
-            outcome.update(
-                status="fitted",
-                level=FIT_LEVEL,
-                b_interval=[round(v, 6) for v in fit.b_interval],
-                chi2_per_dof=round(fit.chi2_per_dof, 6),
-            )
-        fit_options = dict(options, loss_fit=outcome)
-        rows = [
-            record(
-                "perplexity",
-                self.corpus,
-                longest,
-                "loss_bin",
-                total / n,
-                n,
-                0.0,
-                fit_options,
-                depth=float(start),
-            )
-            for (start, _), (total, n, _) in zip(self.bins, self.bin_totals, strict=True)
-        ]
-        if problem is None:
-            for name, value in zip(
-                ("loss_fit_a", "loss_fit_b", "loss_fit_c"), (fit.a, fit.b, fit.c), strict=True
-            ):
-                rows.append(
-                    record("perplexity", self.corpus, longest, name, value, len(means), 0.0, fit_options)
-                )
-        return rows
 
 
 def check_key_token_lengths(value, lengths: list[int]) -> None:

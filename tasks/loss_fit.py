@@ -1,5 +1,5 @@
 """Loss by position's fit: half-octave position bins and the weighted power-law fit a * p^-b + c over bin
-means, with a profile interval for b (used by tasks.key_tokens.PassExtras; docs/tasks.md)."""
+means, with a profile interval for b (used by tasks.pass_extras.PassExtras; docs/tasks.md)."""
 
 from __future__ import annotations
 

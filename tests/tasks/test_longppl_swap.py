@@ -1,5 +1,6 @@
 """The swap test of `ropebench bench longppl-bias` (benchmarks/longppl_bias.py): values worked out by hand
-from the paper's rule, and swapping the two settings swaps the result."""
+from the paper's rule, and swapping the two settings swaps the result; the default selection (the rule on
+the two settings' mean long loss, results/longppl.py) beside the two self-selections, symmetric exactly."""
 
 import math
 
@@ -22,6 +23,9 @@ def test_swap_test_by_hand():
     assert got["d_a"] == pytest.approx(d_a, abs=1e-6) and got["d_b"] == pytest.approx(d_b, abs=1e-6)
     assert got["symmetric"] == pytest.approx(1 / 12, abs=1e-6)
     assert got["bias_a"] == pytest.approx(5 / 12, abs=1e-6)  # a's own selection favours a
+    # mean long loss [0, .75, 2, 1.75, .2]: key 1, 3, 4 (2: short - mean is 1 exactly, and 2 is not below 2)
+    assert got["key_tokens_mean"] == 3
+    assert got["d_mean"] == pytest.approx((1.0 + 1.0 + 0.2) / 3 - (0.5 + 2.5 + 0.2) / 3, abs=1e-6)
 
 
 def test_swapping_the_settings_swaps_the_result():
@@ -31,6 +35,7 @@ def test_swapping_the_settings_swaps_the_result():
     assert ba["d_a"] == pytest.approx(-ab["d_b"]) and ba["d_b"] == pytest.approx(-ab["d_a"])
     assert ba["symmetric"] == pytest.approx(-ab["symmetric"])  # the symmetric estimate changes sign only
     assert ba["bias_a"] == pytest.approx(ab["bias_a"])  # the evaluator's own favour: the same either way
+    assert ba["key_tokens_mean"] == ab["key_tokens_mean"] and ba["d_mean"] == -ab["d_mean"]  # exactly
 
 
 def test_no_key_tokens_gives_no_ratio():
