@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 # How the values aggregate and which intervals apply:
@@ -141,125 +142,21 @@ class Metric:
         return cls(**known)
 
 
-def _rate(description: str, *, reach=("threshold", "short", "trained"), unit="fraction of prompts", **kw):
-    return Metric("rate", "higher", unit, description, reach=reach, lo=0.0, hi=1.0, **kw)
+def _frozen(path: Path) -> dict[tuple[str, str], Metric]:
+    """The tasks' declarations as generated into ``path`` (a list of {task, metric, meaning})."""
+    return {
+        (item["task"], item["metric"]): Metric.from_record(item["meaning"])
+        for item in json.loads(path.read_text(encoding="utf-8"))
+    }
 
 
-# The meaning ropebench's own tasks declare for their metrics: the fallback for their rows written before
-# declarations travelled with the records. Keep equal to the tasks' declarations (a test checks it).
+# What ropebench's own tasks declare for their metrics, frozen as data (generated from the tasks by
+# `python -m ropebench.docs --write`; tests/project/test_docs_generated.py fails while it is stale): the
+# fallback for their rows written before declarations travelled with the records. Results never import the
+# tasks, so the declarations are read from the file, not from the tasks' code.
+BUILT_IN_FILE = Path(__file__).with_name("built_in_meanings.json")
 BUILT_IN: dict[tuple[str | None, str], Metric] = {
-    ("perplexity", "ppl"): Metric("perplexity", "lower", "perplexity", "perplexity", lo=1.0),
-    ("perplexity", "ppl_tail"): Metric(
-        "perplexity",
-        "lower",
-        "perplexity",
-        "perplexity of the tokens between the previous length and this one",
-        reach=("threshold", "trained"),
-        lo=1.0,
-    ),
-    ("perplexity", "longppl"): Metric(
-        "perplexity", "lower", "perplexity", "LongPPL: perplexity of the paper's key tokens", lo=1.0
-    ),
-    ("perplexity", "longppl_key_tokens"): Metric(
-        "mean", None, "key tokens", "key tokens behind the length's LongPPL", role="detail", lo=0.0
-    ),
-    ("perplexity", "longppl_token_losses"): Metric(
-        "mean",
-        None,
-        "tokens",
-        "per-token losses LongPPL's key tokens are selected from when results load",
-        role="detail",
-        lo=0.0,
-    ),
-    ("perplexity", "loss"): Metric(
-        "mean", "lower", "nats/token", "mean NLL per token", role="detail", lo=0.0
-    ),
-    ("perplexity", "loss_bin"): Metric(
-        "mean", "lower", "nats/token", "mean NLL of a position bin", role="detail", by_position=True
-    ),
-    ("perplexity", "loss_fit_a"): Metric("mean", None, "nats/token", "a of a*p^-b+c", role="detail"),
-    ("perplexity", "loss_fit_b"): Metric("mean", None, "", "b of a*p^-b+c", role="detail"),
-    ("perplexity", "loss_fit_c"): Metric("mean", None, "nats/token", "c of a*p^-b+c", role="detail"),
-    ("passkey", "correct"): _rate(
-        "the greedy answer's first integer is the pass key", independent_unit="trial"
-    ),
-    ("passkey", "prompt_tokens"): Metric(
-        "mean", None, "tokens", "tokens of the prompt", role="detail", independent_unit="trial"
-    ),
-    ("classification", "accuracy"): Metric(
-        "rate",
-        "higher",
-        "fraction of documents",
-        "label by summed log-likelihood",
-        chance_metric="chance",
-        lo=0.0,
-        hi=1.0,
-    ),
-    ("classification", "accuracy_norm"): Metric(
-        "rate",
-        "higher",
-        "fraction of documents",
-        "label by mean log-likelihood per token",
-        role="detail",
-        chance_metric="chance",
-        lo=0.0,
-        hi=1.0,
-    ),
-    ("classification", "macro_f1"): Metric("mean", "higher", "F1", "macro F1", role="detail", lo=0.0, hi=1.0),
-    ("classification", "macro_f1_norm"): Metric(
-        "mean", "higher", "F1", "macro F1 (mean log-likelihood)", role="detail", lo=0.0, hi=1.0
-    ),
-    ("classification", "chance"): Metric(
-        "rate", None, "fraction of documents", "majority-class rate", role="reference", lo=0.0, hi=1.0
-    ),
-    ("retrieval", "answer_logprob"): Metric(
-        "mean",
-        "higher",
-        "nats/token",
-        "mean log-probability per token of the true answer",
-        hi=0.0,
-        independent_unit="haystack",
-    ),
-    ("retrieval", "answer_rank"): Metric(
-        "rank",
-        "lower",
-        "rank (1 = first)",
-        "rank of the true answer among the candidates",
-        role="detail",
-        lo=1.0,
-        independent_unit="haystack",
-    ),
-    ("retrieval", "answer_top1"): _rate(
-        "the true answer ranks first among the candidates",
-        reach=("threshold", "trained"),
-        independent_unit="haystack",
-        chance_metric="chance",
-    ),
-    ("retrieval", "chance"): Metric(
-        "rate",
-        None,
-        "fraction of prompts",
-        "top-1 of a ranking at random: 1 / (1 + candidates)",
-        role="reference",
-        independent_unit="haystack",
-        lo=0.0,
-        hi=1.0,
-    ),
-    ("retrieval", "string_match_all"): Metric(
-        "mean",
-        "higher",
-        "fraction of references",
-        "RULER's score: share of the references in the answer",
-        lo=0.0,
-        hi=1.0,
-        independent_unit="haystack",
-    ),
-    ("retrieval", "all_found"): _rate(
-        "every reference is in the greedy answer", reach=("threshold", "trained"), independent_unit="haystack"
-    ),
-    ("retrieval", "prompt_tokens"): Metric(
-        "mean", None, "tokens", "tokens of the prompt", role="detail", independent_unit="haystack"
-    ),
+    **_frozen(BUILT_IN_FILE),
     # RoPE theory the sweep sets beside the measurements (task "theory", scripts/sweep_lib/run.py): one value
     # per setting, shown in the report's theory section only, never compared
     # (the description is the label the report shows; critical_dimension and base_lower_bound are properties

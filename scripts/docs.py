@@ -1,5 +1,6 @@
 """Documentation that cannot drift: the README's and docs/methods.md's method tables, generated from the
-method registry, and the README's paragraph on what the demo runs, generated from scripts/configs/demo.yaml.
+method registry, the README's paragraph on what the demo runs, generated from scripts/configs/demo.yaml, and
+results/built_in_meanings.json, the tasks' metric declarations as data (results' fallback for old rows).
 
     python -m ropebench.docs --write    # rewrite the generated blocks of README.md and docs/methods.md
     python -m ropebench.docs --check    # exit 1 naming each file whose blocks are stale
@@ -259,6 +260,25 @@ BLOCKS = {
 }
 
 
+def built_in_meanings() -> str:
+    """The built-in tasks' metric declarations as data (results/built_in_meanings.json): what results read
+    rows written before declarations travelled with the records with, without importing the tasks."""
+    import json
+
+    from ropebench import tasks
+
+    items = [
+        {"task": name, "metric": metric, "meaning": meaning.to_record()}
+        for name, run in tasks.TASKS.items()
+        for metric, meaning in run.spec.meanings.items()
+    ]
+    return json.dumps(items, indent=1) + "\n"
+
+
+# whole files the generator writes (data derived from the code that declares it)
+FILES = {"results/built_in_meanings.json": built_in_meanings}
+
+
 def render(text: str, blocks: dict, root: Path, where: str) -> str:
     """`text` with every generated block's body replaced by the generator's output; each block must be there
     exactly once, and no unknown block."""
@@ -291,6 +311,12 @@ def stale(root: Path = ROOT, write: bool = False) -> list[str]:
         text = path.read_text()
         new = render(text, blocks, root, name)
         if new != text:
+            out.append(name)
+            if write:
+                path.write_text(new)
+    for name, make in FILES.items():
+        path, new = root / name, make()
+        if not path.is_file() or path.read_text() != new:
             out.append(name)
             if write:
                 path.write_text(new)

@@ -37,7 +37,7 @@ def test_generated_blocks_are_current(name):
 
 
 def test_check_command_exits_1_naming_the_stale_file(tmp_path, capsys):
-    for name in (*docs.BLOCKS, docs.DEMO_CONFIG):
+    for name in (*docs.BLOCKS, *docs.FILES, docs.DEMO_CONFIG):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
     assert docs.main(["--check", "--root", str(tmp_path)]) == 0
@@ -48,6 +48,20 @@ def test_check_command_exits_1_naming_the_stale_file(tmp_path, capsys):
     assert "README.md" in err and "docs/methods.md" not in err and "python -m ropebench.docs --write" in err
     assert docs.main(["--write", "--root", str(tmp_path)]) == 0
     assert readme.read_text() == (ROOT / "README.md").read_text()
+
+
+def test_the_frozen_declarations_are_the_tasks_own(tmp_path, capsys):
+    """results/built_in_meanings.json (results' fallback for old rows) is generated from the tasks: a hand
+    edit is stale, and --write restores the tasks' declarations."""
+    for name in (*docs.BLOCKS, *docs.FILES, docs.DEMO_CONFIG):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    frozen = tmp_path / "results" / "built_in_meanings.json"
+    frozen.write_text(frozen.read_text().replace('"lower"', '"higher"', 1))
+    assert docs.main(["--check", "--root", str(tmp_path)]) == 1
+    assert "results/built_in_meanings.json" in capsys.readouterr().err
+    assert docs.main(["--write", "--root", str(tmp_path)]) == 0
+    assert frozen.read_text() == (ROOT / "results" / "built_in_meanings.json").read_text()
 
 
 def test_a_missing_block_is_one_line_and_exit_2(tmp_path, capsys):
