@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .flags import add_setting
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -18,17 +20,7 @@ def main(argv=None) -> int:
     parser = _Parser(prog="ropebench", description="ropebench RoPE tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("inspect", help="show a model's RoPE per layer type (and what a method changes)")
-    p.add_argument("model", help="hub id, local directory, .gguf file or smollm2-135m")
-    p.add_argument("--method", help="RoPE method to preview, e.g. yarn")
-    p.add_argument("--factor", type=float, default=1.0, help="scale factor for --method (default 1)")
-    p.add_argument(
-        "-o",
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="method/common option, e.g. start_from=shipped or beta_fast=16 (values as the sweep's -o)",
-    )
+    add_setting(p, method_help="RoPE method to preview, e.g. yarn", options_example="start_from=shipped")
     p.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
 

@@ -38,3 +38,21 @@ def forget_given(args: argparse.Namespace) -> argparse.Namespace:
     """`args` without the bookkeeping `StoreOnce` keeps in it."""
     args.__dict__.pop("_flags_given", None)
     return args
+
+
+def add_setting(
+    parser: argparse.ArgumentParser, *, method_help: str, options_example: str, method_required: bool = False
+) -> None:
+    """The flags that name a model and a RoPE setting, as `ropebench inspect` and `ropebench export` take
+    them: MODEL, --method, --factor, -o KEY=VALUE (values as the sweep's -o)."""
+    parser.add_argument("model", help="hub id, local directory, .gguf file or smollm2-135m")
+    parser.add_argument("--method", required=method_required, help=method_help)
+    parser.add_argument("--factor", type=float, default=1.0, help="scale factor (default 1)")
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"method/common option, e.g. {options_example} (values as the sweep's -o)",
+    )

@@ -33,23 +33,9 @@ INT_COLUMNS = ("length", "trial", "distance", "n", "seed")
 STR_COLUMNS = ("run", "cell", "model", "method", "task", "corpus", "doc", "metric", "status", "error")
 ID_COLUMNS = ("cluster",)  # text ids; an integer id (a plugin's) reads as its digits, never "3.0"
 MEANING = "meaning"  # the metric's declaration as canonical JSON text (results/meaning.py)
-# The identity of one measured value: two rows equal on all of these are copies of the same number.
-KEY_COLUMNS = (
-    "run",
-    "cell",
-    "model",
-    "method",
-    "factor",
-    "options",
-    "task",
-    "corpus",
-    "task_options",
-    "length",
-    "depth",
-    "doc",
-    "trial",
-    "metric",
-)
+# The identity of one measured value: two rows equal on all of these are copies of the same number — the
+# schema's columns up to the metric, less the two derived from them (a row's cluster and needle distance).
+KEY_COLUMNS = tuple(c for c in SCHEMA[: SCHEMA.index("metric") + 1] if c not in ("cluster", "distance"))
 
 
 def _as_paths(path_or_paths: Any) -> list[Path]:

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ropebench.extend.flags import add_setting
+
 # Weight files are linked, everything else (config aside) is copied: tokenizers are small.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 RECORD = "ropebench-export.json"
@@ -38,16 +40,11 @@ def parser() -> argparse.ArgumentParser:
         prog="ropebench export",
         description="write a RoPE setting in the form an engine reads (docs/export.md)",
     )
-    p.add_argument("model", help="hub id, local directory, .gguf file or smollm2-135m")
-    p.add_argument("--method", required=True, help="the RoPE method, e.g. yarn")
-    p.add_argument("--factor", type=float, default=1.0, help="scale factor (default 1)")
-    p.add_argument(
-        "-o",
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="method/common option, e.g. beta_fast=16 or temperature=rotary (values as the sweep's -o)",
+    add_setting(
+        p,
+        method_help="the RoPE method, e.g. yarn",
+        options_example="temperature=rotary",
+        method_required=True,
     )
     p.add_argument("--to", required=True, dest="engine", help="transformers, vllm or llama.cpp")
     p.add_argument("--out", help="a new (or empty) folder to write; required for --to transformers")
