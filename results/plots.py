@@ -143,11 +143,12 @@ def _has_band(data: pd.DataFrame) -> bool:
     return bool((data["lo"].notna() & data["hi"].notna()).any()) if len(data) else False
 
 
-def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
+def _lines(ax, data: pd.DataFrame, x: str, y: str, *, width: float, marker: float) -> list[str]:
+    """One line per setting (plain first), markers, no seaborn interval; the settings' order."""
     order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
     sns.lineplot(
         data=data,
-        x="length",
+        x=x,
         y=y,
         hue="label",
         hue_order=order,
@@ -157,9 +158,14 @@ def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
         dashes=False,
         ax=ax,
         errorbar=None,
-        linewidth=1.8,
-        markersize=7,
+        linewidth=width,
+        markersize=marker,
     )
+    return order
+
+
+def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
+    order = _lines(ax, data, "length", y, width=1.8, marker=7)
     # the 95% interval of every point as a band in the line's colour (absent where there is none)
     colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
     handles, labels = ax.get_legend_handles_labels()
@@ -391,22 +397,7 @@ def plot_loss_by_position(
     fits = _loss_fits(df, task, sub, **where)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
-    order = sorted(data["label"].unique(), key=lambda s: (not s.startswith("plain"), s))
-    sns.lineplot(
-        data=data,
-        x="position",
-        y="value",
-        hue="label",
-        hue_order=order,
-        style="label",
-        style_order=order,
-        markers=True,
-        dashes=False,
-        ax=ax,
-        errorbar=None,
-        linewidth=1.5,
-        markersize=5,
-    )
+    _lines(ax, data, "position", "value", width=1.5, marker=5)
     colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
     x = np.geomspace(max(1.0, data["position"].min()), data["position"].max(), 200)
     for label, (a, b, c) in fits.items():
