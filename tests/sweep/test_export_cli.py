@@ -99,7 +99,7 @@ def test_vllm_form_is_printed(capsys, no_model_loads):
 def test_llama_cpp_flags_name_the_embedded_gguf(capsys, no_model_loads):
     assert main(["smollm2-135m", "--method", "ntk", "--factor", "2", "--to", "llama.cpp"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("parity llama.cpp/ntk: not measured")
+    assert lines[0].startswith("parity llama.cpp/ntk: measured")
     gguf = str(loading.embedded_gguf())
     assert lines[1].startswith(f"llama-cli -m {gguf} -c 16384 --rope-scaling none --rope-freq-base ")
     keywords = "n_ctx=16384, rope_scaling_type=0, rope_freq_base="
