@@ -272,9 +272,10 @@ def test_discard_removes_only_what_the_sweep_made(tmp_path):
     (out / "theirs.txt").write_text("someone else's")
     rundir.discard(out, lock)
     assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
-    lock, created = rundir.take(out)  # the directory exists: not made by this process
-    assert not created
-    lock.release()
+    # what is left is the user's alone (no marker): a later sweep is refused there, writing nothing
+    with pytest.raises(rundir.ConfigError, match="ropebench did not make"):
+        rundir.take(out)
+    assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
 
 
 def test_report_index_is_deleted_by_fresh(synthetic_records, perplexity_run_dir, tmp_path):
