@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .meaning import BUILT_IN
-from .store import canonical_json
+from .store import canonical_json, setting_label
 
 TOKEN_LOSSES = "longppl_token_losses"
 LONGPPL, KEY_TOKENS = "longppl", "longppl_key_tokens"
@@ -136,18 +136,11 @@ def _per_document(parsed: list[dict]) -> dict[int, dict]:
 
 def _names(rows: list[dict]) -> list[str]:
     """Each compared setting's label ("ntk ×2"); with its options where two share a label."""
-    labels = [_label(r.get("method"), r.get("factor")) for r in rows]
+    labels = [setting_label(r.get("method"), r.get("factor")) for r in rows]
     return [
         f"{label} {_text(r.get('options'))}" if labels.count(label) > 1 else label
         for label, r in zip(labels, rows, strict=True)
     ]
-
-
-def _label(method: Any, factor: Any) -> str:
-    """overview.setting_label's rule (not imported: overview reads frames that `load`, and so this, makes)."""
-    if _text(factor) == "" or (str(method) == "plain" and float(factor) == 1.0):
-        return str(method)
-    return f"{method} ×{float(factor):g}"
 
 
 def _rows(parsed: list[dict], per_doc: dict[int, dict]) -> list[dict]:

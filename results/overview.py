@@ -43,7 +43,7 @@ from .reach import (
     trained_context_of,
 )
 from .stats import SKEW_T_ONE_SIDED_MISS, Interval
-from .store import ResultsError
+from .store import ResultsError, setting_label  # noqa: F401 (re-exported: overview.setting_label)
 from .tables import UNIT_COLUMNS, cell_interval, copy_frame, fmt_interval, remember, select, shared
 
 SETTING = ("model", "method", "factor", "options")
@@ -82,13 +82,6 @@ def metrics_of(df: pd.DataFrame, task: str) -> list[str]:
     aggregate = rows[rows[unit_cols].isna().all(axis=1)] if unit_cols else rows
     order = list(dict.fromkeys(aggregate["metric"].dropna().astype(str)))
     return order + [m for m in dict.fromkeys(rows["metric"].dropna().astype(str)) if m not in order]
-
-
-def setting_label(method: Any, factor: Any, baseline: str = "plain") -> str:
-    """ "yarn ×2"; the baseline at factor 1 by its name alone."""
-    if pd.isna(factor) or (str(method) == baseline and float(factor) == 1.0):
-        return str(method)
-    return f"{method} ×{float(factor):g}"
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,17 @@ RECORDS_NAME = re.compile(
 REPORT_INDEX = ".ropebench-report.json"  # the files a report wrote into its directory (ours to replace)
 
 
+def setting_label(method: Any, factor: Any, baseline: str = "plain") -> str:
+    """ "yarn ×2"; the baseline at factor 1 by its name alone (a missing factor: the method alone)."""
+    try:
+        value = float(factor)
+    except (TypeError, ValueError):  # None, pd.NA, ""
+        return str(method)
+    if math.isnan(value) or (str(method) == baseline and value == 1.0):
+        return str(method)
+    return f"{method} ×{value:g}"
+
+
 class ResultsError(RopebenchError):
     """A user error in the results layer; the message says what is wrong and what to do."""
 
