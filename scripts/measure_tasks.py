@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from ropebench import extend, tasks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 def mean(xs):

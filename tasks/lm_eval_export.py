@@ -6,7 +6,7 @@ The task folder `tasks/lm_eval_tasks/` is lm-eval's own layout:
   (output type, metrics, tags `ropebench`, `ropebench_passkey`, `ropebench_sotu_era`, `ropebench_retrieval`),
   hand-written;
 - `utils.py`: the `!function` hooks that expand docs into prompts with the tasks' own prompt builders
-  (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`, `tasks.retrieval.compose`),
+  (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`, `tasks.haystacks.compose`),
   hand-written;
 - written here (deterministic; committed for the default lengths): `ropebench_passkey_<L>.yaml`,
   `ropebench_sotu_era_<L>.yaml` and `ropebench_retrieval_<variant>_<L>.yaml`, one per length (and variant):
@@ -35,13 +35,13 @@ from pathlib import Path
 
 import yaml
 
-from . import classification, passkey, retrieval
+from . import classification, passkey, retrieval, scenes
 from .common import encoder, special_prefix
 from .errors import TaskError
 from .kit import largest_fitting
 from .lm_eval_tasks import utils
 
-OUT_DIR = Path(__file__).parent / "lm_eval_tasks"
+OUT_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"  # the folder itself, not an editable link
 STATIC_FILES = ("_passkey_template_yaml", "_sotu_era_template_yaml", "_retrieval_template_yaml", "utils.py")
 TEMPLATES = {  # lm-eval task family -> its template; the YAMLs write the family as metadata.suite (kept)
     "passkey": "_passkey_template_yaml",
@@ -178,7 +178,7 @@ def retrieval_docs(
 def retrieval_new_tokens(variant: str) -> int:
     """The greedy answer's budget of a variant (the retrieval task's default max_new_tokens: RULER's
     tokens_to_generate)."""
-    return retrieval.NEW_TOKENS.get(variant, DEFAULT_NEW_TOKENS)
+    return scenes.NEW_TOKENS.get(variant, DEFAULT_NEW_TOKENS)
 
 
 def retrieval_task_name(variant: str, length: int) -> str:

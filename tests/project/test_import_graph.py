@@ -159,7 +159,12 @@ def test_imports_name_the_ropebench_namespace():
     """ropebench installs one import name, `ropebench`: a bare `import tasks` or `from results import x` would
     find whatever `tasks` comes first on sys.path (a user's tasks.py in the working directory), or a second
     copy of ours beside the installed one (two registries)."""
-    bare = []
+    bare = [f"{where} {name}" for where, name in _absolute_imports() if name.split(".")[0] in NAMESPACED]
+    assert bare == []
+
+
+def _absolute_imports():
+    """(file:line, module) for every absolute import in the repository's Python files, tests included."""
     for path in _files([*FOLDERS, "tests"]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -168,10 +173,7 @@ def test_imports_name_the_ropebench_namespace():
                 names = [node.module]
             else:
                 continue
-            bare += [
-                f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in NAMESPACED
-            ]
-    assert bare == []
+            yield from ((f"{path.relative_to(ROOT)}:{node.lineno}", name) for name in names)
 
 
 def test_no_import_cycles():
@@ -315,6 +317,67 @@ def test_every_project_import_resolves():
     assert broken == []
 
 
+def _package_dirs() -> dict[str, Path]:
+    """pyproject.toml's `package-dir`, read as a static tool would: import name -> folder."""
+    import tomllib
+
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: ROOT / folder for name, folder in table.items()}
+
+
+def _static_file(module: str, dirs: dict[str, Path]) -> Path | None:
+    """The file `module` is, from the files and pyproject.toml alone (no import, no install): the longest
+    declared package that prefixes it, then one folder per dotted part."""
+    for package in sorted(dirs, key=len, reverse=True):
+        if module == package or module.startswith(package + "."):
+            path = dirs[package].joinpath(*module[len(package) :].split(".")[1:])
+            for candidate in (path / "__init__.py", path.with_suffix(".py")):
+                if candidate.is_file():
+                    return candidate
+            return path if path.is_dir() else None  # a namespace package (a data folder: lm_eval_tasks)
+    return None
+
+
+def test_every_ropebench_import_resolves_statically_to_a_checkout_file():
+    """Every `ropebench.*` a file of the repository imports names a file of the checkout, found from the
+    files alone through pyproject.toml's package-dir, as a reader or a static tool finds it
+    (docs/layout.md#import-names); `from ropebench.x import y` names module x (y: a submodule or a name)."""
+    dirs = _package_dirs()
+    ours = [(where, name) for where, name in _absolute_imports() if name.split(".")[0] == "ropebench"]
+    unresolved = [f"{where} {name}" for where, name in ours if _static_file(name, dirs) is None]
+    assert unresolved == []
+    assert len(ours) > 200  # guards against passing vacuously
+    assert _static_file("ropebench.sweep_lib.rundir", dirs) == ROOT / "scripts" / "sweep_lib" / "rundir.py"
+    assert _static_file("ropebench.extend", dirs) == ROOT / "extend" / "__init__.py"
+
+
+def test_the_editable_install_is_a_link_tree_static_tools_follow():
+    """scripts/setup.sh installs ropebench editable in setuptools' strict mode: a folder on sys.path (via a
+    .pth file, which editors and static analysers read) holding `ropebench/...`, each file a link to the
+    checkout's file, so that go-to-definition on `ropebench.extend.patching` opens extend/patching.py. Every
+    module of the package folders is there (setup.sh re-installs when a file is added or removed)."""
+    import site
+
+    trees = [
+        Path(line.strip())
+        for pth in Path(site.getsitepackages()[0]).glob("__editable__.ropebench-*.pth")
+        for line in pth.read_text().splitlines()
+        if line.strip() and not line.startswith(("import", "#"))
+    ]
+    if not trees:
+        pytest.skip("ropebench is not installed editable here (a wheel, or an install other than setup.sh's)")
+    (tree,) = trees
+    dirs = _package_dirs()
+    missing = []
+    for package, folder in dirs.items():  # sibling folders (none inside another)
+        for source in folder.rglob("*.py"):
+            link = tree.joinpath(*package.split("."), source.relative_to(folder))
+            if "__pycache__" not in source.parts and not (link.is_file() and link.resolve() == source):
+                missing.append(str(source.relative_to(ROOT)))
+    assert missing == [], "re-run bash scripts/setup.sh: files not in the editable tree"
+    assert (tree / "ropebench" / "extend" / "patching.py").resolve() == ROOT / "extend" / "patching.py"
+
+
 # ---------------------------------------------------------------------------------------------- the tests
 def test_tests_share_code_through_fixtures_only():
     """No test file imports another test file or a conftest (pytest imports those itself; importing them again
@@ -345,9 +408,8 @@ def test_test_folders_shadow_no_package():
     tests = ROOT / "tests"
     assert not [p for p in sys.path if p and Path(p).resolve().is_relative_to(tests)], sys.path
     for name in NAMESPACED:
-        assert Path(importlib.import_module(f"ropebench.{name}").__file__) == ROOT / name / "__init__.py", (
-            name
-        )
+        module_file = Path(importlib.import_module(f"ropebench.{name}").__file__)
+        assert module_file.resolve() == ROOT / name / "__init__.py", name  # a link of the editable tree
     import lm_eval
 
     assert not Path(lm_eval.__file__).resolve().is_relative_to(tests)
