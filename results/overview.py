@@ -29,11 +29,9 @@ from .meaning import Metric, declarations
 from .ranges import within_range
 from .reach import (
     DEFAULT_BAR,
-    MIN_BAR,
-    NOLIMA_FRACTION,
-    SHORT_CAP,
+    RULES,
     THEORY_TASK,
-    bar_text,
+    caption,
     check_rules,
     check_trained_context,
     effective_length,
@@ -176,27 +174,11 @@ def legend_lines(
         "else it is not established"
     )
     lines = [values, skew, marked, unmarked, mixed, walk]
-    per_rule = {
-        ("rate", "threshold"): f"reach (0/1 rate): Wilson lower bound ≥ {bar_text(threshold)}",
-        ("rate", "short"): (
-            f"reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {NOLIMA_FRACTION:g} × the setting's "
-            f"own rate at a base length ≤ min(a quarter of the trained context, {SHORT_CAP}) tokens "
-            f"(NoLiMa's: 250-1K; base lower bound ≥ {MIN_BAR:g})"
-        ),
-        ("rate", "trained"): (
-            f"reach (trained) (0/1 rate): Wilson lower bound ≥ {baseline}'s at the trained context "
-            f"(when that is ≥ {MIN_BAR:g})"
-        ),
-        ("log", "threshold"): (
-            f"reach (perplexity): upper bound of the paired ratio to the setting's own value at the trained "
-            f"context ≤ {1 + tolerance:g}"
-        ),
-        ("log", "trained"): (
-            f"reach (trained) (perplexity): the same ratio to {baseline}'s value at the trained context "
-            f"≤ {1 + tolerance:g}"
-        ),
-    }
-    lines += [text for key, text in per_rule.items() if rules is None or key in rules]
+    lines += [
+        caption(rule, threshold, tolerance, baseline)
+        for key, rule in RULES.items()
+        if rules is None or key in rules
+    ]
     return lines
 
 

@@ -42,15 +42,19 @@ def _phi(x: np.ndarray) -> np.ndarray:
     return 0.5 * np.vectorize(math.erfc, otypes=[float])(-np.asarray(x, float) / math.sqrt(2))
 
 
-def _phi_inverse(p: float) -> float:
-    lo, hi = -40.0, 40.0
-    for _ in range(200):
+def _crossing(f, target: float, lo: float, hi: float, steps: int) -> float:
+    """Where the increasing function ``f`` reaches ``target`` in [lo, hi], by ``steps`` bisections."""
+    for _ in range(steps):
         mid = (lo + hi) / 2
-        if float(_phi(mid)) < p:
+        if f(mid) < target:
             lo = mid
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def _phi_inverse(p: float) -> float:
+    return _crossing(lambda x: float(_phi(x)), p, -40.0, 40.0, 200)
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,14 +78,7 @@ def t_power(ncp: float, dof: float, crit: float) -> float:
 @functools.lru_cache(maxsize=1024)
 def t_ncp(dof: float, crit: float, power: float = POWER) -> float:
     """The noncentrality at which the two-sided t test (|T| > crit) rejects with probability ``power``."""
-    lo, hi = 0.0, crit + 10.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if t_power(mid, dof, crit) < power:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return _crossing(lambda x: t_power(x, dof, crit), power, 0.0, crit + 10.0, 60)
 
 
 def _binom_cdf(k: int, n: int, q: float) -> float:
@@ -107,14 +104,7 @@ def sign_power(shift_over_sd: float, k: int) -> float:
 @functools.lru_cache(maxsize=256)
 def sign_shift(k: int, power: float = POWER) -> float:
     """The shift (in the contrasts' standard deviations) at which :func:`sign_power` reaches ``power``."""
-    lo, hi = 0.0, 40.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if sign_power(mid, k) < power:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return _crossing(lambda x: sign_power(x, k), power, 0.0, 40.0, 80)
 
 
 def mcnemar_power(delta: float, n: int) -> float:
@@ -131,14 +121,7 @@ def mcnemar_delta(n: int, power: float = POWER) -> float:
     pairs or where no difference reaches it)."""
     if n < MIN_DIFFERING or mcnemar_power(1.0, n) < power:
         return math.nan
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if mcnemar_power(mid, n) < power:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return _crossing(lambda x: mcnemar_power(x, n), power, 0.0, 1.0, 60)
 
 
 def exact_floor(k: int) -> float:

@@ -6,8 +6,8 @@ A length *passes* only when the bound of its 95% interval on the unfavourable si
 ascending order and the walk stops at the first length that does not pass, so a lucky longer length is never
 counted. Which metrics have a reach, and under which rules, is what their declaration says
 (:class:`results.meaning.Metric` ``reach``; never guessed from a name or the values). The rules (``RULES``,
-by the statistics' kind and rule name; a rule is one small function), the three published ways to state an
-effective length:
+by the statistics' kind and rule name; a rule is one function, its docstring the legend's line), the three
+published ways to state an effective length:
 - 0/1 rates, ``rule="threshold"`` (an absolute bar, RULER-style): the Wilson lower bound is at or above
   ``threshold`` (default ``DEFAULT_BAR`` 0.8, per task and metric). RULER's own bar (Hsieh et al. 2024,
   arXiv:2404.06654) is ``RULER_BAR`` 0.856, Llama-2-7B's score at 4K averaged over its 13 tasks: pass
@@ -46,12 +46,12 @@ from typing import Any
 import pandas as pd
 
 from .comparisons import paired_cells
-from .meaning import Metric, declarations
+from .meaning import REACH_RULES, Metric, declarations
 from .stats import Interval, Paired
 from .store import ResultsError, atomic_write_text
 from .tables import IDENTITY, cell_interval, copy_frame, is_unit, remember, select
 
-RULE_NAMES = ("threshold", "short", "trained")
+RULE_NAMES = REACH_RULES  # the names declarations may give (results.meaning); the rules: RULES below
 # The "threshold" rule's default bar: an absolute bar in RULER's style, applied per task and metric
 DEFAULT_BAR = 0.8
 # RULER's own bar (Hsieh et al. 2024, arXiv:2404.06654): Llama-2-7B's 4K score, 85.6% on the average of its 13
@@ -314,6 +314,9 @@ class Verdicts:
 
 
 def _rate_threshold(s: Setting) -> Verdicts:
+    """Wilson lower bound ≥ {bar_short}
+
+    reach (0/1 rate): Wilson lower bound ≥ {bar}"""
     return Verdicts(
         f"Wilson lower bound ≥ {bar_text(s.threshold)}",
         {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()},
@@ -321,6 +324,10 @@ def _rate_threshold(s: Setting) -> Verdicts:
 
 
 def _rate_trained(s: Setting) -> Verdicts:
+    """≥ {baseline}'s lower bound at the trained context
+
+    reach (trained) (0/1 rate): Wilson lower bound ≥ {baseline}'s at the trained context (when that is ≥
+    {min_bar})"""
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
     base = _baseline_cell(s)
@@ -343,6 +350,11 @@ def _rate_trained(s: Setting) -> Verdicts:
 
 
 def _rate_short(s: Setting) -> Verdicts:
+    """≥ {nolima} × own short-context rate
+
+    reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {nolima} × the setting's own rate at a base
+    length ≤ min(a quarter of the trained context, {short_cap}) tokens (NoLiMa's: 250-1K; base lower bound ≥
+    {min_bar})"""
     short = min(s.cells)
     base = s.cells[short][1]
     if s.short_length is None:
@@ -410,12 +422,19 @@ def _ppl_ratio(s: Setting, ref_rows: pd.DataFrame, whose: str) -> Verdicts:
 
 
 def _ppl_tolerance(s: Setting) -> Verdicts:
+    """ratio to its own value at the trained context ≤ {limit}
+
+    reach (perplexity): upper bound of the paired ratio to the setting's own value at the trained context ≤
+    {limit}"""
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
     return _ppl_ratio(s, s.cells[s.ref_len][0], "its")
 
 
 def _ppl_baseline(s: Setting) -> Verdicts:
+    """ratio to {baseline}'s value at the trained context ≤ {limit}
+
+    reach (trained) (perplexity): the same ratio to {baseline}'s value at the trained context ≤ {limit}"""
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
     base = _baseline_cell(s)
@@ -424,6 +443,9 @@ def _ppl_baseline(s: Setting) -> Verdicts:
     )
 
 
+# The rules, by the statistics' kind and the rule's name. A rule is one function: its verdicts for a setting,
+# and, as its docstring, its bar in words: short, then the legend's line (`caption`). Its name is also one of
+# results.meaning.REACH_RULES, which declarations are checked against.
 RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
     ("rate", "threshold"): _rate_threshold,
     ("rate", "short"): _rate_short,
@@ -431,6 +453,23 @@ RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
     ("log", "threshold"): _ppl_tolerance,
     ("log", "trained"): _ppl_baseline,
 }
+
+
+def caption(
+    rule: Callable[[Setting], Verdicts], threshold: float | str, tolerance: float, baseline: str, short=False
+) -> str:
+    """A rule's words, from its docstring with the bars filled in: the legend's line, or (``short``) the bar
+    alone, for a headline that links to the legend."""
+    words = rule.__doc__.split("\n\n")[0 if short else 1]
+    return " ".join(words.split()).format(
+        bar=bar_text(threshold),
+        bar_short=bar_text(threshold, short=True),
+        baseline=baseline,
+        limit=f"{1 + tolerance:g}",
+        min_bar=f"{MIN_BAR:g}",
+        nolima=f"{NOLIMA_FRACTION:g}",
+        short_cap=SHORT_CAP,
+    )
 
 
 def effective_length(

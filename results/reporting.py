@@ -11,33 +11,28 @@ declarations (:mod:`results.meaning`), never from their names or values.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
-import shutil
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from ropebench.extend.owned_paths import OwnedDir, read_marker, safe_name
 
+from . import report_output
 from .arguments import as_path, as_paths
-from .comparisons import MIXED_MARK, compare, paired_differences, stratum_differences
+from .comparisons import MIXED_MARK, compare
 from .frame import load
+from .headline import BASELINE, Evidence, headline
 from .longppl_report import longppl_lines
 from .meaning import declarations, undeclared_note
 from .overview import (
     MAX_COLUMNS,
-    Quantities,
     Quantity,
     distance_text,
     left_out,
     legend_lines,
     measured_tasks,
     metrics_of,
-    quantities,
     reach_column,
     setting_label,
     short_model,
@@ -50,32 +45,22 @@ from .plots import (
     plot_passkey,
     plot_perplexity,
 )
-from .ranges import excluded_note, within_range
 from .reach import (
     DEFAULT_BAR,
-    NOLIMA_FRACTION,
     THEORY_TASK,
-    bar_text,
     check_rules,
     check_trained_context,
-    effective_length,
     load_theory,
     recorded_contexts,
-    rules_of,
 )
+from .report_output import Report, check_report_dir, slug, staging
 from .stats import (
-    MIN_INFORMATIVE_PAIRS,
     MIN_T_UNITS,
-    PAIRED_CLUSTERS,
-    PAIRED_RATES,
-    PAIRED_T,
     SKEW_T_ONE_SIDED_MISS,
-    t975,
 )
-from .store import ResultsError, atomic_write_text, check_path_text, legacy_owned_files
-from .strata_report import detectable_note, per_distance_table, power_phrase, where_line
+from .store import ResultsError, atomic_write_text
+from .strata_report import per_distance_table
 from .tables import (
-    IDENTITY,
     fmt_interval,
     fmt_number,
     is_unit,
@@ -83,18 +68,9 @@ from .tables import (
     shared,
     table,
     to_csv,
-    to_latex,
     to_markdown,
 )
 from .timing import time_section
-
-HEADLINE_LINES = 5
-BASELINE = "plain"
-
-
-def _slug(*parts: Any) -> str:
-    s = "_".join(str(p) for p in parts if p is not None and str(p) != "")
-    return re.sub(r"[^A-Za-z0-9._=-]+", "-", s).strip("-") or "x"
 
 
 def _manifests(paths: list[Path]) -> list[dict[str, Any]]:
@@ -130,44 +106,6 @@ def _trained_context_for(
     return None
 
 
-class _Report:
-    def __init__(self, out: Path):
-        self.out = out
-        self.tables = out / "tables"
-        self.plots = out / "plots"
-        self.tables.mkdir(parents=True, exist_ok=True)
-        self.plots.mkdir(parents=True, exist_ok=True)
-        self.md: list[str] = []
-        self.written: list[Path] = []
-
-    def add_table(
-        self, name: str, caption: str, shown: pd.DataFrame, numeric: pd.DataFrame | None = None
-    ) -> None:
-        """md/tex from the display table (may hold "mean [lo, hi]" strings), csv from the numeric one."""
-        name = safe_name(name)  # task entries and metrics are user text: the file stays in tables/
-        stem = self.tables / name
-        to_markdown(shown, stem.with_suffix(".md"), caption=caption)
-        to_latex(shown, stem.with_suffix(".tex"), caption=caption, label=f"tab:{name}")
-        to_csv(numeric if numeric is not None else shown, stem.with_suffix(".csv"))
-        self.written += [stem.with_suffix(s) for s in (".md", ".csv", ".tex")]
-        self.md += [
-            to_markdown(shown, caption=caption),
-            f"<sub>[csv](tables/{name}.csv) · [tex](tables/{name}.tex)</sub>",
-            "",
-        ]
-
-    def add_plot(self, name: str, title: str, fn, *args, **kwargs) -> None:
-        name = safe_name(name)  # made from user text (task, model, corpus): the file stays in plots/
-        path = self.plots / f"{name}.png"
-        try:
-            plot = fn(*args, path, **kwargs)
-        except ResultsError as e:
-            self.md += [f"_Plot {title} skipped: {e}_", ""]
-            return
-        self.written.append(plot.path)
-        self.md += [f"![{title}](plots/{name}.png)", ""]
-
-
 def _groups(sub: pd.DataFrame) -> Iterable[tuple[Any, Any]]:
     keys = sub[["model", "corpus"]].drop_duplicates().itertuples(index=False)
     return [(m if not pd.isna(m) else None, c if not pd.isna(c) else None) for m, c in keys]
@@ -191,222 +129,8 @@ def _with_chance_row(t: pd.DataFrame, chance: pd.Series, name: str) -> pd.DataFr
     return pd.concat([t, row])
 
 
-# -- what the report computes once and every section reads ---------------------------------------------------
-class _Evidence:
-    """The quantities, paired differences to the baseline and reach verdicts of the run."""
-
-    def __init__(self, ok: pd.DataFrame, tc: dict, seed: int, threshold: float, tolerance: float):
-        self.excluded = excluded_note(ok)  # values outside their declared range: counted, then left out
-        ok = within_range(ok)
-        self.ok, self.tc, self.seed = ok, tc, seed
-        self.threshold, self.tolerance = threshold, tolerance
-        self.qs: Quantities = quantities(ok)
-        self.diffs: dict[Quantity, pd.DataFrame] = {}
-        self.strata: dict[Quantity, pd.DataFrame] = {}  # per needle distance, where rows sit at several
-        for q in self.qs.values:
-            try:
-                self.diffs[q] = paired_differences(ok, q.task, q.metric, BASELINE, seed=seed)
-                by = stratum_differences(ok, q.task, q.metric, BASELINE, seed=seed)
-            except ResultsError:  # no baseline rows for this task: no differences
-                continue
-            if by is not None:
-                self.strata[q] = by
-        # a method's factor where one method ran at one factor (comparisons by method alone carry none)
-        one = ok.groupby("method")["factor"].nunique(dropna=False) == 1 if len(ok) else pd.Series(dtype=bool)
-        self.factors = {str(m): ok.loc[ok["method"] == m, "factor"].iloc[0] for m in one[one].index}
-        self.reach: dict[tuple[Quantity, str], pd.DataFrame | str] = {}
-        for q in self.qs.reaches:
-            for rule in rules_of(q.meaning):
-                try:
-                    self.reach[(q, rule)] = effective_length(
-                        ok,
-                        q.task,
-                        q.metric,
-                        threshold=threshold,
-                        tolerance=tolerance,
-                        trained_context=tc,
-                        rule=rule,
-                        seed=seed,
-                    )
-                except ResultsError as e:
-                    self.reach[(q, rule)] = str(e)
-
-
-def _p_value(row: pd.Series) -> float:
-    """The test's p: McNemar's where recorded; for a paired t, two-sided from its interval (t on n - 1
-    degrees of freedom; on the log scale for a ratio)."""
-    p = row.get("p")
-    if p is not None and not pd.isna(p):
-        return float(p)
-    if row.get("interval") != PAIRED_T:
-        return math.nan
-    n, est, lo, hi = row.get("n"), row["estimate"], row["lo"], row["hi"]
-    if pd.isna(n) or int(n) < 2 or not (math.isfinite(lo) and math.isfinite(hi)):
-        return math.nan
-    ratio = row.get("how") == "ratio"
-    if ratio and not (lo > 0 and hi > 0 and est > 0):
-        return math.nan
-    centre, half = (math.log(est), math.log(hi / lo) / 2) if ratio else (est, (hi - lo) / 2)
-    if half <= 0:
-        return math.nan
-    from scipy.stats import t as student
-
-    se = half / t975(int(n) - 1)
-    return float(2 * student.sf(abs(centre) / se, int(n) - 1))
-
-
-def _fmt_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
-
-
-def _units_text(n: Any, unit: str) -> str:
-    """n in independent units: "6 trials", "1 haystack"."""
-    n = int(n)
-    return f"{n} {unit}{'' if n == 1 else 's'}"
-
-
-def _setting_rows(ok: pd.DataFrame, q: Quantity, row: pd.Series) -> pd.DataFrame:
-    """The unit rows of the cell a paired-difference row describes."""
-    rows = select(ok, q.task, q.metric, units=True)
-    for col in [*IDENTITY, "length"]:
-        if col in row.index and col in rows.columns and not pd.isna(row[col]):
-            rows = rows[rows[col].astype(str) == str(row[col])]
-    return rows[is_unit(rows)]
-
-
-def _setting_name(ok: pd.DataFrame, q: Quantity, row: pd.Series) -> str:
-    """ "yarn ×2": the factor from the row, else from the cell's rows (a comparison by method alone)."""
-    factor = row.get("factor")
-    if factor is None or pd.isna(factor):
-        rows = _setting_rows(ok, q, row)
-        factor = rows["factor"].iloc[0] if len(rows) else None
-    return setting_label(row["method"], factor)
-
-
-def _count(rows: pd.DataFrame) -> str:
-    """ "k/N": the rows with outcome 1 of the cell's N rows."""
-    return f"{int(rows['value'].sum())}/{len(rows)}"
-
-
-def _difference_line(ev: _Evidence, q: Quantity) -> str | None:
-    """The longest length where settings differ significantly from the baseline, in one sentence."""
-    d = ev.diffs.get(q)
-    if d is None or d.empty:
-        return None
-    sig = d[d["significant"] & (d["method"] != BASELINE)]
-    if sig.empty:
-        return None
-    L = sig["length"].max()
-    at = sig[sig["length"] == L]
-    null = at["how"].iloc[0] == "ratio"
-    better = (at["estimate"] < (1.0 if null else 0.0)) == (q.meaning.direction == "lower")
-    if q.meaning.direction is None:
-        verb, at_side = "differ from", at
-    else:
-        side = at[better] if better.any() else at[~better]
-        verb, at_side = ("beat" if better.any() else "trail"), side
-    names = [_setting_name(ev.ok, q, r) for _, r in at_side.iterrows()]
-    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    first = at_side.iloc[0]
-    base_row = first.copy()
-    base_row["method"], base_row["factor"] = BASELINE, pd.NA
-    dist = distance_text(_setting_rows(ev.ok, q, first))
-    where = f"at {int(L)} tokens" + (f" with the {dist}" if dist else "")
-    counts = [_setting_rows(ev.ok, q, r) for _, r in at_side.iterrows()]
-    rows = first.get("rows")
-    # rows share independent units (questions on a haystack): n counts the units, never the rows
-    clustered = rows is not None and not pd.isna(rows) and int(rows) > int(first["n"])
-    rows_note = ""
-    if q.kind == "rate" and all(len(c) for c in counts):  # 0/1 outcomes per unit: k/N on each side
-        base = _setting_rows(ev.ok, q, base_row.drop(labels=["factor", "options"], errors="ignore"))
-        values = " and ".join(_count(c) for c in counts) + f" vs {_count(base[base['method'] == BASELINE])}"
-        values += " rows" if clustered else ""  # then k/N counts rows, not the units n counts
-    else:
-        rows_note = f"; {int(rows)} rows on them" if clustered else ""
-        what = "ratio" if null else "difference"
-        values = "; ".join(
-            f"{what} {fmt_interval(r['estimate'], r['lo'], r['hi'])}" for _, r in at_side.head(2).iterrows()
-        )
-    ps = [p for p in (_p_value(r) for _, r in at_side.iterrows()) if math.isfinite(p)]
-    test = {PAIRED_RATES: "McNemar", PAIRED_T: "paired t", PAIRED_CLUSTERS: "sign-flip"}.get(
-        first["interval"], first["interval"]
-    )
-    if ps:
-        p_text = f", {test} " + _fmt_p(max(ps)).replace("=", "≤" if len(ps) > 1 else "=")
-    else:
-        p_text = f", {first['interval']} interval excludes {1 if null else 0}"
-    n = _units_text(first["n"], q.meaning.independent_unit)
-    power = power_phrase(at_side)
-    p_text += f", {power}" if power else ""
-    return f"{who} {verb} {BASELINE} on {q.task} {q.metric} {where}: {values} (n = {n}{p_text}{rows_note})."
-
-
-def _reach_line(ev: _Evidence, q: Quantity, rule: str) -> str | None:
-    e = ev.reach.get((q, rule))
-    if not isinstance(e, pd.DataFrame) or e["effective_length"].notna().sum() == 0:
-        return None
-    claims = [
-        f"{setting_label(r['method'], r['factor'])} {r['claim']}"
-        for _, r in e.iterrows()
-        if r["claim"] not in ("–",) and not str(r["claim"]).startswith("not established")
-    ]
-    est = e[e["effective_length"].notna()].iloc[0]
-    n = (
-        ""
-        if pd.isna(est["at_n"])
-        else f" (n = {_units_text(est['at_n'], q.meaning.independent_unit)} per length)"
-    )
-    bar = _rule_short(q.kind, rule, ev.threshold, ev.tolerance)
-    return f"{reach_column(q, rule)} ({bar}): {', '.join(claims)}{n}."
-
-
-def _rule_short(kind: str, rule: str, threshold: float, tolerance: float) -> str:
-    if kind == "log":
-        whose = "its own" if rule == "threshold" else f"{BASELINE}'s"
-        return f"ratio to {whose} value at the trained context ≤ {1 + tolerance:g}"
-    return {
-        "threshold": f"Wilson lower bound ≥ {bar_text(threshold, short=True)}",
-        "short": f"≥ {NOLIMA_FRACTION:g} × own short-context rate",
-        "trained": f"≥ {BASELINE}'s lower bound at the trained context",
-    }[rule]
-
-
-def _headline(ev: _Evidence) -> list[str]:
-    """At most ``HEADLINE_LINES`` lines: the significant differences first, then the established reaches;
-    or one line saying nothing is, and what the run would need."""
-    diffs = [line for q in ev.qs.values if (line := _stratified_line(ev, q) or _difference_line(ev, q))]
-    reaches = [line for (q, rule) in ev.reach if (line := _reach_line(ev, q, rule))]
-    lines = diffs[:3] + reaches[:2]  # the differences first; the reaches fill in
-    lines = (lines + diffs[3:] + reaches[2:])[:HEADLINE_LINES]
-    if lines:
-        return [f"- {line}" for line in lines]
-    most = max((int(d["informative"].max()) for d in ev.diffs.values() if len(d)), default=0)
-    could = detectable_note(ev.qs.values, ev.diffs)
-    return [
-        (
-            f"Nothing is significant and no reach is established: a paired difference needs at least "
-            f"{MIN_INFORMATIVE_PAIRS} independent units that differ between the settings (this run has at "
-            f"most {most}); more documents, trials or haystacks per length would decide it."
-            + (f" {could}" if could else "")
-        )
-    ]
-
-
-def _stratified_line(ev: _Evidence, q: Quantity) -> str | None:
-    """Where rows sit at several needle distances and the pooled difference may not stand for them (a
-    distance significantly the other way, or only single distances significant): where each setting wins and
-    loses (results/strata.py). None: the pooled line speaks for every distance."""
-    by, pooled = ev.strata.get(q), ev.diffs.get(q)
-    if by is None or pooled is None:
-        return None
-    mixed = pooled["mixed"].astype(bool).any() if "mixed" in pooled.columns else False
-    if not mixed and pooled["significant"].astype(bool).any():
-        return None
-    return where_line(q, pooled, by, BASELINE, ev.factors)
-
-
 # -- sections ------------------------------------------------------------------------------------------------
-def _summary(r: _Report, ev: _Evidence) -> None:
+def _summary(r: Report, ev: Evidence) -> None:
     r.md += ["## Summary", ""]
     try:
         kw = {"trained_context": ev.tc, "threshold": ev.threshold, "tolerance": ev.tolerance, "seed": ev.seed}
@@ -442,7 +166,7 @@ def _footnote(dropped: list[tuple[str, str]]) -> str:
     return "; ".join(parts)
 
 
-def _differences(r: _Report, ev: _Evidence) -> None:
+def _differences(r: Report, ev: Evidence) -> None:
     r.md += [f"## Differences to {BASELINE} (paired, same documents / prompts)", ""]
     for q in ev.qs.values:
         if q not in ev.diffs:
@@ -477,7 +201,7 @@ def _differences(r: _Report, ev: _Evidence) -> None:
             r.add_table(f"{q.task}_{q.metric}_vs_{BASELINE}_by_distance", caption_by, shown_by, numeric_by)
 
 
-def _reach(r: _Report, ev: _Evidence) -> set[tuple[str, str]]:
+def _reach(r: Report, ev: Evidence) -> set[tuple[str, str]]:
     """The reach tables the grid supports; one line for the others. Returns the (kind, rule) pairs shown."""
     r.md += ["## Effective context length", ""]
     shown_rules: set[tuple[str, str]] = set()
@@ -506,7 +230,7 @@ def _reach(r: _Report, ev: _Evidence) -> set[tuple[str, str]]:
     return shown_rules
 
 
-def _reach_table(r: _Report, q: Quantity, rule: str, e: pd.DataFrame, ev: _Evidence) -> None:
+def _reach_table(r: Report, q: Quantity, rule: str, e: pd.DataFrame, ev: Evidence) -> None:
     unit = q.meaning.independent_unit
     caption = (
         f"{reach_column(q, rule)} ({q.task}/{q.metric}) — value [95% interval] n = {unit}s at the reach and "
@@ -544,7 +268,7 @@ def _reach_table(r: _Report, q: Quantity, rule: str, e: pd.DataFrame, ev: _Evide
     r.add_table(f"reach_{q.task}_{q.metric}_{rule}", caption, shown, e)
 
 
-def _theory(r: _Report, ok: pd.DataFrame) -> None:
+def _theory(r: Report, ok: pd.DataFrame) -> None:
     """The sweep's theory rows, one line per setting, each column labelled by its declaration's description;
     never in the summary, never compared."""
     rows = ok[ok["task"] == THEORY_TASK]
@@ -603,7 +327,7 @@ def _theory_value(value: Any, task_options: Any) -> str:
     return f"≥ {text}" if isinstance(limit, (int, float)) and v >= limit else text
 
 
-def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
+def _task_section(r: Report, ev: Evidence, task: str) -> None:
     """A task's tables (headline metrics with intervals; detail metrics in tables/ only) and its plots, all
     from the declarations."""
     ok = ev.ok
@@ -618,14 +342,14 @@ def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
     details = [q for q in ev.qs.details if q.task == task]
     for q in details:
         t = table(ok, task, q.metric)
-        stem = r.tables / _slug(task, q.metric)
+        stem = r.tables / slug(task, q.metric)
         to_markdown(t.map(fmt_number), stem.with_suffix(".md"))
         to_csv(t, stem.with_suffix(".csv"))
         r.written += [stem.with_suffix(".md"), stem.with_suffix(".csv")]
     if details:
         r.md += [
             "Details (tables/ only): "
-            + ", ".join(f"[{q.metric}](tables/{_slug(task, q.metric)}.csv)" for q in details),
+            + ", ".join(f"[{q.metric}](tables/{slug(task, q.metric)}.csv)" for q in details),
             "",
         ]
     for q in shown:
@@ -634,7 +358,7 @@ def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
         if q.meaning.by_position and select(ok, task, q.metric)["depth"].notna().any():
             for model, corpus in _groups(select(ok, task, q.metric)):
                 r.add_plot(
-                    _slug("loss_by_position", task, short_model(model), short_model(corpus)),
+                    slug("loss_by_position", task, short_model(model), short_model(corpus)),
                     f"{q.metric} by position, {short_model(model)}",
                     plot_loss_by_position,
                     ok,
@@ -646,7 +370,7 @@ def _task_section(r: _Report, ev: _Evidence, task: str) -> None:
             break
 
 
-def _metric_table(r: _Report, ok: pd.DataFrame, q: Quantity, references: dict, seed: int) -> None:
+def _metric_table(r: Report, ok: pd.DataFrame, q: Quantity, references: dict, seed: int) -> None:
     d = q.meaning
     better = {"higher": "higher is better", "lower": "lower is better"}.get(d.direction, "no direction")
     how = {
@@ -668,10 +392,10 @@ def _metric_table(r: _Report, ok: pd.DataFrame, q: Quantity, references: dict, s
     dist = distance_text(select(ok, q.task, q.metric, units=True))
     if dist:
         caption += f"; {dist}"
-    r.add_table(_slug(q.task, q.metric), caption, shown, table(ok, q.task, q.metric))
+    r.add_table(slug(q.task, q.metric), caption, shown, table(ok, q.task, q.metric))
 
 
-def _metric_plots(r: _Report, ev: _Evidence, q: Quantity) -> None:
+def _metric_plots(r: Report, ev: Evidence, q: Quantity) -> None:
     """Per model and corpus: perplexities vs length (log axis), rates with depths as a heatmap, any other
     metric vs length; and vs the needle's distance where the rows record one."""
     ok = ev.ok
@@ -692,7 +416,7 @@ def _metric_plots(r: _Report, ev: _Evidence, q: Quantity) -> None:
         tag = (short_model(model), short_model(corpus))
         for part, title, fn, kwargs in plots:
             r.add_plot(
-                _slug(q.task, q.metric, part, *tag),
+                slug(q.task, q.metric, part, *tag),
                 f"{title}, {tag[0]}",
                 fn,
                 ok,
@@ -712,7 +436,7 @@ def _has_distance(rows: pd.DataFrame) -> bool:
 KEY_TOKENS = "longppl_key_tokens"
 
 
-def _withheld_longppl(r: _Report, ok: pd.DataFrame, task: str) -> None:
+def _withheld_longppl(r: Report, ok: pd.DataFrame, task: str) -> None:
     rows = ok[(ok["task"] == task) & (ok["metric"] == KEY_TOKENS)]
     if rows.empty:
         return
@@ -746,7 +470,7 @@ def _recorded_option(rows: pd.DataFrame, names: tuple[str, ...]) -> Any:
     return None
 
 
-def _legend(r: _Report, ev: _Evidence, rules: set[tuple[str, str]]) -> None:
+def _legend(r: Report, ev: Evidence, rules: set[tuple[str, str]]) -> None:
     r.md += ["## Legend", ""]
     r.md += [f"- {line}" for line in legend_lines(rules, ev.threshold, ev.tolerance, BASELINE)]
     r.md += [""]
@@ -797,14 +521,14 @@ def report(
         df = pd.concat([df, theory], ignore_index=True)
     out = Path(out) if out is not None else (paths[0] if paths[0].is_dir() else paths[0].parent)
     owned = check_report_dir(out)
-    with _staging(out) as staging, shared():  # each comparison computed once (memo.py)
-        _write_report(_Report(staging), df, paths, trained_context, threshold, tolerance, seed)
-        _commit(staging, out, owned)
+    with staging(out) as folder, shared():  # each comparison computed once (memo.py)
+        _write_report(Report(folder), df, paths, trained_context, threshold, tolerance, seed)
+        report_output.commit(folder, out, owned)
     return out / "report.md"
 
 
 def _write_report(
-    r: _Report,
+    r: Report,
     df: pd.DataFrame,
     paths: list[Path],
     trained_context: int | None,
@@ -817,10 +541,10 @@ def _write_report(
     tc = {m: _trained_context_for(m, trained_context, manifests, ok) for m in ok["model"].dropna().unique()}
     tc = {m: v for m, v in tc.items() if v}
     tasks = measured_tasks(ok)
-    ev = _Evidence(ok, tc, seed, threshold, tolerance) if tasks else None
+    ev = Evidence(ok, tc, seed, threshold, tolerance) if tasks else None
     r.md += ["# ropebench report", ""]
     if ev is not None:
-        r.md += [*_headline(ev), ""]
+        r.md += [*headline(ev), ""]
     r.md += [
         f"Runs: {', '.join(sorted(map(str, df['run'].dropna().unique())))}  ",
         f"Models: {', '.join(sorted({short_model(m) for m in df['model'].dropna().unique()}))}  ",
@@ -849,59 +573,3 @@ def _write_report(
     time_section(r, df)  # results/timing.py: the cells' recorded wall per task and setting
     r.md += _failures(df)
     atomic_write_text(r.out / "report.md", "\n".join(r.md))
-
-
-# -- where the report is written: never over a file ropebench did not write ----------------------------------
-def check_report_dir(out: Path) -> OwnedDir:
-    """The report goes into a new or empty directory, or one ropebench made (a valid marker, or a run or
-    report directory from before the marker: extend/owned_paths.py): like the sweep's --out and --fresh, it
-    never writes into a directory of the user's. Writes nothing."""
-    check_path_text(out, "report directory")
-    return OwnedDir.open(out, "report directory", error=ResultsError, adopt=legacy_owned_files)
-
-
-def report_files(out: Path) -> set[Path]:
-    """Files in ``out`` ropebench wrote, as its marker lists them (or, made before the marker, as
-    :func:`results.store.legacy_owned_files` finds them)."""
-    files = read_marker(out)
-    if files is None:
-        files = legacy_owned_files(out) or {}
-    return {out / rel for rel in files}
-
-
-class _staging:
-    """A scratch directory inside ``out`` the report is built in; removed on exit. A directory this creates
-    for ``out`` (and its missing parents) is removed again when the report fails, so a refusal leaves
-    nothing behind."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.created = next((p for p in [*reversed(out.parents), out] if not p.exists()), None)
-
-    def __enter__(self) -> Path:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.path = self.out / f".report.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        self.path.mkdir()
-        return self.path
-
-    def __exit__(self, exc_type, *exc) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        if exc_type is not None and self.created is not None:
-            for d in [self.out, *self.out.parents]:  # only the directories made here, and only when empty
-                try:
-                    d.rmdir()
-                except OSError:
-                    break
-                if d == self.created:
-                    break
-
-
-def _commit(staging: Path, out: Path, owned: OwnedDir | None = None) -> None:
-    """Move the staged files into ``out`` — after checking that none of them replaces a file ropebench did not
-    write or one changed since (then nothing is moved). Each file is listed in the marker (with its hash) as
-    it is moved; report.md goes last, so it never links to a file not yet there."""
-    owned = owned if owned is not None else check_report_dir(out)
-    staged = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
-    owned.check(staged)
-    for rel in sorted(staged, key=lambda r: r == Path("report.md")):
-        owned.place(rel, staging / rel)

@@ -75,7 +75,7 @@ def test_report_into_a_new_directory_then_again_replaces_only_its_own_files(perp
 def test_report_refused_in_a_new_directory_leaves_nothing(synthetic_records, tmp_path, monkeypatch):
     """When the report fails after making its directory (here: a plot fails), the directories it made go
     again."""
-    from ropebench.results import reporting
+    from ropebench.results import report_output
 
     d = tmp_path / "run"
     RecordWriter(d).write(synthetic_records("run", tasks=("perplexity",)))
@@ -83,7 +83,7 @@ def test_report_refused_in_a_new_directory_leaves_nothing(synthetic_records, tmp
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(reporting, "_commit", boom)
+    monkeypatch.setattr(report_output, "commit", boom)
     with pytest.raises(OSError):
         results.report(d, out=tmp_path / "new" / "rep")
     assert not (tmp_path / "new").exists()
