@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 
 try:
-    from ropebench.tasks import classification, data, passkey, retrieval
+    from ropebench.tasks import classification, data, haystacks, passkey, retrieval, scenes
     from ropebench.tasks.errors import TaskError
 except ImportError as e:  # ropebench not installed, or another top-level `tasks` package comes first
     raise ImportError(
@@ -66,7 +66,7 @@ def load_sotu_era(length: int, **_metadata):
 def retrieval_scene(variant: str, trial: int, seed: int, candidates: int) -> retrieval.Scene:
     """The needles and question `retrieval.run` draws for (variant, trial) under `seed` (its seeding)."""
     rng = random.Random((seed * passkey.MIX + retrieval.VARIANTS.index(variant)) * passkey.MIX + trial)
-    return retrieval.make_scene(variant, rng, candidates)
+    return scenes.make_scene(variant, rng, candidates)
 
 
 def retrieval_prompt(doc: dict) -> str:
@@ -80,7 +80,7 @@ def retrieval_prompt(doc: dict) -> str:
         )
     words = doc["haystack_words"]
     haystack = passkey.cut_haystack(passkey.haystack_sentences(None, None, words=words), words)
-    return retrieval.plain_text(retrieval.compose(scene, haystack, doc["depth"]))
+    return haystacks.plain_text(haystacks.compose(scene, haystack, doc["depth"]))
 
 
 def load_retrieval(length: int, variant: str, **_metadata):

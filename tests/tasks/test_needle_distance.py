@@ -9,8 +9,9 @@ import random
 import re
 
 import pytest
-from ropebench.tasks import TaskError, passkey, retrieval
+from ropebench.tasks import TaskError, haystacks, passkey, retrieval
 from ropebench.tasks.common import special_prefix
+from ropebench.tasks.scenes import shared_scenes
 
 
 def _holder(tok, ids: list[int], char: int) -> int:
@@ -90,9 +91,9 @@ def test_retrieval_distance_is_the_tokens_from_the_asked_needle(tiny_model, tok,
 def test_shared_haystack_keys_at_their_own_depths():
     """One haystack, 3 depths x 2 trials: 6 keys, each asked once, each needle at its own depth; every
     prompt has the same context."""
-    scenes = retrieval.shared_scenes(random.Random(2), 2, 5, depths=[0.1, 0.5, 0.9])
+    scenes = shared_scenes(random.Random(2), 2, 5, depths=[0.1, 0.5, 0.9])
     haystack = [f"Sentence {i}." for i in range(100)]
-    users = [retrieval.compose(s, haystack, 0.0)[0] for s in scenes]
+    users = [haystacks.compose(s, haystack, 0.0)[0] for s in scenes]
     contexts = {u.split("\nWhat is the special magic number")[0] for u in users}
     assert len(contexts) == 1 and len(scenes) == 6
     (context,) = contexts

@@ -12,7 +12,9 @@ import re
 import pytest
 import torch
 from ropebench import extend
-from ropebench.tasks import TaskError, retrieval
+from ropebench.tasks import TaskError, haystacks, retrieval
+from ropebench.tasks.scenes import make_scene, shared_scenes
+from ropebench.tasks.variable_tracking import NOISE
 
 # RULER's prompt pieces, copied from lm-eval 0.4.13 (tasks/ruler/niah_utils.py, prepare_niah.py, vt_utils.py):
 # the needle tasks' template and its singular form (RULER's replace rule applied by hand), needle and
@@ -39,7 +41,7 @@ RULER_VT_PREFIX = (
 
 
 def _scene(variant, seed=3):
-    return retrieval.make_scene(variant, random.Random(seed), 9)
+    return make_scene(variant, random.Random(seed), 9)
 
 
 def _context(user: str, template: str) -> str:
@@ -52,7 +54,7 @@ def _context(user: str, template: str) -> str:
 
 HAYSTACKS = {  # each kind's units: filler sentences, noise blocks, essay words
     "filler": ["The grass is green."] * 40,
-    "noise": [retrieval.NOISE] * 40,
+    "noise": [NOISE] * 40,
     "essay": ["The", "grass", "is", "green.", "The", "sky", "is", "blue."] * 20,
 }
 
@@ -61,7 +63,7 @@ HAYSTACKS = {  # each kind's units: filler sentences, noise blocks, essay words
 @pytest.mark.parametrize("variant", ["niah_multikey", "niah_multivalue", "niah_multiquery", "niah_single"])
 def test_needle_prompts_are_rulers(variant, kind):
     scene = _scene(variant)
-    user, prefix = retrieval.compose(scene, HAYSTACKS[kind], 0.25, kind)
+    user, prefix = haystacks.compose(scene, HAYSTACKS[kind], 0.25, kind)
     singular = variant in ("niah_multikey", "niah_single")
     query = prefix.removeprefix(
         "The special magic number for " if singular else "The special magic numbers for "
@@ -89,7 +91,7 @@ def test_needle_prompts_are_rulers(variant, kind):
 @pytest.mark.parametrize("kind", list(HAYSTACKS))
 def test_vt_prompt_is_rulers_and_the_chain_is_in_order(kind):
     scene = _scene("vt")
-    user, prefix = retrieval.compose(scene, HAYSTACKS[kind], 0.1, kind)
+    user, prefix = haystacks.compose(scene, HAYSTACKS[kind], 0.1, kind)
     value = prefix.split("the value ")[1].split(",")[0]
     assert prefix == RULER_VT_PREFIX.format(query=value)
     context = _context(user, RULER_VT)
@@ -131,12 +133,16 @@ def test_depth_places_the_first_queried_needle(kind):
     int(n x depth) of the n sentences or blocks (RULER's rule)."""
     scene = _scene("niah_multikey")
     sentences = [f"Sentence {i}." for i in range(100)]
-    haystack = {"filler": sentences, "essay": " ".join(sentences).split(), "noise": [retrieval.NOISE] * 100}
+    haystack = {
+        "filler": sentences,
+        "essay": " ".join(sentences).split(),
+        "noise": [NOISE] * 100,
+    }
     for depth in (0.0, 0.25, 0.5, 1.0):
-        user, _ = retrieval.compose(scene, haystack[kind], depth, kind)
+        user, _ = haystacks.compose(scene, haystack[kind], depth, kind)
         before = user[: user.index(scene.needles[0])]
         if kind == "noise":
-            seen = before.count(retrieval.NOISE)
+            seen = before.count(NOISE)
         else:
             seen = sum(f"Sentence {i}." in before for i in range(100))
         assert abs(seen - 100 * depth) <= (1 if kind == "filler" else 0), (depth, seen)
@@ -151,14 +157,14 @@ def test_essay_and_noise_join_as_ruler():
     head = "I will quiz you about the number afterwards.\n"
     words = ["First", "one.", "Second", "one."]
     assert (
-        head + f" {needle} First one. Second one.\nWhat" in retrieval.compose(scene, words, 0.0, "essay")[0]
+        head + f" {needle} First one. Second one.\nWhat" in haystacks.compose(scene, words, 0.0, "essay")[0]
     )
-    assert head + f"First one. {needle} Second one.\nWhat" in retrieval.compose(scene, words, 0.5, "essay")[0]
+    assert head + f"First one. {needle} Second one.\nWhat" in haystacks.compose(scene, words, 0.5, "essay")[0]
     assert (
-        head + f"First one. Second one. {needle} \nWhat" in retrieval.compose(scene, words, 1.0, "essay")[0]
+        head + f"First one. Second one. {needle} \nWhat" in haystacks.compose(scene, words, 1.0, "essay")[0]
     )
-    noise = retrieval.NOISE
-    user = retrieval.compose(scene, [noise] * 4, 0.5, "noise")[0]
+    noise = NOISE
+    user = haystacks.compose(scene, [noise] * 4, 0.5, "noise")[0]
     assert head + f"{noise}\n{noise}\n{needle}\n{noise}\n{noise}\nWhat" in user
 
 
@@ -192,7 +198,7 @@ def test_multivalue_and_vt_candidates_include_in_context_values(variant):
     first answers made only of in-context values (one repeated, one left out), then answers with all but one
     of them."""
     scene = _scene(variant)
-    user, _ = retrieval.compose(scene, [retrieval.NOISE] * 40, 0.3, "noise")
+    user, _ = haystacks.compose(scene, [NOISE] * 40, 0.3, "noise")
     found = re.findall(r"\b\d{7}\b" if variant == "niah_multivalue" else r"VAR ([A-Z]{5})", user)
     in_context = set(found)
     n = len(scene.answers)
@@ -206,7 +212,7 @@ def test_multivalue_answer_in_text_order():
     """RULER's outputs follow its draw, its string match ignores order: the likelihood scores the values in
     the order they stand in the text, read off the prompt."""
     scene = _scene("niah_multivalue")
-    user, _ = retrieval.compose(
+    user, _ = haystacks.compose(
         scene, ["One", "sentence", "here.", "And", "another", "one."] * 30, 0.2, "essay"
     )
     assert retrieval.answer_text(scene.answers) == " " + ", ".join(re.findall(r"\b\d{7}\b", user))
@@ -325,13 +331,13 @@ def test_generate_scoring_is_rulers_string_match(tiny_model, tok, monkeypatch):
             else f" {scene.answers[0]} and more"
         )
 
-    real_scene = retrieval.make_scene
+    real_scene = make_scene
 
     def spy(variant, rng, candidates):
         scenes[variant] = real_scene(variant, rng, candidates)
         return scenes[variant]
 
-    monkeypatch.setattr(retrieval, "make_scene", spy)
+    monkeypatch.setattr(haystacks, "make_scene", spy)  # own_haystacks draws the scenes
     monkeypatch.setattr(retrieval, "greedy", fake_greedy)
     rows = retrieval.run(
         tiny_model,
@@ -403,9 +409,9 @@ def test_shared_haystack_prompts_differ_only_in_the_question(trials):
     """shared_haystack: one context for every trial, holding max(4, trials) needles with distinct keys
     together at the depth; each trial asks its own key, and its answer is the value the context binds to that
     key; the other keys' values are its first wrong answers."""
-    scenes = retrieval.shared_scenes(random.Random(5), trials, 9, depths=[0.3])
+    scenes = shared_scenes(random.Random(5), trials, 9, depths=[0.3])
     haystack = [f"Sentence {i}." for i in range(100)]
-    users = [retrieval.compose(s, haystack, 0.9)[0] for s in scenes]  # the scenes' own depth wins
+    users = [haystacks.compose(s, haystack, 0.9)[0] for s in scenes]  # the scenes' own depth wins
     contexts = {_context(u, RULER_SINGULAR) for u in users}
     assert len(contexts) == 1  # the prompts differ only after the context: in the question
     (context,) = contexts
@@ -518,7 +524,7 @@ def test_fits_checks_every_scene_not_only_the_first(tok):
     options = {"shared_haystack": True, "haystacks": 3, "trials": 2, "depths": [0.0, 0.5]}
     stacks = retrieval.shared_haystacks(None, 0, 3, 2, 9, [0.0, 0.5], 0)
     bare = [
-        len(tok(retrieval.compose(q.scene, [], 0.0, "essay")[0], add_special_tokens=False)["input_ids"])
+        len(tok(haystacks.compose(q.scene, [], 0.0, "essay")[0], add_special_tokens=False)["input_ids"])
         for stack in stacks
         for q in stack.questions
     ]

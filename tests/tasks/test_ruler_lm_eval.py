@@ -14,8 +14,10 @@ import re
 import sys
 
 import pytest
-from ropebench.tasks import retrieval
+from ropebench.tasks import haystacks, retrieval
 from ropebench.tasks.data import iter_corpus
+from ropebench.tasks.scenes import niah_question
+from ropebench.tasks.variable_tracking import NOISE, VT_ANSWER, VT_TEMPLATE
 
 NEEDLE = re.compile(r"One of the special magic numbers for \S+ is: \d{7}\.")
 HEAD = "afterwards.\n"  # lm-eval's template up to the context ends so, singular or plural
@@ -63,7 +65,7 @@ def _scene(variant: str, needles: list[str], query: str, answers, placed=()) -> 
     """ropebench's scene of lm-eval's needles (in text order), query and answers: ropebench's template and
     answer prefix (RULER's singular wording for one answer)."""
     answers = (answers,) if isinstance(answers, str) else tuple(answers)
-    question, prefix = retrieval.niah_question(query, plural=len(answers) > 1)
+    question, prefix = niah_question(query, plural=len(answers) > 1)
     first_key = query.split(", ")[0]
     asked = next(i for i, n in enumerate(needles) if f" for {first_key} is: " in n)
     return retrieval.Scene(
@@ -84,7 +86,7 @@ def _same_prompt(tok, sample: dict, user: str, answer_prefix: str) -> None:
     theirs = (
         sample["input"] + " " + sample["gen_prefix"]
     )  # what lm-eval feeds: input, target_delimiter, gen_prefix
-    ours = retrieval.plain_text((user, answer_prefix))
+    ours = haystacks.plain_text((user, answer_prefix))
     assert ours == theirs
     assert tok(ours)["input_ids"] == tok(theirs)["input_ids"]
 
@@ -112,12 +114,12 @@ def test_noise_prompts_token_for_token(ruler, tok, length):
         lines = context.split("\n")
         (at,) = [i for i, line in enumerate(lines) if NEEDLE.fullmatch(line)]
         blocks = len(lines) - 1
-        assert lines.count(retrieval.NOISE) == blocks and blocks % step == 0
+        assert lines.count(NOISE) == blocks and blocks % step == 0
         scene = _scene("niah_single", [lines[at]], query, sample["outputs"][0])
-        source = retrieval.Source("noise")
+        source = haystacks.Source("noise")
         depth = (at + 0.5) / blocks  # int(blocks x depth) = at
-        assert retrieval.fit_units(tok, length, [scene], depth, source, [], after=128) == blocks
-        user, answer_prefix = retrieval.compose(scene, source.units(blocks), depth, "noise")
+        assert haystacks.fit_units(tok, length, [scene], depth, source, [], after=128) == blocks
+        user, answer_prefix = haystacks.compose(scene, source.units(blocks), depth, "noise")
         _same_prompt(tok, sample, user, answer_prefix)
 
 
@@ -155,18 +157,18 @@ def _check_essay_sample(
     needles = NEEDLE.findall(context)
     assert len(needles) == 4
     bare = NEEDLE.sub("", context)
-    count = len(retrieval.split_sentences(" ".join(bare.split())))
+    count = len(haystacks.split_sentences(" ".join(bare.split())))
     n_words = len(bare.split())
     assert n_words % 500 == 0
     positions = []
     for needle in needles:  # sentences before each needle, read off lm-eval's text
         before = " ".join(NEEDLE.sub("", context[: context.index(needle)]).split())
-        positions.append(len(retrieval.split_sentences(before)))
+        positions.append(len(haystacks.split_sentences(before)))
     placed = [(p + 0.5) / count for p in positions]  # int(count x depth) = p
     scene = _scene(variant, needles, query, sample["outputs"], placed)
-    source = retrieval.Source("essay", tuple(words))
-    assert retrieval.fit_units(tok, length, [scene], 0.0, source, [], after=128) == n_words
-    user, answer_prefix = retrieval.compose(scene, source.units(n_words), 0.0, "essay")
+    source = haystacks.Source("essay", tuple(words))
+    assert haystacks.fit_units(tok, length, [scene], 0.0, source, [], after=128) == n_words
+    user, answer_prefix = haystacks.compose(scene, source.units(n_words), 0.0, "essay")
     _same_prompt(tok, sample, user, answer_prefix)
     return [(p, count) for p in positions]
 
@@ -174,14 +176,14 @@ def _check_essay_sample(
 @pytest.fixture(scope="module")
 def sotu_words():
     texts = [d.text for d in iter_corpus("sotu")]
-    return list(retrieval.essay_words(texts, random.Random(0), 14000))  # 8192 tokens need about 6500
+    return list(haystacks.essay_words(texts, random.Random(0), 14000))  # 8192 tokens need about 6500
 
 
 def test_essay_prompts_token_for_token(ruler, tok, monkeypatch, sotu_words):
     """niah_multikey_1's settings (4 needles, essay haystack) on sotu words: lm-eval's 500-word steps and its
     needles between sentences at its depths give ropebench's prompt."""
     prepare_niah, template = ruler
-    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", haystacks.split_sentences)
     for sample in _essay_samples(prepare_niah, template, tok, sotu_words, seed=3, count=4):
         _check_essay_sample(tok, sample, sotu_words)
 
@@ -195,7 +197,7 @@ def test_multivalue_and_multiquery_prompts_token_for_token(
     in one question) on sotu words, at 4096 and 8192: lm-eval's 500-word steps, its needles at its depths and
     RULER's plural question and answer prefix give ropebench's prompt token for token."""
     prepare_niah, template = ruler
-    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", haystacks.split_sentences)
     for sample in _essay_samples(prepare_niah, template, tok, sotu_words, 11, 2, length, variant):
         assert len(sample["outputs"]) == 4 and sample["gen_prefix"].endswith(
             "mentioned in the provided text are"
@@ -208,7 +210,7 @@ def test_essay_spaces_at_the_edges_as_lm_eval(ruler, tok, monkeypatch, sotu_word
     before the first, two between them) and two last (two between, and one after the last: the trailing
     space before the question)."""
     prepare_niah, template = ruler
-    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", retrieval.split_sentences)
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", haystacks.split_sentences)
     monkeypatch.setattr(prepare_niah, "DEPTHS", [0, 0, 100, 100])
     (sample,) = _essay_samples(prepare_niah, template, tok, sotu_words, seed=5, count=1)
     positions = _check_essay_sample(tok, sample, sotu_words)
@@ -234,20 +236,18 @@ def test_vt_context_as_lm_eval_writes_it(tok):
         value = re.search(rf"VAR {names[0]} = (\d{{5}})", text).group(1)
         # lm-eval's chain (vt_utils.generate_chains): the value, then each variable set to the one before
         chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(4)]
-        positions = [text[: text.index(item)].count(retrieval.NOISE) for item in chain]
+        positions = [text[: text.index(item)].count(NOISE) for item in chain]
         scene = retrieval.Scene(
             "vt",
             tuple(chain),
             5,
             (),
-            retrieval.VT_TEMPLATE.replace("{query}", value),
-            retrieval.VT_ANSWER.format(num_v=5, query=value),
+            VT_TEMPLATE.replace("{query}", value),
+            VT_ANSWER.format(num_v=5, query=value),
             tuple(names),
             (),
         )
-        ours = retrieval.plain_text(
-            retrieval.compose_at(scene, [retrieval.NOISE] * blocks, positions, "noise")
-        )
+        ours = haystacks.plain_text(haystacks.compose_at(scene, [NOISE] * blocks, positions, "noise"))
         assert ours == theirs
         assert tok(ours)["input_ids"] == tok(theirs)["input_ids"]
 
@@ -290,8 +290,8 @@ def _vt_scene_of(text: str, names, noise_blocks: int, example: str = "", example
 
     value = re.search(r"assigned the value (\d+) in the text above", text).group(1)
     chain = vt.chain_of(names, value)
-    at = [text[: text.index(item)].count(retrieval.NOISE) for item in chain]
-    assert text.count(retrieval.NOISE) >= noise_blocks
+    at = [text[: text.index(item)].count(NOISE) for item in chain]
+    assert text.count(NOISE) >= noise_blocks
     scene = retrieval.Scene(
         "vt",
         tuple(chain),
@@ -328,33 +328,27 @@ def test_vt_prompts_token_for_token_with_lm_eval_length_rule(tok, monkeypatch, l
     drawn = icl["input"] + " " + " ".join(icl["outputs"]) + "\n\n"
     names = tuple(icl["outputs"])
     value = re.search(r"assigned the value (\d+)", drawn).group(1)
-    at = tuple(drawn[: drawn.index(item)].count(retrieval.NOISE) for item in vt.chain_of(names, value))
+    at = tuple(drawn[: drawn.index(item)].count(NOISE) for item in vt.chain_of(names, value))
     for sample in samples:
         text = sample["input"] + " " + sample["gen_prefix"]  # what lm-eval feeds
         cut = text.rindex("Memorize and track")
         shown = tuple(re.search(r"they are:  (.*)\n\n\n\n$", text[:cut]).group(1).split())
         example, counted = vt.example_text(vt.Example(names, shown, value, 0, at), count)
-        assert vt.example_blocks(vt.Example(names, shown, value, 0, at), count) == drawn.count(
-            retrieval.NOISE
-        )
+        assert vt.example_blocks(vt.Example(names, shown, value, 0, at), count) == drawn.count(NOISE)
         assert example == text[:cut] and counted == count(drawn)  # lm-eval counts the example as drawn
-        blocks = text[cut:].count(retrieval.NOISE)
+        blocks = text[cut:].count(NOISE)
         scene, positions = _vt_scene_of(text[cut:], sample["outputs"], blocks, example, counted)
-        ours = retrieval.plain_text(
-            retrieval.compose_at(scene, [retrieval.NOISE] * blocks, positions, "noise")
-        )
+        ours = haystacks.plain_text(haystacks.compose_at(scene, [NOISE] * blocks, positions, "noise"))
         assert ours == text and tok(ours)["input_ids"] == tok(text)["input_ids"]
-        fitted = retrieval.fit_units(
-            tok, length, [scene], 0.0, retrieval.Source("noise"), [], after=vt.GENERATE
+        fitted = haystacks.fit_units(
+            tok, length, [scene], 0.0, haystacks.Source("noise"), [], after=vt.GENERATE
         )
         assert abs(fitted - blocks) <= 10 if length == 4096 else fitted == blocks
     # lm-eval's rule, call by call: what it measured is what ropebench measures for that chain
     assert len(sized) >= 3
     for noise_blocks, input_text, answer in sized:
         scene, positions = _vt_scene_of(input_text, answer, noise_blocks)
-        user, answer_prefix = retrieval.compose_at(
-            scene, [retrieval.NOISE] * noise_blocks, positions, "noise"
-        )
+        user, answer_prefix = haystacks.compose_at(scene, [NOISE] * noise_blocks, positions, "noise")
         assert vt.sized_text(user, answer_prefix, scene.answers) == input_text + f" {answer}"
     fits = [n for n, input_text, answer in sized if count(input_text + f" {answer}") + counted + 30 <= length]
-    assert max(fits) == samples[0]["input"][samples[0]["input"].rindex("Memorize") :].count(retrieval.NOISE)
+    assert max(fits) == samples[0]["input"][samples[0]["input"].rindex("Memorize") :].count(NOISE)
