@@ -239,7 +239,7 @@ def run_all(args, out: Path, command: str) -> None:
         flush=True,
     )
     data = {**started(command), "estimate_seconds": total_estimate(args)}
-    args.model_dir = model_snapshot(args)
+    args.model_dir = args.model_dir or model_snapshot(args)
     runs = []
     t_start = time.perf_counter()
     for r in range(args.repeats):
@@ -279,7 +279,7 @@ def run_prefix_only(args, out: Path, command: str) -> None:
         "2-core CPU",
         flush=True,
     )
-    args.model_dir = model_snapshot(args)
+    args.model_dir = args.model_dir or model_snapshot(args)
     data = {
         **started(command),
         "dtype": args.prefix_dtype,

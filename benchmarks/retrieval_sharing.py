@@ -27,18 +27,11 @@ def _model(tiny: bool):
     model, tok = extend.load("smollm2-135m", device="cpu", dtype=torch.float32)
     if not tiny:
         return model, tok
+    from ropebench.benchmarks.tiny_models import SMALL_CONFIG
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-    )
+    config = LlamaConfig(**{**SMALL_CONFIG, "vocab_size": len(tok), "max_position_embeddings": 8192})
     return LlamaForCausalLM(config).eval(), tok
 
 

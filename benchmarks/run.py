@@ -222,7 +222,11 @@ def parser() -> ArgumentParser:
     )
     p.add_argument("--prefix-json", help=SUPPRESS)
     p.add_argument("--child", help=SUPPRESS)
-    p.add_argument("--model-dir", help=SUPPRESS)
+    p.add_argument(
+        "--model-dir",
+        help="a saved model folder (config, weights, tokenizer) to measure instead of the embedded SmolLM2 "
+        "(the harness's own test runs a tiny one: every child, in seconds)",
+    )
     p.add_argument("--repeat-index", type=at_least(0, 0, high=1000), default=0, help=SUPPRESS)
     return p
 

@@ -11,20 +11,12 @@ import pytest
 import torch
 import transformers as T
 from ropebench import extend
+from ropebench.benchmarks.tiny_models import SMALL_CONFIG as SMALL
 from ropebench.extend import remap_attention
 from ropebench.extend.forward import with_cache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-SMALL = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
 FAMILIES = {  # published configs' RoPE layout, shrunk: Mistral v0.2+ has no sliding window
     "llama": (T.LlamaConfig, T.LlamaForCausalLM, {}),
     "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {}),
