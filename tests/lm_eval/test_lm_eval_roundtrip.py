@@ -45,7 +45,7 @@ def model_dir(tmp_path_factory, tiny_llama_factory):
 def evaluate(model, model_args: str, out: Path) -> Path:
     """lm-eval's own path, as `lm-eval run` takes it: simple_evaluate on a two-document loglikelihood task,
     then EvaluationTracker writes results_<date>.json. Returns that file."""
-    import ropebench.extend.lm_eval  # noqa: F401  registers the model "ropebench" with lm-eval
+    import ropebench.integrations.lm_eval  # noqa: F401  registers the model "ropebench" with lm-eval
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
@@ -157,7 +157,7 @@ def test_damaged_ropebench_options_is_one_clear_error(tmp_path):
 def test_pyproject_pins_the_range_the_overrides_follow():
     from packaging.requirements import Requirement
     from packaging.version import Version
-    from ropebench.extend.lm_eval import LM_EVAL_RANGE
+    from ropebench.integrations.lm_eval import LM_EVAL_RANGE
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (pin,) = [Requirement(d) for d in deps if Requirement(d).name == "lm-eval"]
@@ -171,7 +171,7 @@ def test_outside_the_range_the_model_keeps_stock_hflm_loops(model_dir, monkeypat
     from lm_eval.models.huggingface import HFLM
     from packaging.version import Version
     from ropebench import extend
-    from ropebench.extend import lm_eval as ours
+    from ropebench.integrations.lm_eval import model as ours
 
     monkeypatch.setattr(ours, "LM_EVAL_VERSION", Version("0.5.0"))
     monkeypatch.setattr(

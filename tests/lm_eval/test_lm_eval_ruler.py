@@ -94,7 +94,7 @@ def test_ruler_extra_covers_lm_evals_own():
 
 def test_tokenizer_folder_replaces_the_models_own_as_in_hf(model_and_other_tokenizer):
     """tokenizer=<folder> with pretrained=<name> is what lm-eval's hf does: HFLM loads that tokenizer."""
-    from ropebench.extend.lm_eval import RopebenchLM
+    from ropebench.integrations.lm_eval import RopebenchLM
 
     model_dir, other_dir = model_and_other_tokenizer
     own = RopebenchLM(pretrained=str(model_dir), device="cpu", dtype="float32")
@@ -115,7 +115,7 @@ def test_tokenizer_folder_replaces_the_models_own_as_in_hf(model_and_other_token
 )
 def test_bad_tokenizer_arg_is_one_error_before_loading(value, message):
     from ropebench.extend import ExtendError
-    from ropebench.extend.lm_eval import RopebenchLM, check_model_args
+    from ropebench.integrations.lm_eval import RopebenchLM, check_model_args
 
     with pytest.raises(ExtendError, match=message):
         check_model_args({"pretrained": "smollm2-135m", "tokenizer": value})
@@ -125,7 +125,7 @@ def test_bad_tokenizer_arg_is_one_error_before_loading(value, message):
 
 def test_tokenizer_arg_that_is_a_file_or_an_empty_folder(tmp_path):
     from ropebench.extend import ExtendError
-    from ropebench.extend.lm_eval import check_model_args
+    from ropebench.integrations.lm_eval import check_model_args
 
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(ExtendError, match="is not a tokenizer folder"):
@@ -137,7 +137,7 @@ def test_tokenizer_arg_that_is_a_file_or_an_empty_folder(tmp_path):
 
 def test_cli_bad_tokenizer_one_line_exit_2():
     out = run(
-        "ropebench.extend.lm_eval",
+        "ropebench.integrations.lm_eval",
         "run",
         "--model",
         "ropebench",
@@ -156,11 +156,11 @@ def test_cli_bad_tokenizer_one_line_exit_2():
 
 @pytest.mark.real
 def test_tokenizer_command_prints_the_folder_extend_load_reads(smollm2):
-    """`python -m ropebench.extend.lm_eval tokenizer` names a folder AutoTokenizer loads (what RULER's tasks
-    do with it), encoding as the tokenizer extend.load gives the embedded model."""
+    """`python -m ropebench.integrations.lm_eval tokenizer` names a folder AutoTokenizer loads (what
+    RULER's tasks do with it), encoding as the tokenizer extend.load gives the embedded model."""
     from transformers import AutoTokenizer
 
-    out = run("ropebench.extend.lm_eval", "tokenizer", "smollm2-135m", timeout=300)
+    out = run("ropebench.integrations.lm_eval", "tokenizer", "smollm2-135m", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     folder = out.stdout.strip().splitlines()[-1]
     text = "One of the special magic numbers for rapid-hat is: 1234567."
@@ -171,7 +171,8 @@ def test_tokenizer_command_prints_the_folder_extend_load_reads(smollm2):
 def test_cli_gives_tasks_a_tokenizer_for_an_alias():
     """lm-eval hands model_args to tasks as metadata, and RULER loads `tokenizer` (else `pretrained`) with
     AutoTokenizer, which cannot read `smollm2-135m`: the shim adds the snapshot's folder, and only then."""
-    from ropebench.extend.lm_eval import tokenizer_source, with_task_tokenizer
+    from ropebench.integrations.lm_eval.cli import with_task_tokenizer
+    from ropebench.integrations.lm_eval.model import tokenizer_source
 
     folder = tokenizer_source("smollm2-135m")
     assert (Path(folder) / "tokenizer.json").is_file()
@@ -194,7 +195,7 @@ def test_cli_run_hands_the_tasks_that_tokenizer(monkeypatch):
     """The shim's `run` passes the added tokenizer on to lm-eval (whose run merges metadata into every
     task's)."""
     from lm_eval._cli import HarnessCLI
-    from ropebench.extend.lm_eval import main, tokenizer_source
+    from ropebench.integrations.lm_eval import main, tokenizer_source
 
     seen = {}
     monkeypatch.setattr(HarnessCLI, "execute", lambda self, args: seen.update(vars(args)))
@@ -236,7 +237,7 @@ def test_ruler_niah_single_1_plain_answers_as_stock_hf(tmp_path, smollm2):
     snapshot)."""
     pytest.importorskip("wonderwords", reason=RULER_EXTRA)
     pytest.importorskip("nltk", reason=RULER_EXTRA)
-    from ropebench.extend.lm_eval import tokenizer_source
+    from ropebench.integrations.lm_eval import tokenizer_source
 
     folder = tokenizer_source("smollm2-135m")
     common = [
@@ -253,7 +254,7 @@ def test_ruler_niah_single_1_plain_answers_as_stock_hf(tmp_path, smollm2):
         "--log_samples",
     ]
     ours = run(
-        "ropebench.extend.lm_eval",
+        "ropebench.integrations.lm_eval",
         "run",
         "--model",
         "ropebench",

@@ -339,7 +339,7 @@ def test_wheels_folder_removes_only_its_own_wheels(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- lm-eval
 def test_lm_eval_output_path_of_the_users_is_refused_before_the_model_loads(tmp_path):
-    from ropebench.extend.lm_eval import owned_output
+    from ropebench.integrations.lm_eval.cli import owned_output
 
     mine = tmp_path / "mine"
     plant(mine, "results.json", "notes.md")
@@ -357,7 +357,7 @@ def test_lm_eval_output_path_of_the_users_is_refused_before_the_model_loads(tmp_
 
 
 def test_lm_eval_cli_refuses_a_users_output_folder_with_one_line(tmp_path, capsys):
-    from ropebench.extend.lm_eval import main
+    from ropebench.integrations.lm_eval import main
 
     mine = tmp_path / "mine"
     plant(mine, "notes.md")

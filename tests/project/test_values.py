@@ -186,10 +186,10 @@ def via_config(text, tmp_path):
 
 
 def via_model_args(text, tmp_path):
-    """lm-eval's own parsing of the command line, then ropebench's (extend.lm_eval.main does both); an HFLM
-    argument (revision) takes any value."""
+    """lm-eval's own parsing of the command line, then ropebench's (integrations.lm_eval.main does both);
+    an HFLM argument (revision) takes any value."""
     from lm_eval._cli.utils import key_val_to_dict
-    from ropebench.extend.lm_eval import split_model_args, typed_model_args
+    from ropebench.integrations.lm_eval.model import split_model_args, typed_model_args
 
     written = f"revision={text}"
     argv = ["run", "--model", "ropebench", "--model_args", written, "--tasks", "x"]
@@ -220,7 +220,7 @@ def test_every_entry_point_gives_the_same_value(text, tmp_path, monkeypatch):
 
 def test_lengths_read_alike_everywhere(tmp_path, monkeypatch):
     """A length in --lengths, -t TASK.lengths, a config, model_args max_length and --trained-context."""
-    from ropebench.extend.lm_eval import _max_length
+    from ropebench.integrations.lm_eval.model import _max_length
     from ropebench.results import reporting
     from ropebench.results.__main__ import main as results_main
 
@@ -257,7 +257,7 @@ def test_a_bad_value_is_one_line_of_one_shape_everywhere(tmp_path, capsys):
     """'16q' where a length is needed, and an unclosed list, at every entry point: `error: WHERE: VALUE is not
     WHAT — write e.g. EXAMPLE`, exit 2, before anything loads."""
     from ropebench.extend.__main__ import main as inspect_main
-    from ropebench.extend.lm_eval import main as lm_eval_main
+    from ropebench.integrations.lm_eval import main as lm_eval_main
     from ropebench.results.__main__ import main as results_main
     from ropebench.sweep_lib.cli import main as sweep_main
 

@@ -22,7 +22,7 @@ OLD_ENTRY_POINTS = {
     ("report",): [PY, "-m", "ropebench.results", "report"],
     ("report", "table"): [PY, "-m", "ropebench.results", "table"],
     ("inspect",): [PY, "-m", "ropebench.extend", "inspect"],
-    ("lm-eval",): [PY, "-m", "ropebench.extend.lm_eval"],
+    ("lm-eval",): [PY, "-m", "ropebench.integrations.lm_eval"],
     ("bench",): [PY, "-m", "ropebench.benchmarks"],
     ("bench", "run"): [PY, str(ROOT / "benchmarks" / "run.py")],
 }

@@ -1,46 +1,11 @@
-"""EleutherAI lm-evaluation-harness (0.4.x) integration: any lm-eval task on a RoPE-patched model.
-
-    ropebench lm-eval run --model ropebench \\
-        --model_args pretrained=smollm2-135m,method=yarn,factor=2 --tasks ropebench_passkey_16k --limit 4
-    ropebench lm-eval tasks          # prints the folder of ropebench's own lm-eval tasks
-    (`python -m ropebench.extend.lm_eval ...`: the same CLI without ropebench's task folder, which the core
-    does not know: the `ropebench` command passes it, `main(argv, tasks_dir=...)`)
-
-- `RopebenchLM` (registered as lm-eval model ``ropebench``): an `HFLM` that loads through `extend.load`
-  and patches the model with `extend.patch(model, method, factor, **options)`. `max_length` defaults to
-  factor x the trained context (stock HFLM would cut inputs from the left at max_position_embeddings).
-  Loglikelihood requests (and so rolling perplexity) run the decoder body once and the LM head only on the
-  scored positions, SCORE_BLOCK at a time: a 32k window never holds (32k x vocab) logits.
-- lm-eval 0.4.13 has no plugin discovery for models, hence the CLI shim `main()`: it registers the model,
-  checks ropebench model_args up front (one `error: ...` line, exit 2) and runs lm-eval's own CLI. Offline,
-  tasks whose data is neither cached nor local are refused before the model loads (`unreachable_data`).
-- The scoring and generation overrides follow HFLM's private loop pieces; on an lm-eval outside
-  `LM_EVAL_RANGE` the model keeps stock HFLM's loops (one warning) and still patches RoPE.
-
-Importing `extend` never imports this module (lm-eval is slow to import).
-"""
+"""The lm-eval model `ropebench` (`RopebenchLM`, an HFLM on a RoPE-patched model) and its model_args."""
 
 from __future__ import annotations
 
-if (
-    __name__ == "__main__"
-):  # `python -m ropebench.extend.lm_eval`: run the importable module, so the model registers once
-    import sys
-
-    from ropebench.extend.lm_eval import main
-
-    sys.exit(main())
-
-import argparse
-import ast
-import contextlib
 import importlib.metadata
-import inspect
-import io
 import json
 import logging
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -56,11 +21,12 @@ from ropebench import extend
 from ropebench.extend import (
     prefix_cache,  # looked up at call time: tests swap prefix_cache.PrefixCache for a spy
 )
-from ropebench.extend.errors import ExtendError, RopebenchError
+from ropebench.extend.errors import ExtendError
 from ropebench.extend.forward import body, logit_postprocess, with_cache
 from ropebench.extend.registry import COMMON_OPTIONS, check_factor, check_options
 from ropebench.extend.registry import get as get_method
 from ropebench.extend.values import as_length, parse_text
+from ropebench.results.lm_eval_import import OWN_ARGS, hflm_args
 
 log = logging.getLogger(__name__)
 
@@ -74,34 +40,6 @@ SCORE_BLOCK = 256
 # them): widen both once tests/lm_eval/test_lm_eval.py passes on a newer release.
 LM_EVAL_RANGE = SpecifierSet(">=0.4.10,<0.4.14")
 LM_EVAL_VERSION = Version(importlib.metadata.version("lm_eval"))
-# model_args this class consumes itself (everything else: HFLM's own arguments or method options).
-OWN_ARGS = (
-    "pretrained",
-    "method",
-    "factor",
-    "max_length",
-    "device",
-    "dtype",
-    "attn_implementation",
-    "trust_remote_code",
-    "tokenizer",
-    "scored_logits_only",
-    "share_prefix",
-)
-
-
-def _hflm_args() -> set[str]:
-    return {
-        k
-        for k, p in inspect.signature(HFLM.__init__).parameters.items()
-        if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
-
-
-def loading_args() -> set[str]:
-    """model_args that configure loading, batching and scoring, not the RoPE method: this model's own
-    and the installed HFLM's constructor arguments (what results reads as not-an-option of a stock hf run)."""
-    return set(OWN_ARGS) | _hflm_args()
 
 
 def overrides_apply() -> bool:
@@ -171,7 +109,7 @@ def split_model_args(method: str, args: dict) -> tuple[dict, dict]:
     unknown keys -> ExtendError."""
     spec = get_method(method)
     option_names = set(spec.options) | set(COMMON_OPTIONS)
-    hflm = _hflm_args()
+    hflm = hflm_args()
     unknown = [key for key in args if key not in option_names and key not in hflm]
     if unknown:  # before parsing values: `short_factor=[1,1.2]` split at its comma is an unknown key `1.2]`
         odd = [k for k in unknown if not k.isidentifier()]
@@ -592,319 +530,3 @@ class RopebenchLM(HFLM):
             )
         cache.settle()  # back to the prompt: the next one may share it
         return out
-
-
-# --- task folder -----------------------------------------------------------------------------------------
-
-
-def checked_tasks_dir(tasks_dir) -> Path:
-    """The folder of ropebench's lm-eval tasks, as the caller passes it (the core never looks above itself:
-    `ropebench lm-eval` passes tasks.lm_eval_export.OUT_DIR)."""
-    if tasks_dir is None:
-        raise ExtendError(
-            "`python -m ropebench.extend.lm_eval` knows no task folder of ropebench's — "
-            "`ropebench lm-eval tasks` prints it (in Python: tasks.lm_eval_export.OUT_DIR)"
-        )
-    if not Path(tasks_dir).is_dir():
-        raise ExtendError(
-            f"{tasks_dir} is missing — generate it with `python -m ropebench.tasks.lm_eval_export`"
-        )
-    return Path(tasks_dir)
-
-
-# --- data a task reads, checked before the model loads ----------------------------------------------------
-
-# Names `datasets.load_dataset` builds from local files (a `dataset_path` that is not a hub dataset).
-LOCAL_BUILDERS = {"", "json", "csv", "parquet", "text", "arrow", "pandas", "xml", "webdataset"}
-# lm-eval's RULER generators (`custom_dataset:`, with `dataset_path: ""`) fetch their data themselves: the
-# essay haystack is this hub dataset (lm_eval/tasks/ruler/prepare_niah.get_haystack("essay")).
-ESSAY_DATASET = "baber/paul_graham_essays"
-TRUE = ("1", "true", "yes", "on")
-
-
-def offline() -> bool:
-    """HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set: nothing is downloaded, only caches are read."""
-    return any(os.environ.get(k, "").lower() in TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def dataset_cached(repo_id: str) -> bool:
-    """Whether a hub dataset is in the local caches `datasets.load_dataset` reads offline (its own, or the
-    hub's). The variables are read now, not when `datasets` was imported, so a caller may point them."""
-    import datasets.config
-    import huggingface_hub.constants
-
-    own = os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE
-    hub = os.environ.get("HF_HUB_CACHE") or huggingface_hub.constants.HF_HUB_CACHE
-    return _holds_data(Path(own) / repo_id.replace("/", "___")) or _holds_data(
-        Path(hub) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots"
-    )
-
-
-def _holds_data(folder: Path) -> bool:
-    """A cache folder counts only when it holds a finished file: an empty one (or one with only locks or
-    partial downloads) is what an interrupted or refused download leaves, and loads nothing offline."""
-    if not folder.is_dir():
-        return False
-    return any(
-        p.is_file() and not p.name.endswith((".lock", ".incomplete")) and p.stat().st_size > 0
-        for p in folder.rglob("*")
-    )
-
-
-def _generator_source(spec: str) -> tuple[str, str]:
-    """The source of a `custom_dataset` generator as lm-eval's index keeps it unresolved,
-    'FOLDER/module.function', and of its module."""
-    module_path, _, function = spec.rpartition(".")
-    try:
-        module_source = Path(module_path + ".py").read_text()
-    except OSError:
-        return "", ""
-    for node in ast.parse(module_source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == function:
-            return ast.get_source_segment(module_source, node) or "", module_source
-    return "", module_source
-
-
-def data_needed(config: dict) -> list[str]:
-    """What an lm-eval task config fetches that may need the network: its hub dataset (`dataset_path`, not a
-    local builder or folder), or for a generator, the essay haystack or a web download."""
-    needs = []
-    path = str(config.get("dataset_path") or "")
-    if path not in LOCAL_BUILDERS and not Path(path).expanduser().exists():
-        needs.append(f"the hub dataset {path!r}")
-    spec = config.get("custom_dataset")
-    if isinstance(spec, str):
-        function, module = _generator_source(spec)
-        if 'type_haystack="essay"' in function:
-            needs.append(f"the hub dataset {ESSAY_DATASET!r}")
-        elif "requests.get(" in module and "get_qa_dataset" in function:
-            needs.append("a download from the web (its QA set)")
-    return needs
-
-
-def _leaf_configs(manager, name, seen: set) -> list[tuple[str, dict]]:
-    """(task name, config) of every task a name stands for: groups and tags expand to their members."""
-    from lm_eval.tasks._index import Kind
-
-    entry = manager._entry(name) if isinstance(name, str) else None
-    if isinstance(name, dict):  # an inline config or a YAML file's
-        return [(str(name.get("task", "?")), name)]
-    if entry is None or name in seen:
-        return []
-    seen.add(name)
-    if entry.kind is Kind.TAG:
-        members = sorted(entry.tags)
-    elif entry.kind is Kind.GROUP:
-        members = [m.get("task") if isinstance(m, dict) else m for m in (entry.cfg or {}).get("task", [])]
-    else:
-        return [(name, entry.cfg or {})]
-    return [leaf for member in members for leaf in _leaf_configs(manager, member, seen)]
-
-
-def unreachable_data(manager, tasks) -> dict[str, list[str]]:
-    """Offline: task name -> what it would fetch that is neither cached nor local (empty when online)."""
-    if not offline():
-        return {}
-    seen, found = set(), {}
-    for task in tasks or []:
-        for name, config in _leaf_configs(manager, task, seen):
-            needs = [n for n in data_needed(config) if not _cached(n)]
-            if needs:
-                found[name] = needs
-    return found
-
-
-def _cached(need: str) -> bool:
-    return need.startswith("the hub dataset ") and dataset_cached(need.split("'")[1])
-
-
-def refuse_unreachable_data(manager, tasks) -> None:
-    """One line naming each task that needs data out of reach offline, grouped by what it needs."""
-    missing = unreachable_data(manager, tasks)
-    if not missing:
-        return
-    by_need: dict[str, list[str]] = {}
-    for name, needs in missing.items():
-        for need in needs:
-            by_need.setdefault(need, []).append(name)
-    parts = [
-        f"{', '.join(sorted(names))} need{'s' if len(names) == 1 else ''} {need}"
-        for need, names in by_need.items()
-    ]
-    raise RopebenchError(
-        f"offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) and not cached: {'; '.join(parts)} — run them online "
-        f"(a hub dataset is cached for later offline runs), or leave those tasks out"
-    )
-
-
-@contextlib.contextmanager
-def data_checked_before_the_model():
-    """lm-eval loads the model before it builds its tasks, so a task whose data is out of reach used to fail
-    after the load with a long traceback. The check runs on the task manager lm-eval builds for the run
-    itself (indexing lm-eval's tasks twice costs seconds), right after it resolves the task names."""
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    original = EvaluatorConfig.process_tasks
-
-    def process_tasks(self, metadata=None):
-        manager = original(self, metadata)
-        refuse_unreachable_data(manager, self.tasks)
-        return manager
-
-    EvaluatorConfig.process_tasks = process_tasks
-    try:
-        yield
-    finally:
-        EvaluatorConfig.process_tasks = original
-
-
-def needs_snapshot(model_args: dict, metadata: dict | None) -> bool:
-    """Would `with_task_tokenizer` convert a GGUF file first
-    (its snapshot not cached yet: seconds to a minute)?"""
-    from ropebench.extend.loading import _snapshot_dir, check_model_spec
-
-    if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
-        return False
-    spec = check_model_spec(str(model_args.get("pretrained", DEFAULT_PRETRAINED)))
-    if spec not in extend.ALIASES and not spec.endswith(".gguf"):
-        return False
-    path = extend.embedded_gguf(spec) if spec in extend.ALIASES else Path(spec).expanduser()
-    return not (_snapshot_dir(path) / "config.json").is_file()
-
-
-def check_task_names(tasks, include_path) -> None:
-    """lm-eval's own task-name check (its ValueError "Tasks not found: ..."), run early: a mistyped name is
-    refused before the model's weights are converted or loaded."""
-    names = [t for t in (tasks or []) if isinstance(t, str) and not t.endswith(".yaml")]
-    if not names:
-        return
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager(include_path=include_path)
-    missing = [t for t in names if not manager.match_tasks([t])]
-    if missing:
-        raise ValueError(f"Tasks not found: {', '.join(missing)}")
-
-
-def with_task_tokenizer(model_args: dict, metadata: dict | None) -> dict | None:
-    """The task metadata of a `ropebench` run, with `tokenizer` set when the model is an alias or a .gguf
-    file. lm-eval hands model_args to tasks as metadata, and tasks that size their own prompts (RULER's) load
-    `tokenizer`, else `pretrained`, with AutoTokenizer, which cannot read an alias or a GGUF: they get the
-    folder of the snapshot extend.load reads. The model itself keeps the tokenizer extend.load gives it."""
-    if "tokenizer" in model_args or "tokenizer" in (metadata or {}):
-        return metadata
-    pretrained = str(model_args.get("pretrained", DEFAULT_PRETRAINED))
-    if pretrained not in extend.ALIASES and not pretrained.endswith(".gguf"):
-        return metadata
-    return {**(metadata or {}), "tokenizer": tokenizer_source(pretrained)}
-
-
-# --- CLI shim --------------------------------------------------------------------------------------------
-
-USAGE = """usage: ropebench lm-eval {run,ls,validate} [lm-eval arguments ...]
-       ropebench lm-eval tasks        print the folder of ropebench's lm-eval tasks
-       ropebench lm-eval tokenizer [PRETRAINED]   print the tokenizer folder (or hub id) of a model
-                                      (default smollm2-135m), for model_args/metadata tokenizer=
-
-Runs lm-eval's own CLI with the `ropebench` model registered; every lm-eval flag works. Without
---include_path, ropebench's task folder is included. (`python -m ropebench.extend.lm_eval ...` is the same CLI
-without ropebench's task folder.) Offline, tasks whose data is not cached are refused before the model loads.
-Example:
-  ropebench lm-eval run --model ropebench --model_args pretrained=smollm2-135m,method=yarn,factor=2 \\
-      --tasks ropebench_passkey_16k --limit 4 --device cpu
-"""
-
-
-def _parse(parser) -> argparse.Namespace:
-    """lm-eval's own parsing (it inserts 'run' when no subcommand is given); its usage errors (argparse's
-    usage block and exit 2) become the project's one line."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(captured):
-            args = parser.parse_args()
-    except SystemExit as e:
-        if not e.code:  # --help: printed, done
-            raise
-        said = [line.split("error: ", 1)[1] for line in captured.getvalue().splitlines() if "error: " in line]
-        raise RopebenchError(
-            f"{said[-1] if said else 'bad arguments'} — `ropebench lm-eval --help` shows the commands, "
-            f"`ropebench lm-eval run --help` lm-eval's options"
-        ) from None
-    sys.stderr.write(captured.getvalue())
-    return args
-
-
-def owned_output(args: argparse.Namespace):
-    """lm-eval writes results_*.json and samples_*.jsonl under --output_path (or, for a path ending in .json,
-    beside it): only into a new or empty folder or one ropebench made (extend/owned_paths.py, the rule of
-    every writer), checked before the model loads. Returns (the folder, its files now) or None."""
-    from ropebench.extend.owned_paths import OwnedDir
-
-    path = getattr(args, "output_path", None)
-    if getattr(args, "command", None) != "run" or not path:
-        return None
-    root = Path(path).parent if Path(path).suffix == ".json" else Path(path)
-    owned = OwnedDir.open(root, "--output_path folder", error=ExtendError)
-    return owned, owned.existing()
-
-
-def main(argv: list[str] | None = None, *, tasks_dir=None) -> int:
-    """`ropebench lm-eval ...`: lm-eval's CLI with the `ropebench` model registered. `tasks_dir`: the folder
-    of ropebench's lm-eval tasks (included when the command names no --include_path), passed by the caller."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0
-    if argv[0] in ("tasks", "--print-tasks-path", "tokenizer"):
-        try:
-            print(checked_tasks_dir(tasks_dir) if argv[0] != "tokenizer" else tokenizer_source(*argv[1:2]))
-        except RopebenchError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    try:
-        from lm_eval._cli import HarnessCLI
-    except ImportError:
-        print(
-            f"error: lm-eval {LM_EVAL_VERSION} has no lm_eval._cli (new in 0.4.10), which this command "
-            f"drives — install 'lm-eval{LM_EVAL_RANGE}'",
-            file=sys.stderr,
-        )
-        return 2
-    from lm_eval.utils import setup_logging
-
-    setup_logging()
-    parser = HarnessCLI()
-    saved = sys.argv
-    sys.argv = ["lm-eval", *argv]
-    try:
-        args = _parse(parser)
-        if getattr(args, "command", None) == "run":
-            if getattr(args, "include_path", None) is None and not getattr(args, "config", None):
-                args.include_path = None if tasks_dir is None else str(checked_tasks_dir(tasks_dir))
-            if getattr(args, "model", None) == MODEL_NAME:
-                args.model_args = typed_model_args(argv, args.model_args)
-                check_model_args(dict(args.model_args or {}))
-                if needs_snapshot(dict(args.model_args or {}), args.metadata):
-                    check_task_names(args.tasks, args.include_path)  # before converting a GGUF's weights
-                args.metadata = with_task_tokenizer(dict(args.model_args or {}), args.metadata)
-        output = owned_output(args)  # a folder of the user's is refused before the model loads
-        with data_checked_before_the_model():
-            parser.execute(args)
-        if output is not None:  # what lm-eval wrote, listed in the folder's marker
-            output[0].record(sorted(output[0].existing() - output[1]))
-    except RopebenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # lm-eval checks the task names before it loads the model
-        if not str(e).startswith("Tasks not found"):
-            raise
-        print(
-            f"error: lm-eval {str(e)[0].lower()}{str(e)[1:]} — check the names (`ropebench lm-eval ls tasks` "
-            f"lists them; ropebench's are ropebench_*)",
-            file=sys.stderr,
-        )
-        return 2
-    finally:
-        sys.argv = saved
-    return 0
