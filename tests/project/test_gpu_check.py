@@ -90,10 +90,10 @@ def test_a_remap_model_on_the_math_path_matches_the_kernel_path(method, monkeypa
 
 
 def module_level_imports() -> dict[str, set[str]]:
-    """Third-party top-level names that extend/, tasks/ and results/ import at module level (also inside a
-    module-level if/try), -> the files importing them."""
+    """Third-party top-level names that extend/, tasks/, results/ and the lm-eval integration import at module
+    level (also inside a module-level if/try), -> the files importing them."""
     found: dict[str, set[str]] = {}
-    for layer in LAYERS:
+    for layer in (*LAYERS, "scripts/integrations"):
         for path in (ROOT / layer).rglob("*.py"):
             for node in ast.parse(path.read_text()).body:
                 for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
@@ -118,7 +118,7 @@ def distribution(module: str) -> str:
 
 def test_module_level_imports_are_in_the_image_or_the_wheel_list():
     """What the device image has plus what benchmarks/wheels.py ships covers every third-party import of the
-    three layers (the list as declared always; the gathered requirements.txt too when the folder exists)."""
+    three layers and the lm-eval integration (the list as declared always; the gathered requirements.txt too when the folder exists)."""
     imports = module_level_imports()
     assert {"torch", "transformers", "lm_eval"} <= set(imports)  # the parse finds what we know is there
     shipped = {wheels.canonical(n) for n in wheels.RESOLVED + wheels.NO_DEPS}
