@@ -41,7 +41,7 @@ COMMANDS = {
     "run": (
         "ropebench.benchmarks.run",
         (
-            "ropebench vs the naive way and lm-eval -> benchmarks/BENCHMARKS.md (--quick: a smoke run; "
+            "ropebench vs the naive way and lm-eval -> BENCHMARKS.md (--quick: a smoke run; "
             "--estimate: the plan only)"
         ),
         list,
@@ -123,7 +123,7 @@ def usage() -> str:
     lines += [f"  {name:<{width}}  {about}" for name, (_, about, _) in COMMANDS.items()]
     lines += [
         "",
-        f"probes (one-off investigations quoted in benchmarks/NOTES.md): {PROG}.probes.NAME [ARGS ...]",
+        f"probes (one-off investigations quoted in NOTES.md): {PROG}.probes.NAME [ARGS ...]",
         "  " + ", ".join(probes()),
     ]
     return "\n".join(lines)

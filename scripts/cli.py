@@ -74,7 +74,7 @@ SUBCOMMANDS = {
     ),
     "inspect": ("show a model's RoPE per layer type and what a method would change (config only)", _inspect),
     "lm-eval": ("run lm-eval's CLI with the `ropebench` model and ropebench's tasks registered", _lm_eval),
-    "bench": ("measure speed and memory per method (benchmarks/BENCHMARKS.md)", _bench),
+    "bench": ("measure speed and memory per method (BENCHMARKS.md in a checkout)", _bench),
     "export": ("write a RoPE setting as an engine's config (transformers, vllm, llama.cpp)", _export),
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ropebench.extend.errors import RopebenchError
 
-from .config import DEMO_CONFIG, ConfigError, merge_cli, read_yaml
+from .config import DEMO_CONFIG, ConfigError, config_path, merge_cli, read_yaml
 from .orchestrate import sweep
 from .resolve import resolve
 
@@ -56,18 +56,22 @@ def parser() -> argparse.ArgumentParser:
         prog="ropebench sweep",
         description=(
             "Grid of model x method x factor x task x lengths for RoPE context extension. Without arguments "
-            "runs the embedded demo (scripts/configs/demo.yaml); with --config FILE the file is the base, "
+            "runs the embedded demo (the shipped config `demo`); with --config FILE the file is the base, "
             "flags override it."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "examples:\n  ropebench sweep\n  ropebench sweep --config scripts/configs/llama2-7b-gpu.yaml\n"
+            "examples:\n  ropebench sweep\n  ropebench sweep --config llama2-7b-gpu     # a shipped config\n"
             "  ropebench sweep --methods plain yarn --factors 2 4 --tasks perplexity --lengths 2048 8192\n"
-            "  accelerate launch scripts/sweep.py --config my.yaml     # one share of the cells per process\n"
-            "(python scripts/sweep.py ... is the same command: accelerate launch needs a script file)\n"
+            "  accelerate launch -m ropebench.sweep --config my.yaml   # one share of the cells per process\n"
+            "(python -m ropebench.sweep ... is the same command)\n"
         ),
     )
-    p.add_argument("--config", action=_Once, help="YAML config (default: scripts/configs/demo.yaml)")
+    p.add_argument(
+        "--config",
+        action=_Once,
+        help="YAML config file, or a shipped config's name (default: demo; also demo-remap, llama2-7b-gpu)",
+    )
     p.add_argument(
         "--model", nargs="+", action=_Once, help="model spec(s): hub id, local dir, .gguf file, smollm2-135m"
     )
@@ -115,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
 
 def load_config(args) -> dict:
     """The config file (default: the demo) with the flags over it, resolved (shape and types; names later)."""
-    source = args.config or str(DEMO_CONFIG)
+    source = str(config_path(args.config)) if args.config else str(DEMO_CONFIG)
     base = read_yaml(source)
     if not args.config and not args.out and any(getattr(args, f) is not None for f in GRID_FLAGS):
         base["out"] = "runs/sweep"  # a changed demo grid does not go into (and mix with) runs/demo

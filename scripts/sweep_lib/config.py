@@ -22,6 +22,20 @@ SCRIPTS = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = SCRIPTS / "configs" / "demo.yaml"
 
 
+def shipped_configs() -> list[str]:
+    """The names of the configs shipped with ropebench (package data: a wheel has them too)."""
+    return sorted(p.stem for p in (SCRIPTS / "configs").glob("*.yaml"))
+
+
+def config_path(text: str) -> Path:
+    """--config's value: a file, or the name of a shipped config (`demo`, `llama2-7b-gpu`) when no such file
+    is there."""
+    path = Path(text)
+    if not path.exists() and text in shipped_configs():
+        return SCRIPTS / "configs" / f"{text}.yaml"
+    return path
+
+
 class ConfigError(RopebenchError):
     """Bad sweep input; the message says what is wrong and what to do."""
 
@@ -57,7 +71,8 @@ def read_yaml(path: str | os.PathLike) -> dict:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
-            f"config file not found: {path} — check the path (examples: scripts/configs/*.yaml)"
+            f"config file not found: {path} — check the path, or name a shipped config: "
+            f"{', '.join(shipped_configs())}"
         ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(

@@ -141,3 +141,26 @@ def test_an_out_name_that_is_not_utf8_is_refused_before_anything_is_written(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "not valid UTF-8" in err[0]
     assert os.listdir(tmp_path) == []
+
+
+def test_help_names_no_path_of_the_checkout():
+    """A wheel user has no scripts/ or benchmarks/ folder: the help of every command names what is installed
+    (the shipped configs by name, `python -m` modules), never a checkout path."""
+    checkout = re.compile(r"(?<![\w.])(scripts|benchmarks|extend|tasks|results|tests)/[\w./-]+")
+    for sub in ([], *[[name] for name in EXPECTED]):
+        text = run([PY, "-m", "ropebench", *sub, "--help"]).stdout
+        assert text and not checkout.findall(text), (sub, checkout.findall(text))
+
+
+def test_a_shipped_config_is_named_without_its_path(tmp_path):
+    """--config takes a file or the name of a config shipped with ropebench (package data); a name that is
+    neither is one line naming the shipped ones."""
+    from ropebench.sweep_lib.config import ConfigError, config_path, read_yaml, shipped_configs
+
+    assert {"demo", "demo-remap", "llama2-7b-gpu"} <= set(shipped_configs())
+    assert read_yaml(config_path("llama2-7b-gpu"))["tasks"]
+    mine = tmp_path / "demo"  # a file of that name wins over the shipped config
+    mine.write_text("out: x\n")
+    assert config_path(str(mine)) == mine
+    with pytest.raises(ConfigError, match="name a shipped config: demo, demo-remap"):
+        read_yaml(config_path("no-such-config"))

@@ -1,0 +1,128 @@
+"""What a new method, task, metric, reach rule and report section each need (docs/layout.md, "Adding a
+thing"): counted here, so the table cannot drift from the code."""
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One file: a method (a decorated function), a task (declared, registered) and its metric (declared with a
+# reach rule). The sweep imports it with --plugin; nothing else of ropebench changes.
+PLUGIN = '''
+import torch
+from ropebench import extend, tasks
+from ropebench.tasks.kit import Metric, declare
+
+
+@extend.register("halfbase-plugin")
+def halfbase(rope, *, factor):
+    """Halves the base whatever the factor (a test method)."""
+    return (rope.theta / 2) ** (-torch.arange(0, rope.dim, 2).float() / rope.dim), 1.0
+
+
+@declare("echo-plugin", options={}, metrics={"hit": Metric("rate", "higher", "trial", "a test rate",
+         reach=("threshold",), lo=0.0, hi=1.0)})
+def run(model, tokenizer, *, lengths, seed=0, progress=True):
+    return [
+        {"metric": "hit", "value": float((t + length) % 3 != 0), "n": 1, "length": length, "doc": f"t{t}"}
+        for length in lengths
+        for t in range(6)
+    ]
+
+
+tasks.TASKS["echo-plugin"] = run
+'''
+
+
+@pytest.mark.slow
+def test_one_plugin_file_adds_a_method_a_task_and_its_metric(tmp_path, tiny_model_dir, sweep_env):
+    """A method, a task and a metric with a reach rule, all in one file handed to the sweep: the rows name the
+    method, the report has the task's section and the metric's table and reach, read from the declaration."""
+    plugin = tmp_path / "my_plugin.py"
+    plugin.write_text(textwrap.dedent(PLUGIN))
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "sweep.py"),
+            "--model",
+            str(tiny_model_dir),
+            "--plugin",
+            str(plugin),
+            "--methods",
+            "plain",
+            "halfbase-plugin",
+            "--factors",
+            "2",
+            "--tasks",
+            "echo-plugin",
+            "--lengths",
+            "32",
+            "64",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=sweep_env(),
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    from ropebench import results
+
+    df = results.load(out)
+    assert set(df.loc[df["task"] == "echo-plugin", "method"]) == {"plain", "halfbase-plugin"}
+    report = (out / "report.md").read_text()
+    assert "echo-plugin" in report and "hit" in report
+    assert (out / "tables" / "echo-plugin_hit.csv").is_file()
+    reach = results.effective_length(df, "echo-plugin", "hit")
+    assert set(reach["method"]) == {"plain", "halfbase-plugin"}
+
+
+def test_a_reach_rule_is_one_function_whose_docstring_is_its_caption():
+    """results/reach.py: each rule is one function in RULES, its docstring the bar in words (short, then the
+    legend's line); the names declarations may give (results.meaning.REACH_RULES) are exactly the rules'."""
+    from ropebench.results import meaning, reach
+    from ropebench.results.overview import legend_lines
+
+    assert {name for _, name in reach.RULES} == set(meaning.REACH_RULES)
+    legend = legend_lines()
+    for fn in reach.RULES.values():
+        short, line = (" ".join(p.split()) for p in fn.__doc__.split("\n\n"))
+        assert short and line.startswith("reach")
+        assert reach.caption(fn, 0.8, 0.1, "plain") in legend
+
+
+def test_a_report_section_is_one_function_of_reporting():
+    """Each part of report.md after the header is one function of results/reporting.py taking the report
+    being written, called once from `_write_report`: a new section is one function and its call there."""
+    tree = ast.parse((ROOT / "results" / "reporting.py").read_text())
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    calls = [
+        c.func.id
+        for c in ast.walk(functions["_write_report"])
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+    ]
+    writes = [n for n, f in functions.items() if f.args.args and f.args.args[0].arg == "r"]  # r: the Report
+    sections = [name for name in calls if name in writes]
+    assert {"_summary", "_differences", "_reach", "_theory", "_task_section", "_legend"} <= set(sections)
+    assert len(sections) == len(set(sections))  # each called once
+
+
+def test_built_in_tasks_each_declare_their_metrics_once():
+    """A built-in task is its module (declare: options, metrics, tables) plus its line in tasks.TASKS; the
+    metric fallback for old rows (results/built_in_meanings.json) is generated from those declarations."""
+    from ropebench import tasks
+    from ropebench.tasks.kit import spec_of
+
+    for name, run in tasks.TASKS.items():
+        spec = spec_of(run)
+        assert spec is not None and spec.name == name and spec.meanings, name
