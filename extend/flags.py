@@ -8,10 +8,6 @@ from __future__ import annotations
 import argparse
 
 
-class RepeatedFlag(ValueError):
-    """Raised through the parser's `error` (one line, exit 2)."""
-
-
 class StoreOnce(argparse._StoreAction):
     """`store`, refused when the flag was already given in this parse (the parser counts per parse)."""
 

@@ -53,10 +53,6 @@ def _crossing(f, target: float, lo: float, hi: float, steps: int) -> float:
     return (lo + hi) / 2
 
 
-def _phi_inverse(p: float) -> float:
-    return _crossing(lambda x: float(_phi(x)), p, -40.0, 40.0, 200)
-
-
 @functools.lru_cache(maxsize=256)
 def _chi_grid(dof: float) -> tuple[np.ndarray, np.ndarray]:
     """sqrt(V / dof) on a grid over log V (V ~ chi-square with ``dof`` degrees of freedom) and each point's

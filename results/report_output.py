@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from ropebench.extend.owned_paths import OwnedDir, read_marker, safe_name
+from ropebench.extend.owned_paths import OwnedDir, safe_name
 
 from .store import ResultsError, check_path_text, legacy_owned_files
 from .tables import (
@@ -71,15 +71,6 @@ def check_report_dir(out: Path) -> OwnedDir:
     never writes into a directory of the user's. Writes nothing."""
     check_path_text(out, "report directory")
     return OwnedDir.open(out, "report directory", error=ResultsError, adopt=legacy_owned_files)
-
-
-def report_files(out: Path) -> set[Path]:
-    """Files in ``out`` ropebench wrote, as its marker lists them (or, made before the marker, as
-    :func:`results.store.legacy_owned_files` finds them)."""
-    files = read_marker(out)
-    if files is None:
-        files = legacy_owned_files(out) or {}
-    return {out / rel for rel in files}
 
 
 class staging:

@@ -57,10 +57,6 @@ def positive(value) -> str | None:
     return None
 
 
-def positive_or_none(value) -> str | None:
-    return None if value is None else positive(value)
-
-
 def flag(value) -> str | None:
     return None if isinstance(value, bool) else "must be true or false"
 

@@ -118,7 +118,8 @@ def distribution(module: str) -> str:
 
 def test_module_level_imports_are_in_the_image_or_the_wheel_list():
     """What the device image has plus what benchmarks/wheels.py ships covers every third-party import of the
-    three layers and the lm-eval integration (the list as declared always; the gathered requirements.txt too when the folder exists)."""
+    three layers and the lm-eval integration (the list as declared always; the gathered requirements.txt too
+    when the folder exists)."""
     imports = module_level_imports()
     assert {"torch", "transformers", "lm_eval"} <= set(imports)  # the parse finds what we know is there
     shipped = {wheels.canonical(n) for n in wheels.RESOLVED + wheels.NO_DEPS}
