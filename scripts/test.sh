@@ -7,7 +7,8 @@ venv="${ROPEBENCH_VENV:-$root/.venv}"
 [ "${ROPEBENCH_NEWEST:-0}" = 0 ] || venv="${ROPEBENCH_VENV:-$root/.venv-newest}"  # as setup.sh
 cd "$root"
 # --quick (first argument): the inner loop's subset, without the tests marked slow or real (tests/conftest.py
-# marks them by rule: processes started, the real model loaded, grids run end to end; docs/layout.md)
+# marks them by rule: processes started, the real model loaded, grids run end to end, and those measured at 1 s or
+# more, listed in tests/slow_tests.txt; `--quick --record-slow` adds this run's to the list; docs/layout.md)
 if [ "${1:-}" = "--quick" ]; then shift; set -- -m "not slow and not real" "$@"; fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Two workers by default (pytest-xdist; each module runs whole on one worker, so module fixtures are built

@@ -271,12 +271,50 @@ SLOW_TESTS = (  # node-id prefixes
 )
 
 
+# And, measured: every test that took 1 s or more in the quick subset on the slowest kind (listed in
+# tests/slow_tests.txt, written by `scripts/test.sh --quick --record-slow`): what is left runs in under 2 min.
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+SLOW_SECONDS = 1.0
+
+
+def measured_slow() -> set[str]:
+    lines = SLOW_LIST.read_text().splitlines() if SLOW_LIST.is_file() else []
+    return {line for line in lines if line.strip() and not line.startswith("#")}
+
+
+MEASURED_SLOW = measured_slow()
+
+
 def mark_by_rule(item) -> None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if fixtures & set(REAL_FIXTURES):
         item.add_marker(pytest.mark.real)
-    if fixtures & set(SLOW_FIXTURES) or item.nodeid.startswith(SLOW_TESTS):
+    if fixtures & set(SLOW_FIXTURES) or item.nodeid.startswith(SLOW_TESTS) or item.nodeid in MEASURED_SLOW:
         item.add_marker(pytest.mark.slow)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-slow",
+        action="store_true",
+        help=f"add the tests of this run that took {SLOW_SECONDS:g} s or more to tests/slow_tests.txt",
+    )
+
+
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):  # on the controller too: xdist forwards every report
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if not config.getoption("--record-slow") or hasattr(config, "workerinput"):
+        return
+    slow = MEASURED_SLOW | {n for n, s in _SECONDS.items() if s >= SLOW_SECONDS}
+    header = [line for line in SLOW_LIST.read_text().splitlines() if line.startswith("#")]
+    SLOW_LIST.write_text("\n".join([*header, *sorted(slow)]) + "\n")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection, so the marks added here count for it
