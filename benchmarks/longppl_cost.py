@@ -4,11 +4,11 @@ pass.
 One document of the task's corpus, one length; each case is `tasks.perplexity.run` timed whole (wall clock):
 - bare: the task's one pass alone (one forward of the decoder body, LM head + loss in chunks);
 - loss_by_position: the same with loss_by_position=True (binning the pass's losses);
-- longppl cold, as loaded: key_tokens with the default evaluator ("self") on the unpatched model and an empty
-  key-span cache: the long forward is the task's own pass, so the extra is the short windows;
-- longppl cold, patched: the same under yarn x2: the evaluator (the unpatched model) runs its own long forward
-  too;
-- longppl warm: the key spans cached (another method of the same sweep): nothing but the mask.
+- longppl cold, as loaded: key_tokens with the default evaluator ("self") and an empty cache: the cell keeps
+  its pass's per-token losses (the long-context side) and computes the unpatched model's short-window losses;
+- longppl cold, patched: the same under yarn x2: the short windows run on the unpatched model, the long
+  losses are the patched pass's own (no second long forward: the key tokens are chosen when results load);
+- longppl warm: the short-window losses cached (another setting of the same sweep): nothing but the pass.
 The key-span cache lives in a temporary directory for the run.
 
     HF_HUB_OFFLINE=1 .venv/bin/ropebench bench longppl-cost [--length 8192] [--dtype float32]
@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--corpus", default="sotu")
     ap.add_argument(
-        "--trunc-len", type=forward_tokens(1024), default=None, help="default: trained context / 8"
+        "--trunc-len", type=forward_tokens(1024), default=None, help="default: trained context / 32"
     )
     ap.add_argument(
-        "--sliding-window", type=forward_tokens(256), default=None, help="default: trained context / 32"
+        "--sliding-window", type=forward_tokens(256), default=None, help="default: trained context / 64"
     )
     ap.add_argument("--repeats", type=REPEATS, default=1)
     ap.add_argument("--json", default=None)

@@ -1,5 +1,5 @@
 """Run by tests/extend/test_export.py as `python -I -S export_child.py JOBS.json`: a Python that cannot import
-ropebench (isolated mode, no site processing, so no editable-install finder; sys.path is the standard library
+ropebench (isolated mode, no site processing, no editable install (.pth); sys.path is the standard library
 plus the site-packages folders the test passes, which hold no ropebench package). It proves that first, then
 loads each exported folder with plain transformers and saves what the test compares with ropebench's patch:
 logits on the job's prompt, then (after: transformers' `dynamic` keeps the longest length it has run) the
