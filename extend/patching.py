@@ -15,6 +15,8 @@ to every method (besides the method's own):
 - original_max_position_embeddings: override the trained context L.
 Length-dependent RoPE (dynamic methods, a shipped dynamic/longrope) is recomputed from each forward's length,
 statelessly, or from the length fixed by `fixed_length(model, n)` for a cached generate/score call.
+
+Its size (~660 lines): a patch and its undo are read together, every change made here has its undo here.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ published ways to state an effective length:
 The trained context of a setting is the argument when given, else the one its rows record (the patch's
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
 ``trained_context`` in ``task_options``.
+
+Its size (~700 lines): the walk, its five rules and the theory rows beside them all read one `Setting`; much
+of it is the rules' docstrings, which the legend prints.
 """
 
 from __future__ import annotations

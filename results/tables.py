@@ -4,6 +4,9 @@ Tables never know which task made a row: they select by the ``task`` and ``metri
 metric as its declaration says (the rows' ``meaning``, results/meaning.py; `meaning_for`), never by its name
 or values. ``n`` counts independent units: rows that share a ``cluster`` (the questions on one haystack) are
 one unit, and ``rows`` counts the rows behind them.
+
+Its size (~680 lines): selection, the interval of one cell and the three writers (md, csv, tex) share one
+model of a table cell; split, each piece would re-derive it.
 """
 
 from __future__ import annotations

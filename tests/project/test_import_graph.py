@@ -619,3 +619,14 @@ def test_python_dash_m_ropebench_is_the_command():
         check=False,
     )
     assert done.returncode == 0 and done.stdout.startswith("usage: ropebench COMMAND")
+
+
+def test_large_modules_say_why_they_are_large():
+    """Rooms stay small (issue 39): a module of the package folders above 600 lines states, in its docstring,
+    why it is one module ("Its size (...)")."""
+    large = []
+    for path in _files(FOLDERS):
+        text = path.read_text()
+        if text.count("\n") > 600 and "Its size (" not in (ast.get_docstring(ast.parse(text)) or ""):
+            large.append(str(path.relative_to(ROOT)))
+    assert large == []
