@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -349,7 +350,7 @@ def _dtype(dtype) -> torch.dtype | None:
 def gguf_snapshot(path: Path) -> Path:
     """A `save_pretrained` copy of a GGUF model (fp32 safetensors + tokenizer), made once and reused:
     transformers parses and de-quantises the whole GGUF on every load (three passes, 20-60 s on a CPU),
-    a snapshot loads in about a second. Keyed by file name, size and mtime; written to a temporary
+    a snapshot loads in about a second. Keyed by file name, size and content; written to a temporary
     folder and renamed, so a killed conversion leaves nothing half-written. ROPEBENCH_CACHE moves it."""
     from ropebench.extend.owned_paths import owned_cache
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -383,10 +384,22 @@ def gguf_snapshot(path: Path) -> Path:
 
 
 def _snapshot_dir(path: Path) -> Path:
-    """Where `gguf_snapshot` keeps the snapshot of the GGUF file `path` (keyed by name, size and mtime)."""
+    """Where `gguf_snapshot` keeps the snapshot of the GGUF file `path`: keyed by name, size and content (not
+    the mtime, which every fresh install of the same file changes: one 517 MB copy of SmolLM2 per install)."""
     stat = path.stat()
     cache = Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
-    return cache / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    digest = _content_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return cache / "gguf" / f"{path.stem}-{stat.st_size}-{digest}"
+
+
+@functools.lru_cache(maxsize=32)
+def _content_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of the file (its first 16 hex digits), once per process and version of the file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def load_config(spec: str, trust_remote_code: bool = False):

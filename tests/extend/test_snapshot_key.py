@@ -1,0 +1,24 @@
+"""The GGUF snapshot cache is keyed by the file's content: a fresh install of the same file (a new mtime)
+finds the snapshot made before instead of converting again into another 517 MB folder; a changed file does
+not."""
+
+import os
+
+from ropebench.extend.loading import _snapshot_dir
+
+
+def test_the_same_content_with_another_mtime_finds_the_same_snapshot(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for path in (a, b):
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF" + bytes(range(256)) * 4096)
+    os.utime(b, ns=(1_000_000_000, 1_000_000_000))  # installed at another time
+    assert a.stat().st_mtime_ns != b.stat().st_mtime_ns
+    assert _snapshot_dir(a) == _snapshot_dir(b)
+    assert _snapshot_dir(a).parent == tmp_path / "cache" / "gguf"
+    changed = tmp_path / "c" / "model.gguf"
+    changed.parent.mkdir()
+    changed.write_bytes(b"GGUF" + bytes(range(256)) * 4095 + bytes(256))  # same size, one block differs
+    assert changed.stat().st_size == a.stat().st_size
+    assert _snapshot_dir(changed) != _snapshot_dir(a)
