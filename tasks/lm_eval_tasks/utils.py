@@ -1,7 +1,7 @@
 """The `!function` hooks of ropebench's lm-eval tasks: each one's docs, expanded into prompts by our
 tasks' own prompt builders (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`,
-`tasks.retrieval.make_scene` + `compose`), so an lm-eval task's prompts are the task's, token for token
-(tests/lm_eval/test_lm_eval.py and tests/lm_eval/test_lm_eval_ruler.py check it).
+`tasks.scenes.make_scene` + `tasks.haystacks.compose`), so an lm-eval task's prompts are the task's, token
+for token (tests/lm_eval/test_lm_eval.py and tests/lm_eval/test_lm_eval_ruler.py check it).
 
 The docs stay small (passkey.jsonl: key, depth, haystack words; sotu_era.jsonl: speech id and character cut;
 retrieval.jsonl: variant, trial, depth, haystack words), written by
