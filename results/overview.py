@@ -5,7 +5,7 @@ from a metric's name or its values, so a plugin task's metrics show up with no e
 headline metric: its value at the longest tested length (perplexities also at the trained context, when that
 is a different length) with n and its 95% interval, " *" where the paired difference to the baseline at that
 length is significant (see :func:`results.compare`); for each metric that declares reach rules, its effective
-length under each of them (:data:`results.reach.RULE_NAMES`); reference metrics (chance) beside the values.
+length under each of them (:data:`results.reach.RULES`); reference metrics (chance) beside the values.
 
 ``summary(with_ci=False)`` keeps every column. The display (``with_ci=True``) keeps only the informative
 ones: a column that is empty, not computed, not established or identical in every row, or a copy of another,

@@ -6,7 +6,7 @@ A length *passes* only when the bound of its 95% interval on the unfavourable si
 ascending order and the walk stops at the first length that does not pass, so a lucky longer length is never
 counted. Which metrics have a reach, and under which rules, is what their declaration says
 (:class:`results.meaning.Metric` ``reach``; never guessed from a name or the values). The rules (``RULES``,
-by the statistics' kind and rule name; a rule is one function, its docstring the legend's line), the three
+by the statistics' kind and rule name; a rule is one function and its words in `@reach_rule`), the three
 published ways to state an effective length:
 - 0/1 rates, ``rule="threshold"`` (an absolute bar, RULER-style): the Wilson lower bound is at or above
   ``threshold`` (default ``DEFAULT_BAR`` 0.8, per task and metric). RULER's own bar (Hsieh et al. 2024,
@@ -32,7 +32,7 @@ resolved ``trained_context`` in ``options``, which follows ``original_max_positi
 ``trained_context`` in ``task_options``.
 
 Its size (~700 lines): the walk, its five rules and the theory rows beside them all read one `Setting`; much
-of it is the rules' docstrings, which the legend prints.
+of it is the rules' own explanation, which the legend prints.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from .stats import Interval, Paired
 from .store import ResultsError, atomic_write_text
 from .tables import IDENTITY, cell_interval, copy_frame, is_unit, remember, select
 
-RULE_NAMES = REACH_RULES  # the names declarations may give (results.meaning); the rules: RULES below
 # The "threshold" rule's default bar: an absolute bar in RULER's style, applied per task and metric
 DEFAULT_BAR = 0.8
 # RULER's own bar (Hsieh et al. 2024, arXiv:2404.06654): Llama-2-7B's 4K score, 85.6% on the average of its 13
@@ -79,8 +78,8 @@ NOT_ESTABLISHED = "not established (n too small)"
 
 
 def rules_of(meaning: Metric) -> list[str]:
-    """The reach rules a declaration names that its kind supports, in ``RULE_NAMES`` order."""
-    return [r for r in RULE_NAMES if r in meaning.reach and (meaning.stat_kind, r) in RULES]
+    """The reach rules a declaration names that its kind supports, in ``REACH_RULES`` order."""
+    return [r for r in REACH_RULES if r in meaning.reach and (meaning.stat_kind, r) in RULES]
 
 
 def reach_metrics(df: pd.DataFrame, task: str) -> list[str]:
@@ -316,48 +315,68 @@ class Verdicts:
     reference_value: float = math.nan
 
 
-def _rate_threshold(s: Setting) -> Verdicts:
-    """Wilson lower bound ≥ {bar_short}
+@dataclass(frozen=True)
+class Rule:
+    """A reach rule: its verdicts for one setting (`check`) and its bar in words, `short` for a headline that
+    links to the legend and `legend` for the legend's line, with {bar}, {bar_short}, {baseline}, {limit},
+    {min_bar}, {nolima} and {short_cap} filled in by `caption`."""
 
-    reach (0/1 rate): Wilson lower bound ≥ {bar}"""
+    check: Callable[[Setting], Verdicts]
+    short: str
+    legend: str
+
+
+# The rules, by the statistics' kind and the rule's name: one `@reach_rule(...)` on its function each (in the
+# legend's order). Its name is also in results.meaning.REACH_RULES, which declarations are checked against
+# without loading pandas.
+RULES: dict[tuple[str, str], Rule] = {}
+
+
+def reach_rule(kind: str, name: str, *, short: str, legend: str):
+    def register(check: Callable[[Setting], Verdicts]) -> Callable[[Setting], Verdicts]:
+        RULES[(kind, name)] = Rule(check, short, legend)
+        return check
+
+    return register
+
+
+def caption(rule: Rule, threshold: float | str, tolerance: float, baseline: str, short: bool = False) -> str:
+    """A rule's words with the bars filled in: the legend's line, or (``short``) the bar alone."""
+    return (rule.short if short else rule.legend).format(
+        bar=bar_text(threshold),
+        bar_short=bar_text(threshold, short=True),
+        baseline=baseline,
+        limit=f"{1 + tolerance:g}",
+        min_bar=f"{MIN_BAR:g}",
+        nolima=f"{NOLIMA_FRACTION:g}",
+        short_cap=SHORT_CAP,
+    )
+
+
+@reach_rule(
+    "rate",
+    "threshold",
+    short="Wilson lower bound ≥ {bar_short}",
+    legend="reach (0/1 rate): Wilson lower bound ≥ {bar}",
+)
+def _rate_threshold(s: Setting) -> Verdicts:
     return Verdicts(
         f"Wilson lower bound ≥ {bar_text(s.threshold)}",
         {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()},
     )
 
 
-def _rate_trained(s: Setting) -> Verdicts:
-    """≥ {baseline}'s lower bound at the trained context
-
-    reach (trained) (0/1 rate): Wilson lower bound ≥ {baseline}'s at the trained context (when that is ≥
-    {min_bar})"""
-    if s.ref_len is None:
-        return Verdicts(_no_reference(s.tc, s.metric))
-    base = _baseline_cell(s)
-    who = s.baseline if len(base) else "own"
-    # the bar is the reference's own lower bound: plain passes at its trained context by construction
-    bar = cell_interval(base if len(base) else s.cells[s.ref_len][0], s.metric, seed=s.seed).lo
-    if not (math.isfinite(bar) and bar >= MIN_BAR):
-        return Verdicts(
-            f"not computed: {who}'s Wilson lower bound at the trained context {s.ref_len} is "
-            f"{bar:.3f} < {MIN_BAR:g}, no bar to pass (more trials, or rule='threshold')",
-            reference_length=s.ref_len,
-            reference_value=bar,
-        )
-    return Verdicts(
-        f"Wilson lower bound ≥ {who}'s at {s.ref_len} ({bar:.3f})",
-        {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()},
-        s.ref_len,
-        bar,
-    )
-
-
+@reach_rule(
+    "rate",
+    "short",
+    short="≥ {nolima} × own short-context rate",
+    legend=(
+        "reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {nolima} × the setting's own rate at a base "
+        "length ≤ min(a quarter of the trained context, {short_cap}) tokens (NoLiMa's: 250-1K; base lower "
+        "bound ≥ {min_bar})"
+    ),
+)
 def _rate_short(s: Setting) -> Verdicts:
-    """≥ {nolima} × own short-context rate
-
-    reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {nolima} × the setting's own rate at a base
-    length ≤ min(a quarter of the trained context, {short_cap}) tokens (NoLiMa's: 250-1K; base lower bound ≥
-    {min_bar})"""
     short = min(s.cells)
     base = s.cells[short][1]
     if s.short_length is None:
@@ -397,6 +416,37 @@ def _rate_short(s: Setting) -> Verdicts:
     )
 
 
+@reach_rule(
+    "rate",
+    "trained",
+    short="≥ {baseline}'s lower bound at the trained context",
+    legend=(
+        "reach (trained) (0/1 rate): Wilson lower bound ≥ {baseline}'s at the trained context (when that is "
+        "≥ {min_bar})"
+    ),
+)
+def _rate_trained(s: Setting) -> Verdicts:
+    if s.ref_len is None:
+        return Verdicts(_no_reference(s.tc, s.metric))
+    base = _baseline_cell(s)
+    who = s.baseline if len(base) else "own"
+    # the bar is the reference's own lower bound: plain passes at its trained context by construction
+    bar = cell_interval(base if len(base) else s.cells[s.ref_len][0], s.metric, seed=s.seed).lo
+    if not (math.isfinite(bar) and bar >= MIN_BAR):
+        return Verdicts(
+            f"not computed: {who}'s Wilson lower bound at the trained context {s.ref_len} is "
+            f"{bar:.3f} < {MIN_BAR:g}, no bar to pass (more trials, or rule='threshold')",
+            reference_length=s.ref_len,
+            reference_value=bar,
+        )
+    return Verdicts(
+        f"Wilson lower bound ≥ {who}'s at {s.ref_len} ({bar:.3f})",
+        {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()},
+        s.ref_len,
+        bar,
+    )
+
+
 def _baseline_cell(s: Setting) -> pd.DataFrame:
     """The baseline method's rows at the reference length
     (same model and corpus); empty when it did not run."""
@@ -424,54 +474,35 @@ def _ppl_ratio(s: Setting, ref_rows: pd.DataFrame, whose: str) -> Verdicts:
     )
 
 
+@reach_rule(
+    "log",
+    "threshold",
+    short="ratio to its own value at the trained context ≤ {limit}",
+    legend=(
+        "reach (perplexity): upper bound of the paired ratio to the setting's own value at the trained "
+        "context ≤ {limit}"
+    ),
+)
 def _ppl_tolerance(s: Setting) -> Verdicts:
-    """ratio to its own value at the trained context ≤ {limit}
-
-    reach (perplexity): upper bound of the paired ratio to the setting's own value at the trained context ≤
-    {limit}"""
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
     return _ppl_ratio(s, s.cells[s.ref_len][0], "its")
 
 
+@reach_rule(
+    "log",
+    "trained",
+    short="ratio to {baseline}'s value at the trained context ≤ {limit}",
+    legend=(
+        "reach (trained) (perplexity): the same ratio to {baseline}'s value at the trained context ≤ {limit}"
+    ),
+)
 def _ppl_baseline(s: Setting) -> Verdicts:
-    """ratio to {baseline}'s value at the trained context ≤ {limit}
-
-    reach (trained) (perplexity): the same ratio to {baseline}'s value at the trained context ≤ {limit}"""
     if s.ref_len is None:
         return Verdicts(_no_reference(s.tc, s.metric))
     base = _baseline_cell(s)
     return (
         _ppl_ratio(s, base, f"{s.baseline}'s") if len(base) else _ppl_ratio(s, s.cells[s.ref_len][0], "its")
-    )
-
-
-# The rules, by the statistics' kind and the rule's name. A rule is one function: its verdicts for a setting,
-# and, as its docstring, its bar in words: short, then the legend's line (`caption`). Its name is also one of
-# results.meaning.REACH_RULES, which declarations are checked against.
-RULES: dict[tuple[str, str], Callable[[Setting], Verdicts]] = {
-    ("rate", "threshold"): _rate_threshold,
-    ("rate", "short"): _rate_short,
-    ("rate", "trained"): _rate_trained,
-    ("log", "threshold"): _ppl_tolerance,
-    ("log", "trained"): _ppl_baseline,
-}
-
-
-def caption(
-    rule: Callable[[Setting], Verdicts], threshold: float | str, tolerance: float, baseline: str, short=False
-) -> str:
-    """A rule's words, from its docstring with the bars filled in: the legend's line, or (``short``) the bar
-    alone, for a headline that links to the legend."""
-    words = rule.__doc__.split("\n\n")[0 if short else 1]
-    return " ".join(words.split()).format(
-        bar=bar_text(threshold),
-        bar_short=bar_text(threshold, short=True),
-        baseline=baseline,
-        limit=f"{1 + tolerance:g}",
-        min_bar=f"{MIN_BAR:g}",
-        nolima=f"{NOLIMA_FRACTION:g}",
-        short_cap=SHORT_CAP,
     )
 
 
@@ -552,7 +583,7 @@ def _effective_length(
     threshold = check_rules(threshold, tolerance, short_length)
     check_trained_context(trained_context)
     metric = metric or default_metric(df, task)
-    if rule not in RULE_NAMES:
+    if rule not in REACH_RULES:
         raise ResultsError(f"unknown rule {rule!r} — use rule='threshold', 'short' (NoLiMa) or 'trained'")
     sub = select(df, task, metric, units=True, **where)
     sub = sub[sub["length"].notna()]
@@ -603,7 +634,7 @@ def _effective_length(
             "at_n": pd.NA,
             "fail_n": pd.NA,
         }
-        v = RULES[(kind, rule)](
+        v = RULES[(kind, rule)].check(
             Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed, short)
         )
         row.update(

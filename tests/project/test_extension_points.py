@@ -87,18 +87,20 @@ def test_one_plugin_file_adds_a_method_a_task_and_its_metric(tmp_path, tiny_mode
     assert set(reach["method"]) == {"plain", "halfbase-plugin"}
 
 
-def test_a_reach_rule_is_one_function_whose_docstring_is_its_caption():
-    """results/reach.py: each rule is one function in RULES, its docstring the bar in words (short, then the
-    legend's line); the names declarations may give (results.meaning.REACH_RULES) are exactly the rules'."""
+def test_a_reach_rule_is_one_registered_function_with_its_words():
+    """results/reach.py: each rule is one function registered by `@reach_rule(kind, name, short=...,
+    legend=...)`: its check and its bar in words in one entry, the legend's line printed from it; the names
+    declarations may give (results.meaning.REACH_RULES) are exactly the rules'."""
     from ropebench.results import meaning, reach
     from ropebench.results.overview import legend_lines
 
     assert {name for _, name in reach.RULES} == set(meaning.REACH_RULES)
     legend = legend_lines()
-    for fn in reach.RULES.values():
-        short, line = (" ".join(p.split()) for p in fn.__doc__.split("\n\n"))
-        assert short and line.startswith("reach")
-        assert reach.caption(fn, 0.8, 0.1, "plain") in legend
+    for (kind, name), entry in reach.RULES.items():
+        line = reach.caption(entry, 0.8, 0.1, "plain")
+        assert line.startswith("reach") and "{" not in line and line in legend, (kind, name)
+        assert "{" not in reach.caption(entry, "ruler", 0.1, "plain", short=True)
+        assert entry.check.__module__ == reach.__name__
 
 
 def test_a_report_section_is_one_function_of_reporting():
