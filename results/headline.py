@@ -17,14 +17,13 @@ from .overview import (
     distance_text,
     quantities,
     reach_column,
+    reaches,
     setting_label,
 )
 from .ranges import excluded_note, within_range
 from .reach import (
     RULES,
     caption,
-    effective_length,
-    rules_of,
 )
 from .stats import (
     MIN_INFORMATIVE_PAIRS,
@@ -68,22 +67,7 @@ class Evidence:
         # a method's factor where one method ran at one factor (comparisons by method alone carry none)
         one = ok.groupby("method")["factor"].nunique(dropna=False) == 1 if len(ok) else pd.Series(dtype=bool)
         self.factors = {str(m): ok.loc[ok["method"] == m, "factor"].iloc[0] for m in one[one].index}
-        self.reach: dict[tuple[Quantity, str], pd.DataFrame | str] = {}
-        for q in self.qs.reaches:
-            for rule in rules_of(q.meaning):
-                try:
-                    self.reach[(q, rule)] = effective_length(
-                        ok,
-                        q.task,
-                        q.metric,
-                        threshold=threshold,
-                        tolerance=tolerance,
-                        trained_context=tc,
-                        rule=rule,
-                        seed=seed,
-                    )
-                except ResultsError as e:
-                    self.reach[(q, rule)] = str(e)
+        self.reach = reaches(ok, self.qs, tc, threshold, tolerance, BASELINE, seed)
 
 
 def _p_value(row: pd.Series) -> float:

@@ -348,21 +348,22 @@ def _summary(
     return shown
 
 
-def _numeric(
+def reaches(
     ok: pd.DataFrame,
+    qs: Quantities,
     trained_context: int | Mapping[str, int] | None,
     threshold: float,
     tolerance: float,
     baseline: str,
     seed: int,
-) -> tuple[pd.DataFrame, list[tuple[str, str, Quantity]]]:
-    """summary(with_ci=False) and the columns in display order."""
-    qs = quantities(ok)
-    reach = {}
+) -> dict[tuple[Quantity, str], pd.DataFrame | str]:
+    """The effective length of every metric that declares reach rules, under each rule its kind supports
+    (the error's message where one cannot be computed)."""
+    out: dict[tuple[Quantity, str], pd.DataFrame | str] = {}
     for q in qs.reaches:
         for rule in rules_of(q.meaning):
             try:
-                reach[(q, rule)] = effective_length(
+                out[(q, rule)] = effective_length(
                     ok,
                     q.task,
                     q.metric,
@@ -373,8 +374,26 @@ def _numeric(
                     baseline=baseline,
                     seed=seed,
                 )
-            except ResultsError:
-                pass
+            except ResultsError as e:
+                out[(q, rule)] = str(e)
+    return out
+
+
+def _numeric(
+    ok: pd.DataFrame,
+    trained_context: int | Mapping[str, int] | None,
+    threshold: float,
+    tolerance: float,
+    baseline: str,
+    seed: int,
+) -> tuple[pd.DataFrame, list[tuple[str, str, Quantity]]]:
+    """summary(with_ci=False) and the columns in display order."""
+    qs = quantities(ok)
+    reach = {
+        key: e
+        for key, e in reaches(ok, qs, trained_context, threshold, tolerance, baseline, seed).items()
+        if isinstance(e, pd.DataFrame)
+    }
     diffs = {}
     for q in qs.values:
         try:

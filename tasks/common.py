@@ -7,6 +7,19 @@ from ropebench.extend import length_dependent  # noqa: F401  (re-exported: can o
 from .errors import TaskError
 
 
+def interleave(pieces: list[str], inserts: list[str], at: list[int]) -> list[str]:
+    """`pieces` with insert k placed after `at[k]` of them (`at` ascending; inserts at one place in their
+    order): how a haystack's sentences or blocks take their needles."""
+    out, k = [], 0
+    for i in range(len(pieces) + 1):
+        while k < len(inserts) and at[k] == i:
+            out.append(inserts[k])
+            k += 1
+        if i < len(pieces):
+            out.append(pieces[i])
+    return out
+
+
 def check_lengths(lengths) -> list[int]:
     if isinstance(lengths, int):
         lengths = [lengths]

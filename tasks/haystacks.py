@@ -35,7 +35,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from .common import encoder
+from .common import encoder, interleave
 from .data import seeded_order
 from .errors import TaskError
 from .kit import (
@@ -103,14 +103,7 @@ def compose_at(scene: Scene, pieces: list[str], positions: list[int], kind: str)
     elif VARIANT_TABLE[scene.variant].hops > 0:
         context = vt_context(pieces, needles, at)
     else:
-        lines, k = [], 0
-        for i in range(len(pieces) + 1):
-            while k < len(needles) and at[k] == i:
-                lines.append(needles[k])
-                k += 1
-            if i < len(pieces):
-                lines.append(pieces[i])
-        context = "\n".join(lines)
+        context = "\n".join(interleave(pieces, needles, at))
     return scene.example + scene.question.replace("{context}", context), scene.answer_prefix
 
 
@@ -126,13 +119,7 @@ def _filler_compose(scene: Scene, haystack: list[str], depth: float) -> tuple[st
         for d in needle_depths(scene, depth)
     ]
     order = sorted(range(len(scene.needles)), key=lambda k: (at[k], k))
-    pieces, next_needle = [], 0
-    for i in range(len(haystack) + 1):
-        while next_needle < len(order) and at[order[next_needle]] == i:
-            pieces.append(scene.needles[order[next_needle]])
-            next_needle += 1
-        if i < len(haystack):
-            pieces.append(haystack[i])
+    pieces = interleave(haystack, [scene.needles[k] for k in order], [at[k] for k in order])
     return scene.example + scene.question.replace("{context}", " ".join(pieces)), scene.answer_prefix
 
 

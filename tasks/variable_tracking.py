@@ -17,6 +17,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .common import interleave
 from .kit import largest_fitting
 
 # RULER's repeat haystack (the noise blocks of vt and of the noise-haystack needle tasks)
@@ -49,14 +50,7 @@ def chain_of(names, value: str) -> list[str]:
 def vt_context(blocks: list[str], needles: list[str], at: list[int]) -> str:
     """lm-eval vt's join: each block ends in a newline, needle k (in order) stands after `at[k]` blocks, all
     joined with spaces, ". \\n" made ".\\n"."""
-    lines, k = [], 0
-    for i in range(len(blocks) + 1):
-        while k < len(needles) and at[k] == i:
-            lines.append(needles[k])
-            k += 1
-        if i < len(blocks):
-            lines.append(blocks[i] + "\n")
-    return " ".join(lines).replace(". \n", ".\n")
+    return " ".join(interleave([block + "\n" for block in blocks], needles, at)).replace(". \n", ".\n")
 
 
 def lm_eval_input(context: str, value: str, num_v: int) -> str:
