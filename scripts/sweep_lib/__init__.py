@@ -5,6 +5,13 @@ directory, sharding over accelerate ranks: dist.py), run.py (cell execution: res
 printout.py (what it prints: the plan before, the outcome after) and grid.py (cells and their keys),
 rundir.py (lock, --fresh)."""
 
+# One copy of each module: this folder is package `ropebench.sweep_lib`; imported by its bare name
+# (`python scripts/sweep.py` puts scripts/ on sys.path) it would be a second copy (docs/layout.md).
+if __name__ != "ropebench.sweep_lib":
+    raise ImportError(
+        f"{__name__!r} is the folder of `ropebench.sweep_lib`: write `from ropebench import sweep_lib`"
+    )
+
 from .cli import main
 
 __all__ = ["main"]

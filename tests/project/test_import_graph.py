@@ -609,6 +609,24 @@ def test_a_folder_imported_by_its_bare_name_fails_with_the_right_import(folder, 
     assert last == f"ImportError: {folder!r} is the folder of `{package}`: write `{right}`"
 
 
+@pytest.mark.parametrize("folder", ["sweep_lib", "integrations"])
+def test_a_package_of_scripts_imported_by_its_bare_name_fails_too(folder):
+    """`python scripts/sweep.py` (accelerate's form) puts scripts/ on sys.path: its packages refuse a bare
+    import as the layers do (a second copy of the lm-eval adapter would register the model twice)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {folder}"],
+        cwd=ROOT / "scripts",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0
+    right = f"from ropebench import {folder}"
+    assert last == f"ImportError: {folder!r} is the folder of `ropebench.{folder}`: write `{right}`"
+
+
 def test_python_dash_m_ropebench_is_the_command():
     done = subprocess.run(
         [sys.executable, "-m", "ropebench", "--help"],
