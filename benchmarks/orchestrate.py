@@ -238,7 +238,7 @@ def run_all(args, out: Path, command: str) -> None:
         f"{args.repeats} repeat(s); estimated {total_estimate(args) / 60:.1f} min on a quiet 2-core CPU",
         flush=True,
     )
-    data = {**started(command), "estimate_seconds": total_estimate(args)}
+    data = {**started(command), "estimate_seconds": total_estimate(args), "model_given": args.model_dir}
     args.model_dir = args.model_dir or model_snapshot(args)
     runs = []
     t_start = time.perf_counter()

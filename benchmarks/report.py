@@ -270,8 +270,12 @@ def header(saved) -> list[str]:
         "- Versions: " + ", ".join(f"{k} {x}" for k, x in saved["versions"].items()),
         f"- Command: `{command}`",
         (
-            f'- Model: embedded {model_name(saved)} (`extend.load("smollm2-135m")`; {about}), CPU, '
-            f"{s['dtype']} (--dtype; {dtype_note}) unless stated; method {method} x{factor:g} "
+            (
+                f"- Model: {model_name(saved)} from `--model-dir {saved['model_given']}` ({about}), CPU, "
+                if saved.get("model_given")
+                else f'- Model: embedded {model_name(saved)} (`extend.load("smollm2-135m")`; {about}), CPU, '
+            )
+            + f"{s['dtype']} (--dtype; {dtype_note}) unless stated; method {method} x{factor:g} "
             "(length-independent) where a method is patched."
         ),
         f"- Lengths: {s['lengths']}"

@@ -119,6 +119,11 @@ def resolve(args) -> Path:
     if args.dtype not in ("float32", "bfloat16"):
         raise BenchmarkError(f"--dtype {args.dtype!r}: use float32, bfloat16 or auto")
     args.demo_seconds = demo_seconds(args.demo_seconds)
+    if args.model_dir and not (Path(args.model_dir) / "config.json").is_file():
+        raise BenchmarkError(
+            f"--model-dir {args.model_dir}: no config.json there — pass a folder saved with save_pretrained "
+            "(model and tokenizer), or leave it out for the embedded SmolLM2"
+        )
     from ropebench.tasks.scoring import token_nll
 
     args.chunk = inspect.signature(token_nll).parameters["chunk_size"].default  # what the children use

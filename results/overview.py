@@ -11,7 +11,7 @@ length under each of them (:data:`results.reach.RULES`); reference metrics (chan
 ones: a column that is empty, not computed, not established or identical in every row, or a copy of another,
 is left out, and so is what does not fit in ``MAX_COLUMNS``; :func:`left_out` says which and why.
 
-Its size (~650 lines): the summary's columns and the legend that explains them must say the same thing.
+Its size (~670 lines): the summary's columns and the legend that explains them must say the same thing.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ The trained context of a setting is the argument when given, else the one its ro
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
 ``trained_context`` in ``task_options``.
 
-Its size (~700 lines): the walk, its five rules and the theory rows beside them all read one `Setting`; much
+Its size (~750 lines): the walk, its five rules and the theory rows beside them all read one `Setting`; much
 of it is the rules' own explanation, which the legend prints.
 """
 

@@ -313,7 +313,8 @@ def pytest_sessionfinish(session):
     if not config.getoption("--record-slow") or hasattr(config, "workerinput"):
         return
     slow = MEASURED_SLOW | {n for n, s in _SECONDS.items() if s >= SLOW_SECONDS}
-    header = [line for line in SLOW_LIST.read_text().splitlines() if line.startswith("#")]
+    lines = SLOW_LIST.read_text().splitlines() if SLOW_LIST.is_file() else []
+    header = [line for line in lines if line.startswith("#")]
     SLOW_LIST.write_text("\n".join([*header, *sorted(slow)]) + "\n")
 
 

@@ -116,6 +116,23 @@ def test_quick_benchmark_writes_every_row(tmp_path, tiny_model_dir):
         line = next(line for line in table if name in line)
         assert line.rstrip().endswith("| yes |"), line
     assert data["args"]["lengths"] == [256, 512] and data["args"]["prefix_length"] == 320
+    model_line = next(line for line in text.splitlines() if line.startswith("- Model:"))
+    assert f"--model-dir {tiny_model_dir}" in model_line and "embedded" not in model_line  # not SmolLM2's
+
+
+def test_a_model_dir_without_a_saved_model_is_one_line_before_anything_runs(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "ropebench.benchmarks", "run", "--quick", "--model-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "no config.json there" in line and "Traceback" not in done.stderr
 
 
 def test_passkey_answer_is_compared_in_float32_only(synthetic_benchmark_run, benchmark_model_facts):
