@@ -22,7 +22,7 @@ def mean(xs):
     return sum(xs) / len(xs)
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--ppl-docs", type=int, default=4)
@@ -35,8 +35,8 @@ def main():
         "default)",
     )
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/measured-tasks.md"))
-    args = ap.parse_args()
-    command = "python scripts/measure_tasks.py " + " ".join(sys.argv[1:])
+    args = ap.parse_args(argv)
+    command = "python scripts/measure_tasks.py " + " ".join(sys.argv[1:] if argv is None else argv)
     from ropebench.extend.owned_paths import check_loose_file
 
     try:  # before the hours of measuring: --out must be new, or ropebench's and unchanged

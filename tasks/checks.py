@@ -33,7 +33,7 @@ class _Rules(Mapping):
     so plugin tasks count)."""
 
     def _all(self) -> dict:
-        from . import TASKS
+        from .kit import TASKS
 
         return {name: dict(task_spec(name, run).options) for name, run in TASKS.items()}
 
@@ -51,7 +51,7 @@ RULES = _Rules()
 
 
 def _spec(task: str):
-    from . import TASKS  # the registry lives in the package (plugins add tasks to it)
+    from .kit import TASKS  # the registry (declare and plugins add tasks to it)
 
     if task not in TASKS:
         raise TaskError(f"unknown task {task!r} — {closest(task, TASKS, 'tasks')}")

@@ -45,6 +45,10 @@ from ropebench.results.meaning import (  # the one edge tasks -> results: the de
 
 from .errors import TaskError
 
+# name -> run: every declared task, built-ins by name (`declare` adds it; a plugin's
+# undeclared run may be assigned by hand). Lives here, not in the package, so no task module imports back up.
+TASKS: dict[str, Callable] = {}
+
 NOT_OPTIONS = ("model", "tokenizer", "tok", "lengths", "seed", "progress")  # a task's arguments, not options
 
 Check = Callable[[Any], "str | None"]  # value -> what is wrong with it (None: fine)
@@ -248,11 +252,13 @@ def declare(
     extra_tokens=None,
     fits=None,
     needs_tokenizer=None,
+    register: bool = True,
 ):
-    """Decorator: attach a `TaskSpec` to a run function (`run.spec`) and check the options a caller passes
-    against it before the run starts. `metrics`: name -> `Metric` (or, for a plugin, a one-line string);
-    `pass_fail` is kept for plugins that describe metrics with strings (see `metric_meanings`). A declared
-    option missing from the signature is a bug in the task (TypeError at import)."""
+    """Decorator: attach a `TaskSpec` to a run function (`run.spec`), check the options a caller passes
+    against it before the run starts, and register it as `TASKS[name]` (register=False: the spec alone).
+    `metrics`: name -> `Metric` (or, for a plugin, a one-line string); `pass_fail` is kept for plugins that
+    describe metrics with strings (see `metric_meanings`). A declared option missing from the signature is a
+    bug in the task (TypeError at import)."""
 
     def wrap(run):
         defaults, takes_any = signature_options(run)
@@ -285,6 +291,8 @@ def declare(
             return run(model, tokenizer, **kwargs)
 
         checked.spec = spec
+        if register:
+            TASKS[name] = checked
         return checked
 
     return wrap

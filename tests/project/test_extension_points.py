@@ -11,11 +11,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# One file: a method (a decorated function), a task (declared, registered) and its metric (declared with a
-# reach rule). The sweep imports it with --plugin; nothing else of ropebench changes.
+# One file: a method (a decorated function), a task (declaring it registers it) and its metric (declared
+# with a reach rule). The sweep imports it with --plugin; nothing else of ropebench changes.
 PLUGIN = '''
 import torch
-from ropebench import extend, tasks
+from ropebench import extend
 from ropebench.tasks.kit import Metric, declare
 
 
@@ -34,8 +34,6 @@ def run(model, tokenizer, *, lengths, seed=0, progress=True):
         for t in range(6)
     ]
 
-
-tasks.TASKS["echo-plugin"] = run
 '''
 
 

@@ -91,6 +91,20 @@ def _import_module_target(node: ast.AST, package: str) -> str | None:
     return f"{base}.{text[level:]}" if text[level:] else base
 
 
+def _imports_its_folder(node: ast.AST, path: Path) -> bool:
+    """`for m in pkgutil.iter_modules(__path__): import_module(...)` in a package's __init__: an edge to every
+    module of the folder."""
+    return (
+        path.name == "__init__.py"
+        and isinstance(node, ast.For)
+        and isinstance(node.iter, ast.Call)
+        and getattr(node.iter.func, "attr", None) == "iter_modules"
+        and any(
+            getattr(c.func, "id", None) == "import_module" for c in ast.walk(node) if isinstance(c, ast.Call)
+        )
+    )
+
+
 def _edges(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules `name` imports anywhere in its source (module-level or inside functions)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -112,6 +126,9 @@ def _edges(name: str, path: Path, known: set[str]) -> set[str]:
                 targets = targets[1:]  # `from . import x` (x a module) imports x, not the package's own names
         elif (module := _import_module_target(node, package)) is not None:
             targets = [module]  # import_module(".x", __name__): an import all the same
+        elif _imports_its_folder(node, path):  # a package importing each module of its folder (tasks/)
+            targets = [f"{name}.{p.stem}" for p in path.parent.glob("*.py") if p.name != "__init__.py"]
+            targets += [f"{name}.{p.parent.name}" for p in path.parent.glob("*/__init__.py")]
         else:
             continue
         for target in targets:

@@ -36,7 +36,7 @@ def test_pass_fail_is_derived_from_reach_rules():
 
 
 def test_plugin_strings_declare_nothing_unless_pass_fail():
-    @declare("toy", options={}, metrics={"hit": "0/1", "size": "tokens"}, pass_fail=("hit",))
+    @declare("toy", options={}, metrics={"hit": "0/1", "size": "tokens"}, pass_fail=("hit",), register=False)
     def run(model, tokenizer, *, lengths, seed=0, progress=True):
         return []
 
@@ -228,7 +228,7 @@ def _cell(task):
 def test_the_sweep_attaches_each_metrics_declaration_to_its_rows(monkeypatch):
     from ropebench.sweep_lib.run import ok_rows
 
-    @declare("toy", options={}, metrics={"rank": RANK, "size": "tokens"})
+    @declare("toy", options={}, metrics={"rank": RANK, "size": "tokens"}, register=False)
     def run(model, tokenizer, *, lengths, seed=0, progress=True):
         return []
 

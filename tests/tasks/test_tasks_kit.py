@@ -21,6 +21,7 @@ def _toy_task():
         pass_fail=("hit",),
         tables=(("hit", "toy hits"),),
         extra_tokens=lambda options: 7 * options.get("trials", 1),
+        register=False,
     )
     def run(model, tokenizer, *, lengths, trials=1, label="x", seed=0, progress=True):
         return [{"lengths": lengths, "trials": trials}]
