@@ -14,7 +14,8 @@ from .config import ConfigError
 
 def import_plugins(plugins: list[str]) -> None:
     """Import modules (dotted names) or .py files; they may register methods (extend.register) or tasks
-    (tasks.kit.declare, or tasks.TASKS[name] = run). Also the env var ROPEBENCH_SWEEP_PLUGINS (comma-separated)."""
+    (tasks.kit.declare, or tasks.TASKS[name] = run). Also the env var ROPEBENCH_SWEEP_PLUGINS
+    (comma-separated)."""
     env = [p for p in os.environ.get("ROPEBENCH_SWEEP_PLUGINS", "").split(",") if p.strip()]
     for spec in dict.fromkeys([*env, *plugins]):
         spec = spec.strip()
