@@ -392,14 +392,31 @@ def _snapshot_dir(path: Path) -> Path:
     return cache / "gguf" / f"{path.stem}-{stat.st_size}-{digest}"
 
 
+DIGESTS = "gguf-digests.json"  # in the cache folder: "path|size|mtime_ns" -> digest of each GGUF hashed
+
+
 @functools.lru_cache(maxsize=32)
 def _content_digest(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of the file (its first 16 hex digits), once per process and version of the file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+    """sha256 of the file (its first 16 hex digits), read once per version of the file: kept in the cache
+    folder's DIGESTS (hashing a multi-GB GGUF takes seconds, and every process would)."""
+    from ropebench.extend import owned_paths
+
+    key = f"{path}|{size}|{mtime_ns}"
+    memo = owned_paths.read_json(owned_paths.cache_root() / DIGESTS)
+    if isinstance(memo.get(key), str):
+        return memo[key]
+    digest = owned_paths.sha256_of(Path(path))[:16]
+    try:  # through the guard (never into a folder of the user's); no memo there, the digest all the same
+        cache = owned_paths.owned_cache(ExtendError)
+        cache.mkdir()
+        with owned_paths.dir_lock(cache.root):
+            memo = owned_paths.read_json(cache.root / DIGESTS)
+            memo = {k: v for k, v in memo.items() if not k.startswith(f"{path}|")}  # its older versions
+            owned_paths.atomic_write_json(cache.root / DIGESTS, {**memo, key: digest})
+        cache.record([DIGESTS], appended=True)
+    except (ExtendError, OSError):
+        pass
+    return digest
 
 
 def load_config(spec: str, trust_remote_code: bool = False):

@@ -354,8 +354,10 @@ class OwnedDir:
 
 
 # What ropebench's caches put in ROPEBENCH_CACHE (default ~/.cache/ropebench): extend.loading's CPU dtype
-# measurement and GGUF snapshots, tasks.key_tokens' spans; and the temp files of their atomic writes.
-CACHE_ENTRIES = re.compile(r"^(cpu-dtype\.(json|lock)|gguf|key_tokens|loose-files\.json|\..+\.tmp)$")
+# measurement, GGUF snapshots and their files' digests, tasks.key_tokens' spans; their writes' temp files.
+CACHE_ENTRIES = re.compile(
+    r"^(cpu-dtype\.(json|lock)|gguf(-digests\.json)?|key_tokens|loose-files\.json|\..+\.tmp)$"
+)
 
 
 def cache_root() -> Path:
@@ -379,12 +381,21 @@ def owned_cache(error: type[RopebenchError] = WriteRefused) -> OwnedDir:
 LOOSE_FILES = "loose-files.json"
 
 
-def _loose_list(cache: OwnedDir) -> dict[str, str]:
+def read_json(path: Path) -> dict[str, str]:
+    """A cache's small JSON map of names to strings; {} when missing or unreadable (a cache is rebuilt)."""
     try:
-        data = json.loads((cache.root / LOOSE_FILES).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def atomic_write_json(path: Path, data: dict[str, str]) -> None:
+    _atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _loose_list(cache: OwnedDir) -> dict[str, str]:
+    return read_json(cache.root / LOOSE_FILES)
 
 
 def check_loose_file(path: str | os.PathLike, what: str, error: type[RopebenchError] = WriteRefused) -> None:
@@ -416,6 +427,6 @@ def write_loose_file(
     with dir_lock(cache.root):
         files = _loose_list(cache)
         files[str(path.resolve())] = hashlib.sha256(data).hexdigest()
-        _atomic_write(cache.root / LOOSE_FILES, (json.dumps(files, indent=1, sort_keys=True) + "\n").encode())
+        atomic_write_json(cache.root / LOOSE_FILES, files)
     cache.record([LOOSE_FILES], appended=True)
     return path

@@ -22,3 +22,31 @@ def test_the_same_content_with_another_mtime_finds_the_same_snapshot(tmp_path, m
     changed.write_bytes(b"GGUF" + bytes(range(256)) * 4095 + bytes(256))  # same size, one block differs
     assert changed.stat().st_size == a.stat().st_size
     assert _snapshot_dir(changed) != _snapshot_dir(a)
+
+
+def test_a_file_is_hashed_once_per_version_not_once_per_process(tmp_path, monkeypatch):
+    """The digest is kept in the cache folder (gguf-digests.json), keyed by path, size and mtime: a new
+    process (the in-process memo cleared) reads it back instead of hashing the whole file again; a new mtime
+    hashes again and replaces the entry of that path."""
+    from ropebench.extend import loading, owned_paths
+
+    monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(range(256)) * 4096)
+    first = _snapshot_dir(path)
+    assert (tmp_path / "cache" / loading.DIGESTS).is_file()
+    loading._content_digest.cache_clear()  # as a new process
+
+    def refuse(_path):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(owned_paths, "sha256_of", refuse)
+    assert _snapshot_dir(path) == first
+    monkeypatch.undo()
+    monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path / "cache"))
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    loading._content_digest.cache_clear()
+    assert _snapshot_dir(path) == first  # same content, same snapshot
+    memo = owned_paths.read_json(tmp_path / "cache" / loading.DIGESTS)
+    assert list(memo) == [f"{path.resolve()}|{path.stat().st_size}|1000000000"]
+    assert owned_paths.owned_cache().root == tmp_path / "cache"  # the cache still passes the guard
