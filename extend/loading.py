@@ -388,20 +388,22 @@ def _snapshot_dir(path: Path) -> Path:
     the mtime, which every fresh install of the same file changes: one 517 MB copy of SmolLM2 per install)."""
     stat = path.stat()
     cache = Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
-    digest = _content_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    digest = _content_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     return cache / "gguf" / f"{path.stem}-{stat.st_size}-{digest}"
 
 
-DIGESTS = "gguf-digests.json"  # in the cache folder: "path|size|mtime_ns" -> digest of each GGUF hashed
+DIGESTS = "gguf-digests.json"  # in the cache folder: "path|size|mtime_ns|ctime_ns" -> digest of that file
 
 
 @functools.lru_cache(maxsize=32)
-def _content_digest(path: str, size: int, mtime_ns: int) -> str:
+def _content_digest(path: str, size: int, mtime_ns: int, ctime_ns: int) -> str:
     """sha256 of the file (its first 16 hex digits), read once per version of the file: kept in the cache
-    folder's DIGESTS (hashing a multi-GB GGUF takes seconds, and every process would)."""
+    folder's DIGESTS (hashing a multi-GB GGUF takes seconds, and every process would). The key holds the
+    ctime too: a file replaced with its size and mtime kept (`cp -p`, `rsync -t`) still gets a new ctime, so a
+    stale digest can never pick another model's snapshot."""
     from ropebench.extend import owned_paths
 
-    key = f"{path}|{size}|{mtime_ns}"
+    key = f"{path}|{size}|{mtime_ns}|{ctime_ns}"
     memo = owned_paths.read_json(owned_paths.cache_root() / DIGESTS)
     if isinstance(memo.get(key), str):
         return memo[key]

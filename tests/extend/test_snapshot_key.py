@@ -25,7 +25,7 @@ def test_the_same_content_with_another_mtime_finds_the_same_snapshot(tmp_path, m
 
 
 def test_a_file_is_hashed_once_per_version_not_once_per_process(tmp_path, monkeypatch):
-    """The digest is kept in the cache folder (gguf-digests.json), keyed by path, size and mtime: a new
+    """The digest is kept in the cache folder (gguf-digests.json), keyed by path, size, mtime, ctime: a new
     process (the in-process memo cleared) reads it back instead of hashing the whole file again; a new mtime
     hashes again and replaces the entry of that path."""
     from ropebench.extend import loading, owned_paths
@@ -48,5 +48,6 @@ def test_a_file_is_hashed_once_per_version_not_once_per_process(tmp_path, monkey
     loading._content_digest.cache_clear()
     assert _snapshot_dir(path) == first  # same content, same snapshot
     memo = owned_paths.read_json(tmp_path / "cache" / loading.DIGESTS)
-    assert list(memo) == [f"{path.resolve()}|{path.stat().st_size}|1000000000"]
+    stat = path.stat()
+    assert list(memo) == [f"{path.resolve()}|{stat.st_size}|1000000000|{stat.st_ctime_ns}"]
     assert owned_paths.owned_cache().root == tmp_path / "cache"  # the cache still passes the guard
