@@ -5,15 +5,18 @@ speeches concatenated (so absolute values depend on the text), encoded as the to
 tokens it adds included: none for SmolLM2). ~80 s per 16k forward on an idle 2-core CPU.
 
     HF_HUB_OFFLINE=1 .venv/bin/ropebench bench shape-check [--dtype float32|bfloat16]
-        [--methods ntk yarn dca:1]
+        [--methods ntk yarn dca:1] [--json benchmarks/shape_check.float32.json]
+
+The README's table is generated from the --json records kept in benchmarks/ (`python -m ropebench.docs`).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
-from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, check_json_path, exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         help="methods to run, each NAME or NAME:FACTOR (default factor 2; default: the five "
         "frequency methods), e.g. self-extend rerope dca:1",
     )
+    parser.add_argument("--json", help="also write the rows, the date, machine and versions here")
     args = parser.parse_args(argv)
+    check_json_path(args.json)
     cells = []  # (spec, method, factor), checked before the model loads
     for spec in args.methods:
         method, _, factor = spec.partition(":")
@@ -38,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             ) from None
 
     from ropebench import extend
+    from ropebench.benchmarks.orchestrate import started
     from ropebench.extend.registry import check_method
     from ropebench.tasks.common import special_prefix
     from ropebench.tasks.data import iter_corpus
@@ -50,15 +56,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dtype {model.dtype}; special prefix {special_prefix(tok)}", flush=True)
     docs = sorted(iter_corpus("sotu"), key=lambda d: -len(d.text))[:6]
     ids = tok("\n\n".join(d.text for d in docs)).input_ids[:16384]
+    record = started("ropebench bench shape-check " + " ".join(argv if argv is not None else sys.argv[1:]))
+    record.update(dtype=str(model.dtype).removeprefix("torch."), tokens=len(ids), rows=[])
     for spec, method, factor in cells:
         start = time.perf_counter()
-        with extend.patched(model, method, factor=factor):
+        with extend.patched(model, method, factor=factor) as handle:
             nll = token_nll(model, ids, start=1, chunk_size=2048)
+        row = {"spec": spec, "method": method, "factor": factor, "options": handle.options}
+        row.update(first4k=float(nll[:4096].mean()), last4k=float(nll[-4096:].mean()))
+        row.update(ppl=float(nll.mean().exp()), seconds=time.perf_counter() - start)
+        record["rows"].append(row)
         print(
-            f"{spec:12s} first 4k {nll[:4096].mean():.3f}  last 4k {nll[-4096:].mean():.3f}  "
-            f"ppl {nll.mean().exp():.4f}  ({time.perf_counter() - start:.0f} s)",
+            f"{spec:12s} first 4k {row['first4k']:.3f}  last 4k {row['last4k']:.3f}  ppl {row['ppl']:.4f}  "
+            f"({row['seconds']:.0f} s)",
             flush=True,
         )
+    if args.json:
+        from ropebench.extend.owned_paths import write_loose_file
+
+        write_loose_file(args.json, json.dumps(record, indent=1, default=str), "--json", BenchmarkError)
     return 0
 
 

@@ -1,7 +1,8 @@
 """Documentation that cannot drift: the README's and docs/methods.md's method tables, generated from the
 method registry, the README's paragraph on what the demo runs, generated from scripts/configs/demo.yaml,
-docs/layout.md's folders and their import arrows, read from the files, and results/built_in_meanings.json,
-the tasks' metric declarations as data (results' fallback for old rows).
+docs/layout.md's folders and their import arrows, read from the files, the README's shape-check table, from
+the records `bench shape-check --json` wrote (benchmarks/shape_check.*.json), and
+results/built_in_meanings.json, the tasks' metric declarations as data (results' fallback for old rows).
 
     python -m ropebench.docs --write    # rewrite the generated blocks (README.md, docs/methods.md, layout.md)
     python -m ropebench.docs --check    # exit 1 naming each file whose blocks are stale
@@ -316,9 +317,58 @@ def layer_arrows(root: Path) -> str:
     return "\n".join([*lines, "```"]) + "\n"
 
 
+# ---- the shape check at 16k, from its stored records ----
+SHAPE_RECORDS = ("benchmarks/shape_check.float32.json", "benchmarks/shape_check.bfloat16.json")
+DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def _shape_label(row: dict) -> str:
+    return row["method"] + (" (leaky)" if row.get("options", {}).get("leaky") is True else "")
+
+
+def shape_check(root: Path) -> str:
+    """Mean loss of the first and last 4k tokens per method and dtype, with each record's date, machine and
+    command (a record transcribed by hand says so in its `source`)."""
+    import json
+
+    records = [json.loads((ROOT / p).read_text()) for p in SHAPE_RECORDS]
+    cell = {(r["dtype"], _shape_label(row)): row for r in records for row in r["rows"]}
+    lines = [
+        "| method | "
+        + " | ".join(f"{DTYPE_SHORT[r['dtype']]} {part} 4k" for r in records for part in ("first", "last"))
+        + " |",
+        "|---|" + "---:|" * 2 * len(records),
+    ]
+    for label in dict.fromkeys(_shape_label(row) for r in records for row in r["rows"]):
+        values = [cell.get((r["dtype"], label)) for r in records]
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{v[k]:.3f}" if v else "—" for v in values for k in ("first4k", "last4k"))
+            + " |"
+        )
+    sources = []
+    for r in records:
+        m = r["machine"]
+        versions = r.get("versions", {})
+        sources.append(
+            f"{DTYPE_SHORT[r['dtype']]}: {r['date'][:10]}, {m['cores']}-core {m['cpu']} "
+            f"{'with' if m['avx512_bf16'] else 'without'} avx512_bf16"
+            + (f", torch {versions['torch']}, transformers {versions['transformers']}" if versions else "")
+            + f", `{r['command']}`"
+            + (f" ({r['source']})" if "source" in r else "")
+        )
+    text = f"Records ({', '.join(SHAPE_RECORDS)}): {'; '.join(sources)}."
+    return (
+        textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
+        + "\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 # ---- the files ----
 BLOCKS = {
-    "README.md": {"methods": lambda root: readme_methods(), "demo": demo},
+    "README.md": {"methods": lambda root: readme_methods(), "demo": demo, "shape-check": shape_check},
     "docs/methods.md": {"methods": lambda root: methods_md()},
     "docs/layout.md": {"layers": layer_arrows},
 }
