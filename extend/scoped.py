@@ -57,10 +57,6 @@ class Shared:
         with self._lock:
             return key in self._held
 
-    def holders(self, key: Hashable) -> int:
-        with self._lock:
-            return self._held[key][1] if key in self._held else 0
-
     def acquire(self, key: Hashable, install: Callable[[], Callable[[], None]]) -> Callable[[], None]:
         with self._lock:
             entry = self._held.get(key)

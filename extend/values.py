@@ -1,16 +1,8 @@
 """Text -> typed value: the one set of rules for every place ropebench reads a value written as text — the
 sweep's `-o`/`-t`/`--lengths`/`--factors`/`--seed`, the plain (unquoted) scalars of its YAML config, lm-eval
-`model_args` and the report's flags. docs/sweeps.md ("How text becomes a value") has the table:
-
-    text (spaces around it ignored)                 value
-    nothing, none, null, ~            (any case)    None
-    true, false                       (any case)    True, False
-    42, -7, +3, 010                                 int (decimal: 010 is 10)
-    16k, 8K        (digits, then k: x 1024)         int (16384, 8192)
-    2.5, .5, 2., 1e5, 1E-3                          float (1e5 is 100000.0)
-    [a, b], {k: v} (YAML flow, items by these rules) list, mapping
-    'text', "text"                                  the text inside, a string
-    anything else: yes, no, on, off, 0x10, inf, nan, 1_000, 1.5k, yarn   the text, a string
+`model_args` and the report's flags. docs/sweeps.md ("How text becomes a value") has the table: none/null/~
+-> None, true/false, decimal ints (010 is 10), 16k -> 16384, floats (1e5 is 100000.0), YAML flow lists and
+mappings, quoted text; anything else (yes, no, 0x10, inf, 1.5k, yarn) stays the text.
 
 YAML 1.1 (PyYAML) reads some of these otherwise (no -> False, 1e5 -> '1e5', 0x10 -> 16, 010 -> 8, a date ->
 a date); `ValueLoader` reads a config's plain scalars by these rules instead, so a YAML file and the command

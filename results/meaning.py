@@ -113,11 +113,6 @@ class Metric:
         """The statistics' kind: "log" (perplexity), "rate" or "mean" (mean and rank)."""
         return {"perplexity": "log", "rate": "rate"}.get(self.kind, "mean")
 
-    def in_range(self, value: float) -> bool:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return True
-        return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
-
     def to_record(self) -> dict[str, Any]:
         """The JSON object the ``meaning`` column carries (``declared`` is implied)."""
         out = asdict(self)

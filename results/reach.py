@@ -1,38 +1,21 @@
 """``effective_length``: how far each model x method x factor really reaches, claiming only tested lengths.
 
 A length *passes* only when the bound of its 95% interval on the unfavourable side clears a real bar; it
-*fails* only when the bound on the favourable side misses it (symmetric in evidence: 11/16, Wilson
-[0.444, 0.858], neither passes nor fails a bar of 0.8); otherwise it is *not established*. Lengths are read in
-ascending order and the walk stops at the first length that does not pass, so a lucky longer length is never
-counted. Which metrics have a reach, and under which rules, is what their declaration says
-(:class:`results.meaning.Metric` ``reach``; never guessed from a name or the values). The rules (``RULES``,
-by the statistics' kind and rule name; a rule is one function and its words in `@reach_rule`), the three
-published ways to state an effective length:
-- 0/1 rates, ``rule="threshold"`` (an absolute bar, RULER-style): the Wilson lower bound is at or above
-  ``threshold`` (default ``DEFAULT_BAR`` 0.8, per task and metric). RULER's own bar (Hsieh et al. 2024,
-  arXiv:2404.06654) is ``RULER_BAR`` 0.856, Llama-2-7B's score at 4K averaged over its 13 tasks: pass
-  ``threshold="ruler"`` for that number (here still applied per task, to the Wilson lower bound).
-- 0/1 rates, ``rule="short"`` (NoLiMa, Modarressi et al. 2025, arXiv:2502.05167: at least 0.85 of the model's
-  own short-context score): the Wilson lower bound is at or above ``NOLIMA_FRACTION`` x the setting's own rate
-  at its shortest tested length (the point estimate, as NoLiMa states its base score). That base must be a
-  short length, at most ``short_length`` (default ``short_base_cap``: min(a quarter of the trained context,
-  ``SHORT_CAP`` 2048 tokens) — NoLiMa's bases are 250-1K tokens; never above ``SHORT_CAP``), and
-  established: its Wilson lower bound at least ``MIN_BAR``; else no reach is claimed.
-- 0/1 rates, ``rule="trained"``: at or above the baseline method's Wilson lower bound at the trained context —
-  when that bound is itself at least ``MIN_BAR`` (the floor); a baseline that does not do the task at its
-  trained context sets no bar, and no reach is claimed.
-- perplexities, ``rule="threshold"``: the upper bound of the paired ratio to the setting's own
-  value at the trained context (the longest tested length not beyond it; same documents) is within
-  ``tolerance`` (default +10%); ``rule="trained"``: the same bound against the baseline method's value at the
-  trained context. There is no "short" rule for perplexities: with less context a perplexity is higher, so a
-  ratio to it would flatter every length.
+*fails* only when the bound on the favourable side misses it (11/16, Wilson [0.444, 0.858], neither passes nor
+fails a bar of 0.8); otherwise it is *not established*. Lengths are read in ascending order and the walk stops
+at the first that does not pass, so a lucky longer length is never counted. Which metrics have a reach, and
+under which rules, is what their declaration says (:class:`results.meaning.Metric` ``reach``; never guessed
+from a name or the values). The rules (``RULES``; a rule is one function and its words in `@reach_rule`):
+``threshold`` (an absolute bar, RULER-style, or RULER's own 0.856; for perplexities a paired ratio to the
+trained context), ``short`` (NoLiMa: a share of the setting's own short-context rate; rates only) and
+``trained`` (as good as the baseline at its trained context, with a floor) — each stated with its papers and
+bars in docs/results.md, "Intervals, comparisons, effective length", and in the rules' legends below.
 
 The trained context of a setting is the argument when given, else the one its rows record (the patch's
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
 ``trained_context`` in ``task_options``.
 
-Its size (~750 lines): the walk, its five rules and the theory rows beside them all read one `Setting`; much
-of it is the rules' own explanation, which the legend prints.
+Its size (~730 lines): the walk, its five rules and the theory rows beside them all read one `Setting`.
 """
 
 from __future__ import annotations

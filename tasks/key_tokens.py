@@ -1,45 +1,21 @@
 """Key-token perplexity (LongPPL) and loss by position, both from the perplexity task's one pass.
 
-LongPPL (Fang et al., ICLR 2025, arXiv:2410.23771; the `longppl` 0.3.0 package). An evaluator model scores
-every token of a text twice: with the whole text before it (the long context), and with a short context that
-starts at the last multiple of `sliding_window` at least `trunc_len` tokens back (windows of `trunc_len +
-sliding_window` tokens, the last one cut at the end of the text). A token is *key* when the long context
-lowers its loss by more than `alpha` and its long-context loss is below `-beta`. Key tokens are kept as
-character spans of the text (spans of touching key tokens merged), so they transfer to any tokenizer: a token
-of the evaluated model is key when one span contains all its characters. LongPPL = exp(mean loss of the
-evaluated model over its key tokens).
+LongPPL (Fang et al., ICLR 2025, arXiv:2410.23771; the `longppl` 0.3.0 package): a token is *key* when an
+evaluator's loss on it with the long context is lower than with a short one by more than `alpha` and below
+`-beta`; key tokens are kept as character spans, so they transfer to any tokenizer; LongPPL = exp(mean loss
+of the evaluated model over its key tokens). Within the evaluator's trained context this is the package's
+definition exactly (tests/tasks/test_key_tokens.py checks equality with `longppl.compute_longppl`).
 
-The evaluator: "self" (default) is the evaluated model with no patch (`extend.patching.unpatched`); any
-`extend.load` spec may be named. A named evaluator sees at most its own trained context C: past C a token's
-long context is a window of C tokens (windows start every C/2 tokens, each scoring its second half), so key
-tokens at L > C can only be those whose evidence lies within C (rows there carry
-task_options.key_evidence_within = C). With "self" the long context is each setting's own window of L tokens
-(below). Within C this is the package's definition exactly (tests/tasks/test_key_tokens.py checks equality
-with `longppl.compute_longppl`).
+The evaluator: "self" (default) is the evaluated model with no patch; with it no cell selects (the
+unpatched model's own losses would favour plain): each cell writes `longppl_token_losses` rows
+(tasks/key_losses.py) and results/longppl.py selects from the compared settings' mean loss when results
+load. A named evaluator (any `extend.load` spec) selects once per document, shared by every setting (the cache
+below), and the cell writes `longppl` itself. The perplexity task's hook that writes these rows is
+tasks/pass_extras.py (`PassExtras`).
 
-The selection is the paper's rule, per token. With a named evaluator (key_tokens.evaluator, as in the paper)
-it is the evaluator's alone: one set of key tokens per document, found once and shared by every setting of a
-sweep (the cache below), symmetric in every pair; the cell writes `longppl` itself. With evaluator "self"
-(the default) no cell selects: the evaluator would be the unpatched model, i.e. plain, whose own losses would
-favour it in a comparison with plain (`ropebench bench longppl-bias` measured ~1.14x). Each cell writes
-instead, per document and length, a `longppl_token_losses` row (tasks/key_losses.py): the unpatched model's
-short-context losses (cached per text: the same for every setting) and the setting's own long-context losses
-(its pass at that length). When results load, results/longppl.py picks the key tokens from the mean
-long-context loss of the compared settings and derives `longppl` and `longppl_key_tokens`: symmetric in the
-settings by construction. The old split-sample selection (string matches across position halves) is gone:
-it scored mostly function words, not key tokens (issue 37).
-
-Defaults (the rule at SHORT_FRACTION below): trunc_len T/32, sliding_window T/64 (T: the trained context in
-force, the one the rows record), alpha by the evaluator's size (0.5 up to 1B parameters, the package's 2 from
-7B), beta -2, the evaluator "self". A length's `longppl` is written only when its key tokens over
-all documents reach MIN_KEY_TOKENS; `longppl_key_tokens` says how many there were at every length.
-
-The perplexity task's hook that writes these rows is tasks/pass_extras.py (`PassExtras`).
-
-Loss by position: the mean loss of the tokens in half-octave position bins (each bin starts at round(2^(k/2))
-and ends where the next starts), from the pass at the largest length, and a fit a * p^-b + c over the bins
-that end within the trained context, weighted by inverse variance, with a profile interval for b, and no fit
-where the data cannot bound b (`power_law_fit`).
+Loss by position: mean loss in half-octave position bins and a weighted fit a * p^-b + c (`power_law_fit`).
+Windows, defaults (SHORT_FRACTION), the evaluator past its trained context and the minimum of key tokens:
+docs/tasks.md, "Key-token perplexity (LongPPL)" and "Loss by position".
 """
 
 from __future__ import annotations
@@ -68,7 +44,6 @@ from .loss_fit import (  # noqa: F401  (re-exported: tasks.key_tokens.power_law_
 )
 from .scoring import token_nll
 
-REFERENCE_CONTEXT = 32768  # the text length the package's defaults were set for
 PACKAGE_DEFAULTS = {"trunc_len": 4096, "sliding_window": 1024, "alpha": 2.0, "beta": -2.0}
 KEYS = (*PACKAGE_DEFAULTS, "evaluator")
 SELF = "self"

@@ -6,20 +6,11 @@ word granularity so the final prompt (after the chat template when enabled) has 
 and at least 99% of L; records report the actual prompt length. Pass keys and corpus haystacks come
 from `random.Random` seeded by integers only, so the same seed gives the same prompts everywhere.
 
-Each trial has its own haystack, so that trials are independent units (issue 37): the filler haystack of
-trial t is the five filler sentences in an order of its own (`trial_sentences`: trial 0 the classic order,
-trials 0-119 all different), a corpus haystack its own seeded order of documents. Each row records
-`distance`: the tokens from the needle's first token to the question's first token, counted on the tokenized
-prompt; and `cluster`: None where the trial's haystack text is its own (the row is its own unit, as each depth
-has its own key and needle position), else "haystack-<t>" (t: the first trial with that text) for every row
-of the trials that share it (over 120 filler trials, or a corpus that draws the same text twice): results
-count them as one unit.
-
-Prompts start with the ids the tokenizer's own encoding puts before text (`special_prefix`; add_bos overrides,
-records say what was used). A cell (one length) builds all its prompts first, then generates in the order that
-shares the most prefix (`extend.prefix_cache`): a trial's haystack before the needle is prefilled once, not
-per depth (trials have haystacks of their own: each is prefilled; share_prefix=False: every prompt from
-scratch; same prompts and answers).
+Each trial has its own haystack (`trial_sentences`), so that trials are independent units; rows record
+`distance` (needle to question, tokens) and `cluster` (set only where trials share a haystack text). Prompts
+start with the tokenizer's own special prefix (`special_prefix`; add_bos overrides). A cell builds all its
+prompts, then generates in the order that shares the most prefix (`extend.prefix_cache`): a trial's haystack
+before the needle is prefilled once, not per depth. In full: docs/tasks.md, "Passkey".
 """
 
 from __future__ import annotations

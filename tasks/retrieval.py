@@ -1,63 +1,18 @@
 """RULER-style retrieval (Hsieh et al. 2024, arXiv:2404.06654): needles among distractors, variable tracking.
 
-Variants are rows of one table (`VARIANT_TABLE`), as RULER's generator (lm-eval 0.4.13's
-`ruler.prepare_niah.generate_samples`) takes them as parameters: needle counts (`num_needle_k` keys,
-`num_needle_v` values per key, `num_needle_q` keys asked), RULER's haystack, the greedy budget
-(`tokens_to_generate`), the haystack's step, and where the likelihood scoring's hard negatives come from:
-- `niah_single`: one key, one value (RULER niah_single_1, noise haystack);
-- `niah_multikey`: four keys, one asked; the other three are distractor needles (niah_multikey_1, essays);
-- `niah_multivalue`: one key with four values, all asked for (niah_multivalue, essays);
-- `niah_multiquery`: four keys, all asked in one question, answers in the question's order (niah_multiquery,
-  essays);
-- `vt`: variable tracking, one chain "VAR A = 12345", "VAR B = VAR A ", ... of four hops; asked which
-  variables hold the value (RULER vt, noise haystack; under length_rule "lm-eval" after lm-eval's in-context
-  example, a vt prompt of its own with its answer: tasks/variable_tracking.py).
-RULER's templates, needles ("One of the special magic numbers for <key> is: <7-digit number>.") and answer
-prefixes (`gen_prefix`); keys are adjective-noun words from ropebench's 1296 (RULER draws from wonderwords'
-lists).
-
-Haystacks (`haystack`) and length (`length_rule`): tasks/haystacks.py. The scenes (needles, keys, values,
+Variants are rows of one table (`VARIANT_TABLE`, tasks/scenes.py), as RULER's generator (lm-eval 0.4.13's
+`ruler.prepare_niah.generate_samples`) takes them as parameters: niah_single, niah_multikey, niah_multivalue,
+niah_multiquery and vt (tasks/variable_tracking.py), with RULER's templates, needles and answer prefixes.
+Haystacks (`haystack`) and length (`length_rule`): tasks/haystacks.py; the scenes (needles, keys, values,
 wrong answers): tasks/scenes.py.
 
-Depths: the asked needles go at `depth` (the first) and spread evenly over the rest of the haystack after it
-(vt: the chain in order); distractors at seeded depths of the trial. A needle at depth d stands after
-int(n x d) of the haystack's n sentences (essay) or blocks (noise), RULER's rule for its depth grid.
-
-Grid: length x depth x trial. A trial is one scene (keys, values, distractor depths, haystack text), the same
-at every length and depth, so lengths and depths pair on the same needles. Prompts of one length share their
-haystack up to the shallowest needle and are run through the prefix cache (tasks.kit.run_cells): the haystack
-is prefilled once per cell, not once per prompt.
-
-`shared_haystack=True` (niah_multikey only): one haystack holds max(4, trials x depths) keys, one
-needle each: the keys of depth d (`trials` of them, in key order) at d, any extra ones (fewer than 4 asked)
-at the first depth. Each question asks one key, so the (depth, trial) grid asks each key at its own distance
-from the question, and every prompt differs only in the question: a cell prefills the haystack once, however
-many depths and trials, and each question is a short continuation on its KV cache. `haystacks=N` draws N
-such haystacks (own keys, values and, for an essay haystack, own text; the same in every method's run);
-their text before the first needle is shared too. The questions about one haystack are not independent:
-its rows share `cluster` "haystack-<h>" (results count them as one unit); without shared_haystack every
-trial is its own haystack and `cluster` is None.
-
-Every row records `distance`: the tokens from the first token of the needle the question asks about (the first
-asked one in text order) to the first token of the question, counted on the tokenized prompt.
-
-Scoring (`scoring`: "likelihood", "generate" or "both"; every row per prompt, n = 1, with depth, trial and the
-variant as `doc` set: results pair prompts across methods by them, and count a prompt, or a shared haystack's
-`cluster`, as one unit):
-- generate: greedy, then RULER's `string_match_all` (lm-eval's common_utils): the prediction stripped, control
-  characters made newlines; the share of the reference strings found in it, case-insensitive. Metrics
-  `string_match_all` (that share) and `all_found` (0/1: every reference found).
-- likelihood: the true answer (" v1, v2, ..." after the answer prefix) against `candidates` wrong answers of
-  the same format, hard negatives from the context first (the table's `negatives`): multikey, the other keys'
-  values; multiquery, the asked values bound to the wrong keys; multivalue and vt, whose contexts hold no
-  wrong value (every 7-digit number, every variable there is an answer), near misses made of in-context
-  values: the answer with one of its values replaced by another of them (a repeat, one left out), then with
-  one replaced by an absent one; then random values. RULER's string match ignores the answer's order, RULER's
-  `outputs` follow the draw: a multivalue answer (true or near miss) is scored in the order its values stand
-  in the text, the one order a reader would give. Metrics `answer_logprob` (mean log-probability per token of
-  the true answer), `answer_rank` (1 = best of 1 + candidates, ties in the answer's favour), `answer_top1`
-  (0/1: rank 1) and its reference `chance` (1 / (1 + candidates): top-1 of a ranking at random).
-Plus `prompt_tokens`.
+Grid: length x depth x trial; a trial is one scene, the same at every length and depth, so lengths and depths
+pair on the same needles. Prompts of one length share their haystack up to the shallowest needle and run
+through the prefix cache (tasks.kit.run_cells). With `shared_haystack=True` (niah_multikey) one haystack holds
+every question's needle and its rows share one `cluster` (one independent unit). Every row records `distance`
+(needle to question, tokens). Scoring: "generate" (RULER's `string_match_all`, `all_found`), "likelihood"
+(the true answer ranked against hard negatives: `answer_logprob`, `answer_rank`, `answer_top1` and its
+`chance`) or "both". The protocol in full, with each choice's reason: docs/tasks.md, "Retrieval".
 """
 
 from __future__ import annotations
