@@ -28,7 +28,7 @@ import re
 import resource
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from unittest import mock
 
 from ropebench.benchmarks.measured import snapshot_stem
@@ -76,6 +76,11 @@ class Section:
 
 def process_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _result(measured: dict, after_load: int, **more) -> dict:
+    """A child's dict: what it measured, the RSS after loading, the process's peak, then `more`."""
+    return {**measured, "after_load_rss": after_load, "process_peak": process_peak(), **more}
 
 
 # --- shared setup ---------------------------------------------------------------------------------
@@ -140,31 +145,28 @@ def child_onepass(model_dir, lengths, dtype, force_per_length=False, **_):
     force = (
         mock.patch.object(tasks.perplexity, "length_dependent", lambda m: True)
         if force_per_length
-        else _null()
+        else nullcontext()
     )
     with extend.patched(model, METHOD, factor=FACTOR), force, Section() as s:
         records = tasks.perplexity.run(
             model, tok, lengths=lengths, corpus="sotu", num_docs=1, seed=SEED, progress=False
         )
     curve = _curve(records)
-    per_doc = [r["seconds"] for r in records if r["doc"] is not None and r["metric"] == "loss"]
+    per_doc = [r for r in records if r["doc"] is not None and r["metric"] == "loss"]
     # one pass: every length's record carries the one forward's time; per length: one forward each
-    model_seconds = sum(per_doc) if force_per_length else max(per_doc)
-    length_seconds = {
-        str(r["length"]): r["seconds"] for r in records if r["doc"] is not None and r["metric"] == "loss"
-    }
-    return {
-        **s.report(),
-        "after_load_rss": after_load,
-        "process_peak": process_peak(),
-        "doc": curve.pop("doc"),
-        "loss": curve,
-        "model_seconds": model_seconds,
-        "length_seconds": length_seconds,
-        "method": METHOD,
-        "factor": FACTOR,
-        "model": model_facts(model),
-    }
+    model_seconds = (sum if force_per_length else max)(r["seconds"] for r in per_doc)
+    length_seconds = {str(r["length"]): r["seconds"] for r in per_doc}
+    return _result(
+        s.report(),
+        after_load,
+        doc=curve.pop("doc"),
+        loss=curve,
+        model_seconds=model_seconds,
+        length_seconds=length_seconds,
+        method=METHOD,
+        factor=FACTOR,
+        model=model_facts(model),
+    )
 
 
 def child_perlength(model_dir, lengths, dtype, **kw):
@@ -185,13 +187,7 @@ def child_labels(model_dir, lengths, dtype, **_):
     after_load = _status("VmRSS")
     with extend.patched(model, METHOD, factor=FACTOR), torch.inference_mode(), Section() as s:
         loss = model(input_ids=x, labels=x).loss.item()
-    return {
-        **s.report(),
-        "after_load_rss": after_load,
-        "process_peak": process_peak(),
-        "doc": doc,
-        "loss": {str(len(ids)): loss},
-    }
+    return _result(s.report(), after_load, doc=doc, loss={str(len(ids)): loss})
 
 
 def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
@@ -222,9 +218,8 @@ def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
         with torch.inference_mode():
             with Section() as s:
                 hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
-            with (
-                Section() as h
-            ):  # the LM head alone, in ropebench's chunks and the model's dtype (no upcast, no loss)
+            # the LM head alone, in ropebench's chunks and the model's dtype (no upcast, no loss)
+            with Section() as h:
                 for i in range(0, hidden.shape[1] - 1, chunk):
                     model.get_output_embeddings()(hidden[0, i : min(i + chunk, hidden.shape[1] - 1)])
         out.update(s.report(), head_seconds=h.seconds)
@@ -237,7 +232,7 @@ def child_bare(model_dir, lengths, dtype, repeat_index=0, **_):
 
     for step in (ours, bare, forward) if repeat_index % 2 == 0 else (forward, bare, ours):
         step()
-    return {**out, "after_load_rss": after_load, "process_peak": process_peak(), "doc": doc}
+    return _result(out, after_load, doc=doc)
 
 
 def _rolling_text(tok, tokens: int) -> tuple[str, str]:
@@ -278,16 +273,15 @@ def child_rolling_ropebench(model_dir, window, rolling_tokens, dtype, **_):
                 progress=False,
             )  # BOS first, as lm-eval's rolling windows
     loss = next(r for r in records if r["doc"] is None and r["metric"] == "loss")
-    return {
-        **s.report(),
-        "after_load_rss": after_load,
-        "process_peak": process_peak(),
-        "doc": doc,
-        "model_seconds": loss["seconds"],
-        "nll_sum": loss["value"] * loss["n"],
-        "tokens": loss["n"],
-        "text_tokens": n_text,
-    }
+    return _result(
+        s.report(),
+        after_load,
+        doc=doc,
+        model_seconds=loss["seconds"],
+        nll_sum=loss["value"] * loss["n"],
+        tokens=loss["n"],
+        text_tokens=n_text,
+    )
 
 
 def child_rolling_lmeval(model_dir, window, rolling_tokens, dtype, **_):
@@ -376,15 +370,8 @@ def child_snapshot(model_dir, **_):
     """The cached save_pretrained snapshot of the embedded GGUF that extend.load uses (fp32, identical)."""
     from ropebench import extend
 
-    return {
-        "model_dir": str(extend.loading.gguf_snapshot(extend.embedded_gguf())),
-        "gguf": str(extend.embedded_gguf()),
-    }
-
-
-@contextmanager
-def _null():
-    yield
+    gguf = extend.embedded_gguf()
+    return {"model_dir": str(extend.loading.gguf_snapshot(gguf)), "gguf": str(gguf)}
 
 
 CHILDREN = {name[len("child_") :]: fn for name, fn in globals().items() if name.startswith("child_")}

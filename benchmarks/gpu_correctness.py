@@ -91,15 +91,8 @@ def frequencies_placed(model, device) -> str | None:
 
     rotary = getattr(model.base_model.rotary_emb, "rotary", model.base_model.rotary_emb)
     kind = torch.device(device).type
-    for name, value in vars(rotary).items():
-        tensor = isinstance(value, torch.Tensor)
-        if (
-            name.endswith("inv_freq")
-            and tensor
-            and (value.device.type != kind or value.dtype != torch.float32)
-        ):
-            return f"{name} on {value.device} in {value.dtype}"
-    for name, value in rotary.named_buffers():
+    attributes = [(name, value) for name, value in vars(rotary).items() if isinstance(value, torch.Tensor)]
+    for name, value in [*attributes, *rotary.named_buffers()]:
         if name.endswith("inv_freq") and (value.device.type != kind or value.dtype != torch.float32):
             return f"{name} on {value.device} in {value.dtype}"
     return None
@@ -310,14 +303,9 @@ def correctness(
         rows = []
         for family in families:
             for attn in attn_implementations(device):
-                kwargs = {
-                    "device": device,
-                    "methods": methods,
-                    "length": length,
-                    "factor": factor,
-                    "seed": seed,
-                }
-                rows += family_rows(family, attn, **kwargs)
+                rows += family_rows(
+                    family, attn, device=device, methods=methods, length=length, factor=factor, seed=seed
+                )
         return rows
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -114,21 +114,19 @@ def evaluator_bias(model, tokenizer, *, method="ntk", factor=2.0, length=2048, n
             short_m, long_m = losses(window)
         documents[doc.id] = swap_test(short_p, long_p, short_m, long_m, settings.alpha, settings.beta)
         print(f"{doc.id}: {documents[doc.id]}", file=sys.stderr, flush=True)  # progress of a long run
-    bias = [v["bias_a"] for v in documents.values() if v["bias_a"] is not None]
-    sym = [v["symmetric"] for v in documents.values() if v["symmetric"] is not None]
-    plain_sel = [v["d_a"] for v in documents.values() if v["d_a"] is not None]
-    method_sel = [v["d_b"] for v in documents.values() if v["d_b"] is not None]
-    mean_sel = [v["d_mean"] for v in documents.values() if v["d_mean"] is not None]
+
+    def over_documents(field):  # the interval of `field` over the documents where it is defined
+        return t_interval([v[field] for v in documents.values() if v[field] is not None])
 
     def as_ratio(iv):
         return {k: (math.exp(v) if isinstance(v, float) and k != "n" else v) for k, v in iv.items()}
 
     intervals = {
-        "bias_of_plain_as_evaluator": t_interval(bias),
-        "method_over_plain_symmetric": t_interval(sym),
-        "method_over_plain_plain_selects": t_interval(plain_sel),
-        "method_over_plain_method_selects": t_interval(method_sel),
-        "method_over_plain_mean_selection": t_interval(mean_sel),  # the default since issue 37
+        "bias_of_plain_as_evaluator": over_documents("bias_a"),
+        "method_over_plain_symmetric": over_documents("symmetric"),
+        "method_over_plain_plain_selects": over_documents("d_a"),
+        "method_over_plain_method_selects": over_documents("d_b"),
+        "method_over_plain_mean_selection": over_documents("d_mean"),  # the default since issue 37
     }
     return {
         "method": method,

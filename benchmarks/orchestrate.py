@@ -117,30 +117,13 @@ def total_estimate(args) -> float:
 
 
 def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "ropebench.benchmarks",  # found from cwd=ROOT whether or not ropebench is installed
-        "run",
-        "--child",
-        name,
-        "--model-dir",
-        str(args.model_dir),
-        "--lengths",
-        *map(str, args.lengths),
-        "--window",
-        str(args.window),
-        "--rolling-tokens",
-        str(args.rolling_tokens),
-        "--passkey-length",
-        str(args.passkey_length),
-        "--repeat-index",
-        str(repeat),
-        "--dtype",
-        args.prefix_dtype if name == "prefix_sharing" else args.dtype,
-        "--prefix-json",
-        json.dumps(prefix if prefix is not None else prefix_options(args)),
-    ]
+    # ropebench.benchmarks: found from cwd=ROOT whether or not ropebench is installed
+    cmd = [sys.executable, "-m", "ropebench.benchmarks", "run", "--child", name]
+    cmd += ["--model-dir", str(args.model_dir), "--lengths", *map(str, args.lengths)]
+    cmd += ["--window", str(args.window), "--rolling-tokens", str(args.rolling_tokens)]
+    cmd += ["--passkey-length", str(args.passkey_length), "--repeat-index", str(repeat)]
+    cmd += ["--dtype", args.prefix_dtype if name == "prefix_sharing" else args.dtype]
+    cmd += ["--prefix-json", json.dumps(prefix if prefix is not None else prefix_options(args))]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)

@@ -72,10 +72,7 @@ def rows(runs) -> tuple[list[dict], dict]:
     ]
     speed = L / median([r["bare_seconds"] for r in runs])
     table = {"bare_tokens_per_s": speed, "rows": []}
-    method, factor = (
-        first.get("method", LEGACY_METHOD["method"]),
-        first.get("factor", LEGACY_METHOD["factor"]),
-    )
+    method, factor = (first.get(k, LEGACY_METHOD[k]) for k in ("method", "factor"))
     for name, part, side in (
         (f"perplexity, one pass ({method} x{factor:g})", None, None),
         ("many-shot classification, shared", "many_shot", "shared"),
@@ -181,9 +178,8 @@ def section(data: dict, full_json: dict | None) -> str:
     runs, m = data["runs"], data["machine"]
     figs, table = rows(runs)
     first = runs[0]
-    model = (first.get("model") or {}).get(
-        "name"
-    ) or "`smollm2-135m`"  # older runs: the alias they all loaded
+    # older runs: the alias they all loaded
+    model = (first.get("model") or {}).get("name") or "`smollm2-135m`"
     lines = [
         START,
         "## Tasks sharing work: prefix cache (issue 15)",

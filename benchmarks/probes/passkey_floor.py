@@ -25,13 +25,13 @@ from ropebench.benchmarks.orchestrate import machine
 from ropebench.benchmarks.prefix_sharing import DEPTHS
 
 
-def prompts(model, tok, length: int, trials: int) -> list[list[int]]:
+def prompts(model, tok, length: int, trials: int, depths=DEPTHS) -> list[list[int]]:
     """The benchmark's passkey prompts, built by the task itself (generation stubbed: no forward runs)."""
     from ropebench.tasks import passkey
 
     seen = []
     with mock.patch.object(passkey, "_generate", lambda m, t, ids, n, cache: seen.append(list(ids)) or ""):
-        passkey.run(model, tok, lengths=[length], depths=DEPTHS, trials=trials, progress=False)
+        passkey.run(model, tok, lengths=[length], depths=depths, trials=trials, progress=False)
     return seen
 
 

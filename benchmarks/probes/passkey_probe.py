@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-from unittest import mock
 
 from ropebench.benchmarks.errors import ArgumentParser, exit_code, forward_tokens
 
@@ -25,16 +24,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from ropebench import extend
+    from ropebench.benchmarks.probes.passkey_floor import prompts
     from ropebench.extend.forward import body
     from ropebench.extend.prefix_cache import PrefixCache
     from ropebench.tasks import passkey
 
     model, tok = extend.load("smollm2-135m", dtype="float32")
     method, factor, length = args.method, args.factor, args.length
-    seen = []
-    with mock.patch.object(passkey, "_generate", lambda m, t, ids, n, cache: seen.append(list(ids)) or ""):
-        passkey.run(model, tok, lengths=[length], depths=[0.95], trials=1, progress=False)
-    ids = seen[0]
+    ids = prompts(model, tok, length, 1, depths=[0.95])[0]
     print(len(ids), "tokens, ending", repr(tok.decode(ids[-60:])))
     with extend.patched(model, method, factor=factor):
         t = time.perf_counter()
