@@ -1,20 +1,18 @@
 """LongPPL (Fang et al., ICLR 2025, arXiv:2410.23771) derived when results load, key tokens chosen once per
 document from the settings compared.
 
-The paper's per-token rule: a token is key when its short-context loss minus its long-context loss exceeds
-alpha and its long-context loss is below -beta. Whose long-context loss? The evaluated model's own would
-favour the setting that chose (the swap test of docs/measured.md). Here it is the mean over the compared
-settings: for each (task, model, corpus, document, length) every setting (method, factor, options) with
-`longppl_token_losses` rows sharing the short-context losses (the unpatched model's short windows, written
-by tasks/key_losses.py) is compared; the key tokens are the rule on (those short losses, the mean of the
-settings' long losses), and each setting's LongPPL is exp(mean of its own long losses over those key
-tokens). Permuting the settings changes nothing (they are averaged in a canonical order), and swapping two
-settings' losses swaps their values exactly; one setting alone gets the paper's rule on its own losses.
+The paper's per-token rule (key: short-context loss minus long-context loss above alpha, long-context loss
+below -beta) on the short-context losses the settings share (the unpatched model's short windows, written by
+tasks/key_losses.py) and the mean of the compared settings' long-context losses, per (task, model, corpus,
+document, length); each setting's LongPPL is exp(mean of its own long losses over those key tokens). So the
+selection favours no setting (the evaluated model's own losses would favour the one that chose: the swap test
+of docs/measured.md): permuting the settings changes nothing, swapping two settings' losses swaps their values
+exactly, and one setting alone gets the paper's rule on its own losses.
 
 `derive(frame)` replaces the bulky `longppl_token_losses` rows by `longppl` rows (per document and per length,
 withheld below the cell's recorded min_key_tokens) and `longppl_key_tokens` rows (per length), in the schema
-the task wrote before; `results.load` calls it, so every table, plot and report sees them. Rows written by a
-task that selected by itself (a named evaluator, or runs before this) pass through untouched.
+the task wrote before; `results.load` calls it. Rows written by a task that selected by itself (a named
+evaluator, or runs before this) pass through untouched.
 """
 
 from __future__ import annotations

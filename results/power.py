@@ -3,21 +3,13 @@ probability ``POWER`` at the comparison's n and observed spread, on the estimate
 
 "No mark" is not "no difference": with 6 haystacks the exact sign-flip test marks only when all 6 agree. Each
 paired test of :mod:`results.stats` gets the difference at which it reaches 80% power, assuming the units'
-contrasts are normal with the observed spread (plug-in: the spread is itself estimated):
-
-- paired t (``PAIRED_T``): the interval excludes 0 when |mean| / se > t_{0.975, n-1}; at a true difference
-  delta, mean / se is noncentral t with noncentrality delta / se, so the detectable difference is
-  lambda_80 x se, lambda_80 solving P(|T_{n-1}(lambda)| > t_{0.975, n-1}) = 0.8 (about (t_crit + z_0.8) for
-  large n; computed, not approximated). Below ``MIN_INFORMATIVE_PAIRS`` units nothing can be marked.
-- clusters (t + the exact sign-flip test): both must agree. The sign-flip p can only fall below 0.05 when at
-  most k - 6 of the k contrasts take the minority sign (flipping any of those m to the majority side gives 2^m
-  patterns at least as extreme, so p >= 2^(m+1) / 2^k). The detectable difference is the larger of the t's and
-  the one where that necessary condition holds with probability 0.8: a lower bound of the test's own (the
-  power of both together is at most the power of either). Fewer than 6 clusters: the smallest p the exact test
-  can reach is 2 / 2^k >= 0.0625, so nothing can be marked at all.
-- paired 0/1 outcomes (McNemar): the exact test reaches p < 0.05 only with at least 6 discordant pairs all
-  one way; the detectable difference is the one at which, with every change one way (the most favourable
-  case), 6 or more of the n pairs change with probability 0.8: again a lower bound.
+contrasts are normal with the observed spread (plug-in): the paired t by its noncentral-t solution (computed,
+not approximated; nothing below ``MIN_INFORMATIVE_PAIRS`` units); over clusters the larger of that and the
+difference at which the sign-flip test's necessary condition (at most k - 6 of the k contrasts on the
+minority side: p >= 2^(m+1) / 2^k) holds with probability 0.8; McNemar, the difference at which 6 or more of
+the n pairs change, all one way. The last two are lower bounds (the power of both tests together is at most
+either's); fewer than 6 clusters can mark nothing (the smallest exact p is 2 / 2^k). docs/results.md,
+"Power", states it for the reader.
 
 :func:`results.stats.paired_power` gives a comparison's power at its own estimate, as bounds (what a
 headline states for the effect it claims). Pure numpy and math (no scipy); tests/results/test_power.py

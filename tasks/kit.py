@@ -1,29 +1,20 @@
 """The task kit: what a task declares once, and the cell runner prompt-based tasks share.
 
-A task is its `run(model, tokenizer, *, lengths, ..., seed=0, progress=True)` function, decorated
-with `declare`:
-
-    @declare("retrieval", options={"trials": positive, "variants": choices(*VARIANTS)},
-             metrics={"answer_top1": Metric("rate", "higher", "fraction of prompts", "...",
-                                            reach=("threshold", "trained"), independent_unit="haystack")},
-             tables=(("answer_top1", "..."),))
-    def run(model, tokenizer, *, lengths, variants=("niah_multikey",), trials=2, seed=0, progress=True): ...
-
-The defaults stay in the signature (one source); the declaration adds each option's check (type and range),
-what each metric means (a `Metric`: kind, direction, unit, chance, reach rules, independent unit; the sweep
-copies it into every row, results/meaning.py), what the sweep prints, the tokens a cell runs past its length
-and a length check that needs only the tokenizer. A plugin task may still describe a metric with a plain
-string: its rows then carry no declaration (results' fallback), unless it names the metric in `pass_fail`
-(a 0/1 rate with every reach rule). tasks/checks.py (before a model loads), the
-sweep (scripts/sweep_lib) and the task itself (at every call, through the decorator) read the same
-declaration, so an option is checked in one place. An option of the signature without a declared check is
-checked against the type of its default; a plugin task without any declaration still works that way.
+A task is its `run(model, tokenizer, *, lengths, ..., seed=0, progress=True)` function, decorated with
+`declare(name, options=..., metrics=..., tables=...)` (docs/tasks.md, "Adding a task", has an example). The
+defaults stay in the signature (one source); the declaration adds each option's check (type and range), what
+each metric means (a `Metric`: results/meaning.py; the sweep copies it into every row), what the sweep prints,
+the tokens a cell runs past its length and a length check that needs only the tokenizer. A plugin task may
+still describe a metric with a plain string: its rows then carry no declaration (results' fallback), unless
+it names the metric in `pass_fail` (a 0/1 rate with every reach rule). tasks/checks.py (before a model loads),
+the sweep (scripts/sweep_lib) and the task itself (at every call, through the decorator) read the same
+declaration, so an option is checked in one place; an option without a declared check is checked against the
+type of its default.
 
 `run_cells` is the cell runner: the prompts of one length form a cell, run in the order that shares the most
 prefix (extend.prefix_cache) under `extend.fixed_length` for the cell's length, so dynamic methods (and xPos's
 centre) see one length per cell whether prompts share a prefix or not. Cells of different lengths never share
-a cache: a length-dependent method rotates a cached prefix for its cell's length only. (Perplexity's one
-forward for every length, valid only where `extend.length_dependent` is False, stays in tasks/perplexity.py.)
+a cache: a length-dependent method rotates a cached prefix for its cell's length only.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """Write the data of ropebench's lm-eval tasks:
 `python -m ropebench.tasks.lm_eval_export [--out DIR] [--...-lengths ...]`.
 
-The task folder `tasks/lm_eval_tasks/` is lm-eval's own layout:
-- `_passkey_template_yaml`, `_sotu_era_template_yaml`, `_retrieval_template_yaml`: the task definitions
-  (output type, metrics, tags `ropebench`, `ropebench_passkey`, `ropebench_sotu_era`, `ropebench_retrieval`),
-  hand-written;
-- `utils.py`: the `!function` hooks that expand docs into prompts with the tasks' own prompt builders
-  (`tasks.passkey.prompt`, `tasks.classification.LabelTask.zero_shot_text`, `tasks.haystacks.compose`),
-  hand-written;
-- written here (deterministic; committed for the default lengths): `ropebench_passkey_<L>.yaml`,
-  `ropebench_sotu_era_<L>.yaml` and `ropebench_retrieval_<variant>_<L>.yaml`, one per length (and variant):
-  `include:` the template, the task name, `metadata.length` (the retrieval ones also the variant's generation
-  budget), and the docs `passkey.jsonl` (pass key, depth, haystack words), `sotu_era.jsonl` (speech id,
-  character cut) and `retrieval.jsonl` (variant, trial, depth, haystack words; the answers, to check the
-  needles).
+The task folder `tasks/lm_eval_tasks/` is lm-eval's own layout (docs/lm-eval.md): hand-written templates
+(`_passkey_template_yaml`, `_sotu_era_template_yaml`, `_retrieval_template_yaml`) and `utils.py` (the
+`!function` hooks that build each prompt with the tasks' own prompt builders); written here, deterministic and
+committed for the default lengths, one YAML per task and length (`include:` the template, the name,
+`metadata.length`) and the docs `passkey.jsonl`, `sotu_era.jsonl` and `retrieval.jsonl`.
 
-The lengths are parameters because the docs are sized for them: a passkey doc's haystack fills at most L
-tokens and a sotu doc's excerpt fills L tokens exactly, counted with the SmolLM2 tokenizer (other tokenizers
-differ by a few percent). A retrieval doc's prompt leaves room for the greedy answer (RULER's rule: prompt +
-generated tokens <= L). Pass keys, needles, depths and the query choice are the tasks' (seeded the same way).
-With `--out DIR` the templates and utils.py are copied there too, so DIR works by itself with
-`--include_path`.
+The lengths are parameters because the docs are sized for them, counted with the SmolLM2 tokenizer (other
+tokenizers differ by a few percent); a retrieval prompt leaves room for the greedy answer (RULER's rule).
+Pass keys, needles, depths and the query choice are the tasks' (seeded the same way). With `--out DIR` the
+templates and utils.py are copied there too, so DIR works by itself with `--include_path`.
 """
 
 from __future__ import annotations
