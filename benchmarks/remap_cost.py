@@ -30,23 +30,21 @@ from ropebench.benchmarks.errors import (
 DEFAULT_CELLS = ["plain", "self-extend:2", "rerope:2", "rerope:1:leaky=false", "dca:1"]
 
 
-def parse_cell(text: str) -> tuple[str, float, dict]:
+def parse_cell(text: str, flag: str = "--cells") -> tuple[str, float, dict]:
     """method[:factor[:option=value,...]] -> (method, factor, options)."""
+    from ropebench.extend.values import parse_text  # the one rule for a value written as text
+
     parts = text.split(":")
     options = {}
     for item in parts[2].split(",") if len(parts) > 2 else []:
         key, eq, value = item.partition("=")
         if not (key and eq):
-            raise BenchmarkError(f"--cells {text!r}: options are option=value, e.g. rerope:1:leaky=false")
-        options[key] = {"true": True, "false": False}.get(
-            value.lower(), int(value) if value.isdigit() else value
-        )
+            raise BenchmarkError(f"{flag} {text!r}: options are option=value, e.g. rerope:1:leaky=false")
+        options[key] = parse_text(value, f"{flag} {text!r}: {key}")
     try:
         factor = float(parts[1]) if len(parts) > 1 else 1.0
     except ValueError:
-        raise BenchmarkError(
-            f"--cells {text!r}: the factor after ':' must be a number, e.g. yarn:2"
-        ) from None
+        raise BenchmarkError(f"{flag} {text!r}: the factor after ':' must be a number, e.g. yarn:2") from None
     return parts[0], factor, options
 
 

@@ -184,6 +184,14 @@ def test_report_command_rejects_what_is_not_a_saved_run(tmp_path, capsys):
         (["cpu-dtype", "--rounds", "many"], "argument --rounds: invalid int value: 'many'"),
         (["remap-cost", "--cells", "yarn:two"], "--cells 'yarn:two': the factor after ':' must be a number"),
         (["shape-check", "--methods", "pi:x"], "--methods 'pi:x': the factor after ':' must be a number"),
+        (
+            ["llamacpp-parity", "--llama-python", "python", "--methods", "plain", "yarn:2:beta_fast"],
+            "--methods 'yarn:2:beta_fast': options are option=value",
+        ),
+        (
+            ["llamacpp-parity", "--llama-python", "python", "--methods", "plain", "yarn:2:beta_fastt=16"],
+            "unknown option(s) 'beta_fastt' for method 'yarn' — did you mean beta_fast",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(argv, fragment, capsys):
@@ -203,6 +211,21 @@ def test_help_lists_every_benchmark_and_probe(capsys):
         assert probe in text, probe
     assert cli.main(["run", "--help"]) == 0  # argparse's own help: exit code 0, not an error
     assert "--quick" in capsys.readouterr().out
+
+
+def test_llamacpp_parity_settings_are_a_method_at_factor_2_or_written_out():
+    """`--methods NAME` is the method at factor 2 (plain at 1); NAME:FACTOR[:option=value,...] a setting of
+    its own, its values read by the one text rule (extend/values.py)."""
+    from ropebench.benchmarks.llamacpp_parity import parse_setting
+
+    assert parse_setting("plain") == ("plain", 1.0, {})
+    assert parse_setting("yarn") == ("yarn", 2.0, {})
+    assert parse_setting("pi:4") == ("pi", 4.0, {})
+    assert parse_setting("yarn:2:beta_fast=16,attention_factor=1.2") == (
+        "yarn",
+        2.0,
+        {"beta_fast": 16, "attention_factor": 1.2},
+    )
 
 
 def test_llamacpp_parity_table_is_each_engine_over_its_own_plain():
