@@ -206,32 +206,26 @@ def _rope_parameters(method: str, factor: float, options: dict, theta: float, di
     elif method == "dynamic-ntk":
         # the "paper" rule s = L'/L is transformers' rule at factor 1
         params["factor"] = factor if options.get("scale_rule", "transformers") == "transformers" else 1.0
-    elif method in ("ntk-parts", "yarn"):
-        params.update(
-            factor=factor,
-            original_max_position_embeddings=model.context,
-            beta_fast=float(options.get("beta_fast", 32.0)),
-            beta_slow=float(options.get("beta_slow", 1.0)),
-        )
+    elif method in ("ntk-parts", "yarn", "llama3", "longrope"):
+        params.update(factor=factor, original_max_position_embeddings=model.context)
+        if method == "llama3":
+            params.update(
+                low_freq_factor=float(options.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(options.get("high_freq_factor", 4.0)),
+            )
+        elif method == "longrope":
+            params.update(
+                short_factor=[float(v) for v in options["short_factor"]],
+                long_factor=[float(v) for v in options["long_factor"]],
+            )
+        else:
+            params.update(
+                beta_fast=float(options.get("beta_fast", 32.0)),
+                beta_slow=float(options.get("beta_slow", 1.0)),
+            )
         if method == "ntk-parts":
             params["attention_factor"] = 1.0
-        elif options.get("attention_factor") is not None:
-            params["attention_factor"] = float(options["attention_factor"])
-    elif method == "llama3":
-        params.update(
-            factor=factor,
-            original_max_position_embeddings=model.context,
-            low_freq_factor=float(options.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(options.get("high_freq_factor", 4.0)),
-        )
-    elif method == "longrope":
-        params.update(
-            factor=factor,
-            original_max_position_embeddings=model.context,
-            short_factor=[float(v) for v in options["short_factor"]],
-            long_factor=[float(v) for v in options["long_factor"]],
-        )
-        if options.get("attention_factor") is not None:
+        elif method != "llama3" and options.get("attention_factor") is not None:
             params["attention_factor"] = float(options["attention_factor"])
     elif method == "proportional":
         params.update(partial_rotary_factor=float(options.get("partial_rotary_factor", 1.0)), factor=factor)
@@ -264,7 +258,6 @@ def transformers_updates(method: str, factor: float, options: dict, config) -> t
         return {}, ["plain: the config is the model's own (no rope change)"]
     notes = []
     rope = copy.deepcopy(dict(config.rope_parameters))
-    layered = any(model.shipped)
     for lt in model.shipped:
         if lt not in model.extended:
             notes.append(f"layer type {lt} keeps its RoPE (its window never exceeds the trained context)")
@@ -285,8 +278,7 @@ def transformers_updates(method: str, factor: float, options: dict, config) -> t
                         f"give -o {name}=[...]"
                     )
         own = rope[lt] if lt else rope
-        theta = float(own["rope_theta"])
-        params = _rope_parameters(method, factor, options, theta, dim, model)
+        params = _rope_parameters(method, factor, options, float(own["rope_theta"]), dim, model)
         if "partial_rotary_factor" in own and method != "proportional":
             params["partial_rotary_factor"] = own["partial_rotary_factor"]
         if lt:
@@ -306,7 +298,7 @@ def transformers_updates(method: str, factor: float, options: dict, config) -> t
     if ROPE_TYPES[method] in ("yarn", "llama3", "longrope") and keeps_context:
         # Phi-3's config keeps L outside rope_parameters and transformers lets it win over the one inside
         updates["original_max_position_embeddings"] = model.context
-    if layered:
+    if any(model.shipped):
         notes.append(f"layer types extended: {', '.join(sorted(model.extended))}")
     return updates, notes
 
@@ -326,8 +318,7 @@ def check_config(config, updates: dict) -> None:
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[-1].strip()
         raise ExportError(
             f"transformers' {getattr(config, 'model_type', '?')} config refuses the setting "
-            f"({first[:200]}) — "
-            f"this family has no transformers form of it"
+            f"({first[:200]}) — this family has no transformers form of it"
         ) from None
 
 
@@ -336,9 +327,7 @@ def temperature_difference(method: str, factor: float, options: dict, config) ->
     llama.cpp scale cos/sin (so only the rotary dims of q.k get it); ropebench's default on partial-rotary
     models is every logit (temperature="logits"). None when they agree."""
     model = _model(config, options)
-    if isinstance(model, _ScaledModel):
-        return None
-    if method_attention(method, factor, options, model.context) == 1.0:
+    if isinstance(model, _ScaledModel) or method_attention(method, factor, options, model.context) == 1.0:
         return None
     partial = any(model.dims[lt][0] < model.dims[lt][1] for lt in model.extended)
     temperature = options.get("temperature") or ("logits" if partial else "rotary")
@@ -374,14 +363,13 @@ def llama_cpp_form(method: str, factor: float, options: dict, config) -> tuple[l
             "has no llama.cpp form of a method on some layer types — export to transformers or vllm"
         )
     dim, _ = model.dims[None]
-    theta = float(config.rope_parameters["rope_theta"])
     n_ctx = _context(method, factor, options, model.context) or model.context
     flags, kwargs = [], {"n_ctx": n_ctx}
     if method == "pi":
         flags += ["--rope-scaling", "linear", "--rope-scale", f"{factor:g}"]
         kwargs.update(rope_scaling_type=LLAMA_ROPE_SCALING["linear"], rope_freq_scale=1.0 / factor)
     elif method == "ntk":
-        base = theta * factor ** (dim / (dim - 2))
+        base = float(config.rope_parameters["rope_theta"]) * factor ** (dim / (dim - 2))
         flags += ["--rope-scaling", "none", "--rope-freq-base", repr(base)]
         kwargs.update(rope_scaling_type=LLAMA_ROPE_SCALING["none"], rope_freq_base=base)
     elif method in ("yarn", "ntk-parts"):
@@ -428,8 +416,7 @@ def plan(engine: str, method: str, factor, options: dict | None, config) -> Expo
     if parity is None:
         raise _refuse(engine, method, "ropebench maps no setting of this engine to it")
     out = Export(engine, method, factor, options, parity)
-    temperature = temperature_difference(method, factor, options, config)
-    if temperature:
+    if temperature := temperature_difference(method, factor, options, config):
         out.parity = Parity("differs", temperature)
     if engine == "llama.cpp":
         out.flags, out.kwargs = llama_cpp_form(method, factor, options, config)

@@ -10,6 +10,7 @@ beta_slow other than llama.cpp's defaults (32, 1; the loader reads no key for th
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -88,8 +89,5 @@ def write_copy(source: Path, dest: Path, metadata: dict[str, float | int | str])
     alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
     if alignment is not None:
         writer.data_alignment = alignment.contents()
-    with open(os.devnull, "w") as quiet:  # the copy's own progress bar
-        from contextlib import redirect_stderr
-
-        with redirect_stderr(quiet):
-            copy_with_new_metadata(reader, writer, details, [])
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):  # the copy's own progress bar
+        copy_with_new_metadata(reader, writer, details, [])

@@ -282,9 +282,7 @@ def dynamic_yarn(
     scale = dynamic_scale(factor, seq_len or 0, rope.original_max_position_embeddings, scale_rule)
     if scale == 1.0:
         return rope.inv_freq, 1.0
-    if rope.start is not None:
-        return yarn_on_frequencies(rope, scale, beta_fast, beta_slow, None)
-    return transformers_rope("yarn", rope, scale, beta_fast=beta_fast, beta_slow=beta_slow)
+    return yarn(rope, factor=scale, beta_fast=beta_fast, beta_slow=beta_slow)
 
 
 @register("llama3", min_factor=1.0, identity_at_one=True, on_frequencies=True)
@@ -379,13 +377,8 @@ def xpos(
     zeta = (
         torch.arange(0, rope.dim, 2, dtype=torch.float32, device=rope.inv_freq.device) / rope.dim + gamma
     ) / (1 + gamma)
-    return Rope(
-        rope.inv_freq / factor,
-        1.0,
-        zeta,
-        float(scale_base) * factor,
-        None if centre is None else float(centre),
-    )
+    centre = None if centre is None else float(centre)
+    return Rope(rope.inv_freq / factor, 1.0, zeta, float(scale_base) * factor, centre)
 
 
 def _describe_list(values) -> str:

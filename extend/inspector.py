@@ -66,7 +66,6 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
     pretrained = rope_bases(model, rotary, start_from="pretrained")
     with patched(model, method, factor, **options) as handle:
         target = math.ceil(handle.options["trained_context"] * factor)
-        dynamic = handle.length_dependent
         extended = handle.extended_layer_types
         after, loaded, trained = {}, {}, {}
         for lt in handle.layer_types:  # dynamic methods: shown at factor x the trained context
@@ -74,9 +73,7 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
                 handle.frequencies(lt, target).inv_freq.detach().double().cpu(),
                 handle.scalings(lt, target),
             )
-            loaded[lt] = (
-                handle.loaded_frequencies(lt).double().cpu()
-            )  # as loaded (its shipped frequencies, if any)
+            loaded[lt] = handle.loaded_frequencies(lt).double().cpu()  # as loaded (its shipped ones, if any)
             # what the model was trained with, from the start the patch takes (Liu et al.'s d_crit)
             start = pretrained[lt].inv_freq if handle.options["start_from"] == "pretrained" else loaded[lt]
             trained[lt] = start.double().cpu()
@@ -94,8 +91,7 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
             temp += f", attention logits x{logits:.4g}"
         lines.append(
             f"  {lt or 'all layers'}: {what}; {changed} of {len(before)} frequency pairs differ from the "
-            f"loaded model "
-            f"(ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
+            f"loaded model (ratio {float(ratio.min()):.4g}..{float(ratio.max()):.4g}), wavelengths "
             f"{_wavelengths(inv_freq)}; {temp}"
         )
         lines.append(
@@ -109,7 +105,7 @@ def inspect(model: nn.Module, method: str | None = None, factor: float = 1.0, **
                 trained_inv_freq=trained[lt].numpy(),
             )
         )
-    if dynamic:
+    if handle.length_dependent:
         lines.append(
             f"  frequencies depend on the sequence length (shown at {factor:g} x the trained context); "
             f"one generate/score call keeps one set under extend.fixed_length(model, n)"

@@ -131,8 +131,7 @@ def default_device() -> str:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when the CPU multiplies bf16 in hardware
-    (avx512_bf16 or AMX); elsewhere bf16 is emulated and slow."""
+    """True when the CPU multiplies bf16 in hardware (avx512_bf16 or AMX); else it emulates bf16, slowly."""
     try:
         caps = torch.cpu.get_capabilities()
     except (AttributeError, RuntimeError):
@@ -188,9 +187,8 @@ def cpu_dtype_choice() -> DtypeChoice:
     if not cpu_has_native_bf16():
         return DtypeChoice(
             torch.float32,
-            f"CPU without native bf16 (torch capability "
-            f"{torch.backends.cpu.get_cpu_capability()}, no avx512_bf16 or AMX): "
-            f"float32",
+            f"CPU without native bf16 (torch capability {torch.backends.cpu.get_cpu_capability()}, no "
+            f"avx512_bf16 or AMX): float32",
         )
     return _cached_cpu_choice()
 
@@ -201,10 +199,9 @@ def choose_cpu_dtype(speedup: dict[str, float]) -> DtypeChoice:
     dtype = torch.bfloat16 if faster else torch.float32
     return DtypeChoice(
         dtype,
-        f"measured bf16 vs fp32 speed at {BENCH_TOKENS} tokens: decoder layer "
-        f"{speedup['layer']:.2f}x, GEMM {speedup['gemm']:.2f}x, attention "
-        f"{speedup['attention']:.2f}x (bf16 needs >= {BF16_MIN_SPEEDUP}x on the layer and "
-        f">= {BF16_MIN_ATTENTION}x on attention): {str(dtype).removeprefix('torch.')}",
+        f"measured bf16 vs fp32 speed at {BENCH_TOKENS} tokens: decoder layer {speedup['layer']:.2f}x, GEMM "
+        f"{speedup['gemm']:.2f}x, attention {speedup['attention']:.2f}x (bf16 needs >= {BF16_MIN_SPEEDUP}x "
+        f"on the layer and >= {BF16_MIN_ATTENTION}x on attention): {str(dtype).removeprefix('torch.')}",
     )
 
 
@@ -231,9 +228,8 @@ def measure_bf16_speedup(tokens: int = BENCH_TOKENS, rounds: int = 2) -> dict[st
 
     best = {(dtype, part): math.inf for dtype in data for part in ("gemm", "attention")}
     threads = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # one core, timed by this thread's CPU time: what other processes take is not counted
+    # one core, timed by this thread's CPU time: what other processes take is not counted
+    torch.set_num_threads(1)
     try:
         with torch.inference_mode():
             for r in range(rounds + 1):
@@ -275,17 +271,13 @@ def cpu_key() -> str:
     return f"{name} | flags {digest} | torch {torch.__version__}"
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
-
-
 def _cached_cpu_choice() -> DtypeChoice:
     """The decision from this CPU's cached measurement, else measured now and cached (the measurement is
     cached, the rule applied to it is today's). An exclusive lock makes processes started together (accelerate
     ranks) measure once and agree: the dtype is part of every cell's key."""
-    from ropebench.extend.owned_paths import owned_cache
+    from ropebench.extend.owned_paths import cache_root, owned_cache
 
-    path, key = _cache_dir() / CPU_DTYPE_CACHE, f"{cpu_key()} | {BENCH_TOKENS} tokens"
+    path, key = cache_root() / CPU_DTYPE_CACHE, f"{cpu_key()} | {BENCH_TOKENS} tokens"
     try:
         owned = owned_cache(ExtendError)  # never into a folder of the user's (ROPEBENCH_CACHE)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -334,14 +326,8 @@ def _read_json(path: Path) -> dict:
 def _dtype(dtype) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    names.update(fp32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16)
     if dtype not in names:
         raise ExtendError(f"unknown dtype {dtype!r} — use one of float32, bfloat16, float16")
     return names[dtype]
@@ -386,10 +372,11 @@ def gguf_snapshot(path: Path) -> Path:
 def _snapshot_dir(path: Path) -> Path:
     """Where `gguf_snapshot` keeps the snapshot of the GGUF file `path`: keyed by name, size and content (not
     the mtime, which every fresh install of the same file changes: one 517 MB copy of SmolLM2 per install)."""
+    from ropebench.extend.owned_paths import cache_root
+
     stat = path.stat()
-    cache = Path(os.environ.get("ROPEBENCH_CACHE") or Path.home() / ".cache" / "ropebench")
     digest = _content_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-    return cache / "gguf" / f"{path.stem}-{stat.st_size}-{digest}"
+    return cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{digest}"
 
 
 DIGESTS = "gguf-digests.json"  # in the cache folder: "path|size|mtime_ns|ctime_ns" -> digest of that file
@@ -421,6 +408,19 @@ def _content_digest(path: str, size: int, mtime_ns: int, ctime_ns: int) -> str:
     return digest
 
 
+def _from_files(auto, spec: str, trust_remote_code: bool):
+    """`auto.from_pretrained` (AutoConfig, AutoTokenizer: no weights) for a checked spec; a GGUF's from its
+    cached snapshot when there is one (parsing the GGUF takes seconds)."""
+    if spec in ALIASES or spec.endswith(".gguf"):
+        path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
+        snapshot = _snapshot_dir(path)
+        if (snapshot / "config.json").is_file():
+            return auto.from_pretrained(str(snapshot))
+        return auto.from_pretrained(str(path.parent), gguf_file=path.name)
+    path = Path(spec).expanduser()
+    return auto.from_pretrained(str(path) if path.exists() else spec, trust_remote_code=trust_remote_code)
+
+
 def load_config(spec: str, trust_remote_code: bool = False):
     """The model config alone (no weights) for any spec `load` takes. A GGUF file's config comes from its
     cached snapshot when there is one (parsing the GGUF takes seconds). A config transformers cannot read
@@ -430,22 +430,12 @@ def load_config(spec: str, trust_remote_code: bool = False):
     spec = check_model_spec(spec)
     gguf = spec in ALIASES or spec.endswith(".gguf")
     try:
-        if gguf:
-            path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
-            if (_snapshot_dir(path) / "config.json").is_file():
-                return AutoConfig.from_pretrained(str(_snapshot_dir(path)))
-            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        path = Path(spec).expanduser()
-        return AutoConfig.from_pretrained(
-            str(path) if path.exists() else spec, trust_remote_code=trust_remote_code
-        )
+        return _from_files(AutoConfig, spec, trust_remote_code)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fix = (
-            "pass a complete .gguf file (download it again)"
-            if gguf
-            else ("a config.json needs at least model_type (save the model with save_pretrained)")
-        )
+        fix = "a config.json needs at least model_type (save the model with save_pretrained)"
+        if gguf:
+            fix = "pass a complete .gguf file (download it again)"
         raise ExtendError(f"could not read the config of {spec!r}: {first[:200]} — {fix}") from e
     except Exception as e:
         if not gguf:

@@ -45,11 +45,6 @@ class Estimate:
         return f"about {self.total / GB:.1f} GB ({shown or 'all parts below 0.1 GB'})"
 
 
-def _text_config(config):
-    """The decoder's config (multimodal configs such as Gemma3's keep it in text_config)."""
-    return getattr(config, "text_config", None) or config
-
-
 def _int(config, *names, default=0) -> int:
     for name in names:
         value = getattr(config, name, None)
@@ -80,7 +75,7 @@ def estimate(
     a position-remapping method (no L x L matrix). `device`: where it runs (None: the CPU). `kv_cache`: the
     forward keeps its keys and values (generation, the prefix cache; the default, as the sweep's tasks do);
     False for a bare scoring pass such as the perplexity task's (`use_cache=False`)."""
-    c = _text_config(config)
+    c = getattr(config, "text_config", None) or config  # the decoder's (Gemma3's multimodal config nests it)
     size = DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
     hidden = _int(c, "hidden_size", "n_embd", "d_model")
     layers = _int(c, "num_hidden_layers", "n_layer", "num_layers")
@@ -103,8 +98,7 @@ def estimate(
         # scores + their softmax per head (the softmax in float32, cast back), and a float mask
         attention = square * (heads * (2 * size + 4) + size)
     else:
-        # a boolean mask, and sdpa's float copy of it on CPU
-        # (measured: ~5 bytes per pair with a 2-layer model)
+        # a boolean mask, and sdpa's float copy of it on CPU (measured: ~5 bytes per pair, 2-layer model)
         attention = 5 * square if _needs_mask(c, length) else 0
     logits = 2 * min(length, LOGIT_CHUNK) * vocab * 4
     return Estimate(
@@ -198,8 +192,7 @@ def check_fits(config, length: int, *, model: str, device: str | None = None, **
     if need.total <= room:
         return
     fits = largest_fitting(config, room, device=device, **kwargs)
-    where = device or "cpu"
     raise ExtendError(
         f"length {length} on {model} needs {need.describe()} but {room / GB:.1f} GB is free on "
-        f"{where} — use lengths <= {fits} (the largest that fits), or a machine with more memory"
+        f"{device or 'cpu'} — use lengths <= {fits} (the largest that fits), or a machine with more memory"
     )

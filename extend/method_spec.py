@@ -115,14 +115,13 @@ class Method:
         kwargs = dict(self.options_with_defaults(), **options)
         if self.dynamic:
             kwargs["seq_len"] = seq_len
-        if rope.start is None or self.on_frequencies:
-            out = self.fn(rope, factor=factor, **kwargs)
-            out = out if isinstance(out, Rope) else Rope(*out)
-        else:  # stack: the method's per-pair effect on theta's series, applied to the start frequencies
-            geometric = rope.geometric()
-            out = self.fn(dataclasses.replace(rope, inv_freq=geometric, start=None), factor=factor, **kwargs)
-            out = out if isinstance(out, Rope) else Rope(*out)
-            ratio = out.inv_freq.to(rope.inv_freq.device) / geometric
+        # stack: the method's per-pair effect on theta's series, applied to the start frequencies
+        stack = rope.start is not None and not self.on_frequencies
+        base = dataclasses.replace(rope, inv_freq=rope.geometric(), start=None) if stack else rope
+        out = self.fn(base, factor=factor, **kwargs)
+        out = out if isinstance(out, Rope) else Rope(*out)
+        if stack:
+            ratio = out.inv_freq.to(rope.inv_freq.device) / base.inv_freq
             # a stopped pair (p-RoPE: 0) stays stopped
             stacked = torch.where(rope.inv_freq == 0, torch.zeros_like(ratio), rope.inv_freq * ratio)
             out = dataclasses.replace(out, inv_freq=stacked)

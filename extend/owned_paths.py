@@ -201,8 +201,7 @@ class OwnedDir:
     def check(self, rels: Iterable[str | os.PathLike]) -> None:
         """Refuse (before anything is written) when any of ``rels`` may not be written."""
         for rel in rels:
-            why = self.refusal(rel)
-            if why is not None:
+            if (why := self.refusal(rel)) is not None:
                 raise self.error(why)
 
     # -- writing --------------------------------------------------------------------------------------------
@@ -275,11 +274,8 @@ class OwnedDir:
 
     def record(self, rels: Iterable[str | os.PathLike], *, appended: bool = False) -> None:
         """List files ropebench just wrote (hashed now, or as "appended") in the marker."""
-        changes = {}
-        for rel in rels:
-            key = Path(rel).as_posix()
-            changes[key] = APPENDED if appended else sha256_of(self.path(key))
-        self._update(changes)
+        keys = [Path(rel).as_posix() for rel in rels]
+        self._update({key: APPENDED if appended else sha256_of(self.path(key)) for key in keys})
 
     def forget(self, rels: Iterable[str | os.PathLike]) -> None:
         """Drop files from the marker (removed by ropebench); the marker goes when it lists nothing."""
@@ -394,10 +390,6 @@ def atomic_write_json(path: Path, data: dict[str, str]) -> None:
     _atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
-def _loose_list(cache: OwnedDir) -> dict[str, str]:
-    return read_json(cache.root / LOOSE_FILES)
-
-
 def check_loose_file(path: str | os.PathLike, what: str, error: type[RopebenchError] = WriteRefused) -> None:
     """A file ``what`` names may be written when it is new, or replaced when ropebench wrote it there and it
     is unchanged since; never through a symbolic link, never over anything else."""
@@ -405,7 +397,7 @@ def check_loose_file(path: str | os.PathLike, what: str, error: type[RopebenchEr
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise error(f"{what} {path} is a symbolic link or not a regular file — give the name of a new file")
     if path.exists():
-        listed = _loose_list(owned_cache(error)).get(str(path.resolve()))
+        listed = read_json(owned_cache(error).root / LOOSE_FILES).get(str(path.resolve()))
         if listed is None or sha256_of(path) != listed:
             raise error(
                 f"{what} {path} exists and ropebench did not write it (or it changed since) — give the name "
@@ -425,7 +417,7 @@ def write_loose_file(
     cache = owned_cache(error)
     cache.mkdir()
     with dir_lock(cache.root):
-        files = _loose_list(cache)
+        files = read_json(cache.root / LOOSE_FILES)
         files[str(path.resolve())] = hashlib.sha256(data).hexdigest()
         atomic_write_json(cache.root / LOOSE_FILES, files)
     cache.record([LOOSE_FILES], appended=True)

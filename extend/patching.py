@@ -16,7 +16,7 @@ to every method (besides the method's own):
 Length-dependent RoPE (dynamic methods, a shipped dynamic/longrope) is recomputed from each forward's length,
 statelessly, or from the length fixed by `fixed_length(model, n)` for a cached generate/score call.
 
-Its size (~660 lines): a patch and its undo are read together, every change made here has its undo here.
+Its size (~650 lines): a patch and its undo are read together, every change made here has its undo here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 
 import torch
@@ -52,10 +53,8 @@ TEMPERATURES = ("logits", "rotary")
 
 def trained_context(model: nn.Module, start_from: str = DEFAULT_START_FROM) -> int:
     """The context the model was trained with, read from the global layer type's RoPE parameters: "shipped"
-    (default: the context its shipped scaling reaches; max_position_embeddings for unscaled RoPE) or
-    "pretrained" (original_max_position_embeddings; else the family's published pretraining context; linear
-    without either: max_position_embeddings / factor; else max_position_embeddings). Needs only
-    `model.config`."""
+    (default: the context its shipped scaling reaches) or "pretrained" (the pretraining context, derived as
+    extend/shipped.py's docstring says). Needs only `model.config`."""
     return context_for(shipped_ropes(model.config), check_start_from(start_from))
 
 
@@ -116,15 +115,11 @@ class Patch:
         doc="Do the frequencies depend on each forward's length (see extend.fixed_length)?",
     )
 
-    @property
-    def options(self) -> dict:
-        """The options given plus what the patch resolved (a copy: changing it changes nothing)."""
-        return copy.deepcopy(self._options)
-
-    @property
-    def active(self) -> bool:
-        """Not undone yet."""
-        return self._active
+    options = property(
+        lambda self: copy.deepcopy(self._options),
+        doc="The options given plus what the patch resolved (a copy: changing it changes nothing).",
+    )
+    active = property(lambda self: self._active, doc="Not undone yet.")
 
     @property
     def global_changes(self) -> tuple[Change, ...]:
@@ -180,8 +175,7 @@ class Patch:
         seq_len = int(self._options["trained_context"] if seq_len is None else seq_len)
         kept = dict(wrapper.method_factor)
         try:
-            rope = wrapper.rope_for(layer_type, seq_len)
-            return rope, wrapper.method_factor.get(layer_type, 1.0)
+            return wrapper.rope_for(layer_type, seq_len), wrapper.method_factor.get(layer_type, 1.0)
         finally:
             wrapper.method_factor.clear()
             wrapper.method_factor.update(kept)
@@ -281,10 +275,9 @@ class PatchedRotary(nn.Module):
         return self.start_from == "shipped" and self.shipped[layer_type].length_dependent
 
     def shipped_rope(self, layer_type, seq_len) -> Rope:
-        inv_freq, scaling = shipped_frequencies(
-            self.rotary, self.shipped[layer_type], seq_len, *self.own[layer_type]
+        return Rope(
+            *shipped_frequencies(self.rotary, self.shipped[layer_type], seq_len, *self.own[layer_type])
         )
-        return Rope(inv_freq, scaling)
 
     def method_rope(self, layer_type, seq_len, base: RopeBase | None = None) -> Rope:
         base = base or self.bases[layer_type]
@@ -336,11 +329,9 @@ class PatchedRotary(nn.Module):
     def install(self, layer_type, rope: Rope) -> None:
         prefix = f"{layer_type}_" if layer_type else ""
         buffer = getattr(self.rotary, f"{prefix}inv_freq")
-        inv_freq = (
-            rope.inv_freq
-            if rope.inv_freq is self.bases[layer_type].inv_freq
-            else rope.inv_freq.to(buffer.device)
-        )
+        inv_freq = rope.inv_freq
+        if inv_freq is not self.bases[layer_type].inv_freq:
+            inv_freq = inv_freq.to(buffer.device)
         setattr(self.rotary, f"{prefix}inv_freq", inv_freq)
         rotary_scaling = rope.attention_factor
         if self.temperature == "logits" and layer_type in self.extended:
@@ -459,8 +450,7 @@ def _watch_cache(model: nn.Module, wrapper: PatchedRotary):
 
     def note(module, args, kwargs):
         cache = passed_cache(args, kwargs)
-        length = cache.get_seq_length() if cache is not None else 0
-        wrapper.continuing = bool(length)
+        wrapper.continuing = cache is not None and bool(cache.get_seq_length())
 
     return model.base_model.register_forward_pre_hook(note, with_kwargs=True)
 
@@ -567,10 +557,9 @@ def _patch(model: nn.Module, method: str, factor: float, options: dict, label=No
     # Validate by computing every layer type's frequencies (at the trained context) before touching the model.
     ropes = {lt: wrapper.rope_for(lt, context) for lt in bases}
     uses_xpos = any(r.xpos_zeta is not None and not math.isinf(r.xpos_scale_base) for r in ropes.values())
-    dtype = next(model.parameters()).dtype
     apply_module = None
     if uses_xpos:
-        if dtype == torch.float16:
+        if next(model.parameters()).dtype == torch.float16:
             raise ExtendError(
                 "xpos decays grow past fp16's range at long contexts — load the model in float32 or bfloat16"
             )
@@ -643,11 +632,7 @@ def _install(model, handle: Patch, wrapper: PatchedRotary, rotary, ropes: dict, 
         for hook in xpos.guard(model, wrapper.hits) + [_watch_cache(model, wrapper)]:
             handle.record(Change("forward hook", "xpos bookkeeping", hook.remove, shared=False))
     base = model.base_model
-    original = base.rotary_emb
-
-    def restore_rotary():
-        base.rotary_emb = original
-
+    restore_rotary = functools.partial(setattr, base, "rotary_emb", base.rotary_emb)
     handle.record(Change("rotary_emb", "the patched rotary module", restore_rotary, shared=False))
     base.rotary_emb = wrapper
 

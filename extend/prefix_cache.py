@@ -71,10 +71,7 @@ def native_gqa(model):
 def common_prefix(a, b) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def sharing_order(prompts) -> list[int]:
@@ -138,11 +135,10 @@ class PrefixCache:
         step = CONTINUE_BLOCK if self.cache.get_seq_length() else x.shape[1]
         with native_gqa(self.model):
             decoder = body(self.model)
+            cache = with_cache(decoder, self.cache)
             return torch.cat(
                 [
-                    decoder(
-                        input_ids=x[:, i : i + step], use_cache=True, **with_cache(decoder, self.cache)
-                    ).last_hidden_state[0]
+                    decoder(input_ids=x[:, i : i + step], use_cache=True, **cache).last_hidden_state[0]
                     for i in range(0, x.shape[1], step)
                 ]
             )

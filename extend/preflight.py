@@ -12,7 +12,6 @@ before anything loads (`ropebench inspect` runs the same patch on the same skele
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 from .errors import ExtendError
 
@@ -36,20 +35,11 @@ def tokenizer_of(spec: str, trust_remote_code: bool = False):
     """The tokenizer `extend.load(spec)` would return, without the weights."""
     from transformers import AutoTokenizer
 
-    from .loading import ALIASES, _snapshot_dir, check_model_spec, embedded_gguf
+    from .loading import _from_files, check_model_spec
 
     spec = check_model_spec(spec)
     try:
-        if spec in ALIASES or spec.endswith(".gguf"):
-            path = embedded_gguf(spec) if spec in ALIASES else Path(spec).expanduser()
-            snapshot = _snapshot_dir(path)
-            if (snapshot / "config.json").is_file():
-                return AutoTokenizer.from_pretrained(str(snapshot))
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        path = Path(spec).expanduser()
-        return AutoTokenizer.from_pretrained(
-            str(path) if path.exists() else spec, trust_remote_code=trust_remote_code
-        )
+        return _from_files(AutoTokenizer, spec, trust_remote_code)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ExtendError(
@@ -78,11 +68,8 @@ def context_in_force(config, method: str, factor: float = 1.0, options: dict | N
         model = _skeleton(config)
     except Exception:  # noqa: BLE001 - as in check_on_config
         return None
-    handle = patch(model, method, factor, **dict(options or {}))
-    try:
+    with patch(model, method, factor, **dict(options or {})) as handle:
         context = handle.options.get("trained_context")
-    finally:
-        handle.undo()
     return int(context) if context else None
 
 

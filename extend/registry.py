@@ -191,9 +191,8 @@ def check_option_value(method: Method, key: str, value) -> None:
     if key in COMMON_OPTIONS:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ExtendError(
-                f"option {key} of method {method.name!r} must be a positive integer (the trained "
-                f"context in tokens), got {value!r} — e.g. {key}=8192, or leave it out to use the "
-                f"model's own"
+                f"option {key} of method {method.name!r} must be a positive integer (the trained context in "
+                f"tokens), got {value!r} — e.g. {key}=8192, or leave it out to use the model's own"
             )
         return
     found = _option_kinds(method, key)
@@ -212,8 +211,7 @@ def option_range(method: Method, key: str) -> Range | None:
         hint = typing.get_type_hints(method.fn, include_extras=True).get(key)
     except Exception:  # noqa: BLE001 - unresolvable annotations: no declared range
         return None
-    candidates = [hint, *typing.get_args(hint)]  # Annotated[...] itself, or inside Optional[Annotated[...]]
-    for h in candidates:
+    for h in [hint, *typing.get_args(hint)]:  # Annotated[...] itself, or inside Optional[Annotated[...]]
         for extra in getattr(h, "__metadata__", ()):
             if isinstance(extra, Range):
                 return extra
@@ -250,11 +248,9 @@ def _check_kind(method: Method, key: str, value, kinds: set, optional: bool) -> 
         if float in kinds and isinstance(value, float):
             want = "a finite number"
         default = method.options.get(key)
-        example = (
-            f" — e.g. {key}={default!r}"
-            if default not in (None, inspect.Parameter.empty)
-            else f" — pass {want}"
-        )
+        example = f" — pass {want}"
+        if default not in (None, inspect.Parameter.empty):
+            example = f" — e.g. {key}={default!r}"
         raise ExtendError(
             f"option {key} of method {method.name!r} must be {want}{' (or None)' if optional else ''}, "
             f"got {value!r} ({type(value).__name__}){example}"

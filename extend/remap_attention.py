@@ -118,20 +118,12 @@ def remap_attention(module, query, key, value, attention_mask, scaling=None, dro
     if len(set(offsets)) == 1:
         out = _attend(state, lt, query, key, value, keep, offsets[0], scale, window)
     else:  # left padding: every row has its own positions
+        rows = [slice(b, b + 1) for b in range(len(offsets))]
+        masks = [None if keep is None else keep[r] for r in rows]
         out = torch.cat(
             [
-                _attend(
-                    state,
-                    lt,
-                    query[b : b + 1],
-                    key[b : b + 1],
-                    value[b : b + 1],
-                    None if keep is None else keep[b : b + 1],
-                    off,
-                    scale,
-                    window,
-                )
-                for b, off in enumerate(offsets)
+                _attend(state, lt, query[r], key[r], value[r], mask, off, scale, window)
+                for r, mask, off in zip(rows, masks, offsets)
             ]
         )
     return out.transpose(1, 2).contiguous(), None
@@ -203,12 +195,9 @@ def _plan(state: _State, q_len: int, kv_len: int, off: int, block: int, window: 
                 if bool(((hi <= t0) | (lo >= t1)).all()):
                     continue
                 if bool((lo <= t0).all() and (hi >= t1).all()):
-                    if run and run[1] == t0:
-                        run = (run[0], t1)
-                    else:
-                        if run:
-                            calls.append((index, run[0], run[1], "full", None, None))
-                        run = (t0, t1)
+                    if run and run[1] != t0:
+                        calls.append((index, run[0], run[1], "full", None, None))
+                    run = (run[0], t1) if run and run[1] == t0 else (t0, t1)
                     continue
                 if (
                     t0 == kv_len - q_len + a
@@ -246,8 +235,7 @@ def _attend(
         if id(fn) not in keys:
             keys[id(fn)] = expand(_rotated(state, k, k_pos, fn, lt, ("k", i, kv_len, off)))
     out = torch.empty_like(q)
-    block = QUERY_BLOCK
-    for a, b, calls in _plan(state, q_len, kv_len, off, block, window):
+    for a, b, calls in _plan(state, q_len, kv_len, off, QUERY_BLOCK, window):
         acc = lse_acc = None
         for index, t0, t1, kind, lo, hi in calls:
             piece = state.remap.pieces[index]
@@ -259,15 +247,12 @@ def _attend(
             empty = mask = None
             if kind == "mixed" or keep is not None:
                 j = torch.arange(t0, t1)
-                inside = (
-                    ((j >= lo[:, None]) & (j < hi[:, None]))
-                    if kind == "mixed"
-                    else (
-                        torch.ones(b - a, t1 - t0, dtype=torch.bool)
-                        if kind == "full"
-                        else j[None, :] <= torch.arange(t0, t0 + b - a)[:, None]
-                    )
-                )
+                if kind == "mixed":
+                    inside = (j >= lo[:, None]) & (j < hi[:, None])
+                elif kind == "full":
+                    inside = torch.ones(b - a, t1 - t0, dtype=torch.bool)
+                else:
+                    inside = j[None, :] <= torch.arange(t0, t0 + b - a)[:, None]
                 inside = inside.to(q.device)
                 if keep is not None:
                     inside = inside & keep[:, :, a:b, t0:t1]

@@ -61,8 +61,7 @@ class Shared:
         with self._lock:
             entry = self._held.get(key)
             if entry is None:
-                entry = [install(), 0]
-                self._held[key] = entry
+                entry = self._held[key] = [install(), 0]
             entry[1] += 1
         released = False
 

@@ -186,18 +186,15 @@ def shipped_frequencies(
     were before patching (its initial frequencies and attention scaling)."""
     if not info.length_dependent or seq_len is None:
         return original, float(scaling)
+    longrope = info.rope_type == "longrope"
+    # longrope: long factors beyond the pretraining context, short ones within; dynamic: unchanged up to
+    # max_position_embeddings (transformers' original_max_seq_len), then rescaled
+    if seq_len <= (info.pretrained_context if longrope else rotary.original_max_seq_len):
+        return original, float(scaling)
     kwargs = {"layer_type": info.layer_type} if info.layer_type else {}
     fn = ROPE_INIT_FUNCTIONS[info.rope_type]
-    if info.rope_type == "longrope":  # long factors beyond the pretraining context, short ones within
-        if seq_len <= info.pretrained_context:
-            return original, float(scaling)
-        inv_freq, _ = fn(rotary.config, original.device, seq_len=seq_len, **kwargs)
-        return inv_freq.to(torch.float32), float(scaling)
-    # dynamic: unchanged up to max_position_embeddings (transformers' original_max_seq_len), then rescaled
-    if seq_len <= rotary.original_max_seq_len:
-        return original, float(scaling)
     inv_freq, attention = fn(rotary.config, original.device, seq_len=seq_len, **kwargs)
-    return inv_freq.to(torch.float32), float(attention)
+    return inv_freq.to(torch.float32), float(scaling if longrope else attention)
 
 
 def pretrained_frequencies(theta: float, dim: int, device, p_rope: float | None = None) -> torch.Tensor:

@@ -150,9 +150,7 @@ def yarn_ramp(
     def pair(rotations: float) -> float:
         return dim * math.log(trained_context / (2 * math.pi * rotations)) / (2 * math.log(base))
 
-    low = max(math.floor(pair(beta_fast)), 0)
-    high = min(math.ceil(pair(beta_slow)), dim // 2 - 1)
-    return low, high
+    return max(math.floor(pair(beta_fast)), 0), min(math.ceil(pair(beta_slow)), dim // 2 - 1)
 
 
 def describe(
@@ -179,8 +177,7 @@ def describe(
     line = (
         f"theory: sum_i cos(m theta_i) >= 0 (Men et al.'s criterion) for {holds}, {verdict} {target}; "
         f"critical dimension d_crit (Liu et al., fixed by pretraining at {trained_context}) {critical} "
-        f"of {dim}; "
-        f"effective base {beta:.3g}, extrapolation bound T_extra = 2 pi base^(d_crit/d) = "
+        f"of {dim}; effective base {beta:.3g}, extrapolation bound T_extra = 2 pi base^(d_crit/d) = "
         + (f"{bound:.0f} tokens" if math.isfinite(bound) else "unbounded")
     )
     if trained_inv_freq is not None:

@@ -15,6 +15,7 @@ instead of letting inf/NaN through, so xPos is finite under every attention impl
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import weakref
@@ -98,11 +99,7 @@ def wrap_apply(module_name: str) -> Change:
 
         apply_rotary_pos_emb.__wrapped__ = original
         module.apply_rotary_pos_emb = apply_rotary_pos_emb
-
-        def restore():
-            module.apply_rotary_pos_emb = original
-
-        return restore
+        return functools.partial(setattr, module, "apply_rotary_pos_emb", original)
 
     return Change(
         f"{module_name}.apply_rotary_pos_emb",

@@ -107,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             args.tolerance = as_number(args.tolerance, "--tolerance", "--tolerance 0.1", low=0)
             args.threshold = bar_value(args.threshold)  # an accuracy, or 'ruler' (RULER's own 0.856)
-        if args.command == "report":
             from .reporting import report
 
             path = report(

@@ -44,6 +44,8 @@ SIGNIFICANT_MARK = "*"
 MIXED_MARK = "±"
 # the long form's columns about power and strata (results/power.py, results/strata.py)
 POWER_COLUMNS = ("detectable", "cannot", "se", "sd", "against", "mixed")
+# the long form's columns taken from `Paired` under their own names, before ``interval`` (its ``method``)
+_PAIRED_COLUMNS = ("estimate", "lo", "hi", "n", "rows", "informative")
 
 
 def power_text(row: Any, digits: int | None = None) -> str:
@@ -84,6 +86,11 @@ def _stat_kind(meaning: Metric, values: np.ndarray) -> str:
     return "mean" if kind == "rate" and not np.isin(values, (0.0, 1.0)).all() else kind
 
 
+def _weights(kind: str, *counts: pd.Series) -> list[np.ndarray | None]:
+    """Each side's per-unit weights (``n``: the tokens behind a row) for a mean; none for 0/1 outcomes."""
+    return [None if kind == "rate" else n.fillna(1).to_numpy(float) for n in counts]
+
+
 def paired_cells(
     rows: pd.DataFrame,
     base: pd.DataFrame,
@@ -114,33 +121,16 @@ def _paired_cells(
     """`paired_cells` with the unit rows of both sides (`_units`) given: a baseline's serve every setting."""
     unit = meaning.independent_unit
     if len(ua) and len(ub):
-        values = np.concatenate([ua["value"].to_numpy(float), ub["value"].to_numpy(float)])
-        kind = _stat_kind(meaning, values)
+        va, vb = ua["value"].to_numpy(float), ub["value"].to_numpy(float)
+        kind = _stat_kind(meaning, np.concatenate([va, vb]))
         if ua["_unit"].duplicated().any() or ub["_unit"].duplicated().any():
-            return paired_clusters(
-                kind,
-                ua["value"].to_numpy(float),
-                ua["_unit"].to_numpy(object),
-                ub["value"].to_numpy(float),
-                ub["_unit"].to_numpy(object),
-                None if kind == "rate" else ua["n"].fillna(1).to_numpy(float),
-                None if kind == "rate" else ub["n"].fillna(1).to_numpy(float),
-                how=how,
-                seed=seed,
-                unit=unit,
-            )
+            la, lb = ua["_unit"].to_numpy(object), ub["_unit"].to_numpy(object)
+            weights = _weights(kind, ua["n"], ub["n"])
+            return paired_clusters(kind, va, la, vb, lb, *weights, how=how, seed=seed, unit=unit)
         m = ua.merge(ub[["_key", "value", "n"]], on="_key", suffixes=("", "_base")).sort_values("_key")
-        wa = None if kind == "rate" else m["n"].fillna(1).to_numpy(float)
-        wb = None if kind == "rate" else m["n_base"].fillna(1).to_numpy(float)
+        va, vb = m["value"].to_numpy(float), m["value_base"].to_numpy(float)
         return paired_interval(
-            kind,
-            m["value"].to_numpy(float),
-            m["value_base"].to_numpy(float),
-            wa,
-            wb,
-            how=how,
-            seed=seed,
-            unit=unit,
+            kind, va, vb, *_weights(kind, m["n"], m["n_base"]), how=how, seed=seed, unit=unit
         )
     a = cell_interval(rows, metric, seed=seed, meaning=meaning)
     b = cell_interval(base, metric, seed=seed, meaning=meaning)
@@ -186,15 +176,7 @@ def paired_differences(
     other side of the null, and ``mixed`` (any such) withdraws the pooled ``significant``.
     """
     args = (task, metric, baseline, rows, cols, how, seed, where)
-    return remember(
-        "paired_differences",
-        df,
-        args,
-        lambda: _paired_differences(
-            df, task, metric, baseline, rows=rows, cols=cols, how=how, seed=seed, **where
-        ),
-        copy_frame,
-    )
+    return remember("paired_differences", df, args, lambda: _paired_differences(df, *args), copy_frame)
 
 
 def _paired_differences(
@@ -202,12 +184,11 @@ def _paired_differences(
     task: str,
     metric: str,
     baseline: str,
-    *,
     rows: str | Sequence[str],
     cols: str | Sequence[str] | None,
     how: str | None,
     seed: int,
-    **where: Any,
+    where: dict[str, Any],
 ) -> pd.DataFrame:
     rows_l, cols_l = _as_list(rows), _as_list(cols)
     if "method" not in rows_l:
@@ -257,21 +238,13 @@ def _paired_differences(
         out.append(
             {
                 **dict(zip(keys, key)),
-                "estimate": res.estimate,
-                "lo": res.lo,
-                "hi": res.hi,
-                "n": res.n,
-                "rows": res.rows,
-                "informative": res.informative,
+                **{c: getattr(res, c) for c in _PAIRED_COLUMNS},
                 "interval": res.method,
                 "p": res.p,
                 "significant": res.significant,
                 "how": how,
                 "baseline": baseline,
-                "detectable": res.detectable,
-                "cannot": res.cannot,
-                "se": res.se,
-                "sd": res.sd,
+                **{c: getattr(res, c) for c in ("detectable", "cannot", "se", "sd")},
             }
         )
     frame = pd.DataFrame(out)
@@ -339,26 +312,8 @@ def compare(
     """
     long = paired_differences(df, task, metric, baseline, rows=rows, cols=cols, how=how, seed=seed, **where)
     cols_l = _as_list(cols)
-    keys = [
-        c
-        for c in long.columns
-        if c
-        not in (
-            "estimate",
-            "lo",
-            "hi",
-            "n",
-            "rows",
-            "unit",
-            "informative",
-            "interval",
-            "p",
-            "significant",
-            "how",
-            "baseline",
-            *POWER_COLUMNS,
-        )
-    ]
+    stats = (*_PAIRED_COLUMNS, "unit", "interval", "p", "significant", "how", "baseline", *POWER_COLUMNS)
+    keys = [c for c in long.columns if c not in stats]
     rows_l = [k for k in keys if k not in cols_l]
     if with_ci:
         long["cell"] = [

@@ -99,10 +99,7 @@ def latest_rows_by_source(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_source: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_source.setdefault(r.get("_source", ""), []).append(r)
-    out: list[dict[str, Any]] = []
-    for group in by_source.values():
-        out.extend(latest_rows(group))
-    return out
+    return [r for group in by_source.values() for r in latest_rows(group)]
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
@@ -134,8 +131,6 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _id_text(v: Any) -> str | None:
-    if isinstance(v, str):
-        return v
     if _isna(v):
         return None
     if isinstance(v, float) and v.is_integer():  # pandas widens an integer column holding None to floats
@@ -174,9 +169,7 @@ def load(path_or_paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     directory or when there are no records.
     """
     paths = _as_paths(path_or_paths)
-    rows: list[dict[str, Any]] = []
-    for p in paths:
-        rows.extend(_rows_of(p))
+    rows = [r for p in paths for r in _rows_of(p)]
     if not rows:
         raise ResultsError(
             f"no records in {', '.join(map(str, paths))} — the records files are empty; "

@@ -27,13 +27,11 @@ from .reach import (
 )
 from .stats import (
     MIN_INFORMATIVE_PAIRS,
-    PAIRED_CLUSTERS,
-    PAIRED_RATES,
     PAIRED_T,
     t975,
 )
 from .store import ResultsError
-from .strata_report import detectable_note, power_phrase, where_line
+from .strata_report import TESTS, detectable_note, power_phrase, where_line
 from .tables import (
     IDENTITY,
     fmt_interval,
@@ -166,9 +164,7 @@ def _difference_line(ev: Evidence, q: Quantity) -> str | None:
             f"{what} {fmt_interval(r['estimate'], r['lo'], r['hi'])}" for _, r in at_side.head(2).iterrows()
         )
     ps = [p for p in (_p_value(r) for _, r in at_side.iterrows()) if math.isfinite(p)]
-    test = {PAIRED_RATES: "McNemar", PAIRED_T: "paired t", PAIRED_CLUSTERS: "sign-flip"}.get(
-        first["interval"], first["interval"]
-    )
+    test = TESTS.get(first["interval"], first["interval"])
     if ps:
         p_text = f", {test} " + _fmt_p(max(ps)).replace("=", "≤" if len(ps) > 1 else "=")
     else:

@@ -7,24 +7,14 @@ chose the key tokens: task_options.key_tokens.evaluator_is_setting). Reads recor
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pandas as pd
 
+from .longppl import _options
 from .overview import setting_label
 from .tables import is_unit
 
 KEY_TOKENS = "longppl_key_tokens"
 SETTINGS = ("trunc_len", "sliding_window", "alpha", "beta")
-
-
-def _options(text: Any) -> dict:
-    try:
-        opts = json.loads(text) if isinstance(text, str) else (text if isinstance(text, dict) else {})
-    except ValueError:
-        return {}
-    return opts if isinstance(opts, dict) else {}
 
 
 def _used(kt: dict) -> str:

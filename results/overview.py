@@ -240,13 +240,7 @@ def _settings(ok: pd.DataFrame, baseline: str) -> list[dict]:
     settings = rows[list(SETTING)].drop_duplicates()
     return sorted(
         (dict(zip(SETTING, s)) for s in settings.itertuples(index=False)),
-        key=lambda s: (
-            str(s["model"]),
-            s["method"] != baseline,
-            str(s["method"]),
-            str(s["factor"]),
-            str(s["options"]),
-        ),
+        key=lambda s: (str(s["model"]), s["method"] != baseline, *(str(s[k]) for k in SETTING[1:])),
     )
 
 

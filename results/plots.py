@@ -119,24 +119,18 @@ def _points(
     rows = select(df, task, metric, units=True, **where)
     rows = rows[rows["length"].notna() & rows["model"].isin(sub["model"].unique())].copy()
     rows["label"] = _label_series(rows)
-    out = []
-    for (label, method, factor, length), g in rows.groupby(
-        ["label", "method", "factor", "length"], dropna=False
-    ):
-        ci = cell_interval(g, metric, seed=seed)
-        out.append(
-            {
-                "label": label,
-                "method": method,
-                "factor": factor,
-                "length": int(length),
-                "value": ci.estimate,
-                "lo": ci.lo,
-                "hi": ci.hi,
-                "n": ci.n,
-            }
-        )
+    keys = ["label", "method", "factor", "length"]
+    out = [
+        {**dict(zip(keys, key)), "length": int(key[3]), **_interval(g, metric, seed)}
+        for key, g in rows.groupby(keys, dropna=False)
+    ]
     return pd.DataFrame(out)
+
+
+def _interval(g: pd.DataFrame, metric: str, seed: int) -> dict[str, Any]:
+    """A drawn point's ``value`` (the cell estimate) and ``lo``/``hi``/``n`` (see `tables.cell_interval`)."""
+    ci = cell_interval(g, metric, seed=seed)
+    return {"value": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n": ci.n}
 
 
 def _has_band(data: pd.DataFrame) -> bool:
@@ -172,16 +166,9 @@ def _line_plot(ax, data: pd.DataFrame, y: str) -> None:
     colours.update({lab: h.get_color() for h, lab in zip(handles, labels) if hasattr(h, "get_color")})
     for label in order:
         d = data[data["label"] == label].sort_values("length")
-        ok = d["lo"].notna() & d["hi"].notna()
-        if ok.any():
-            ax.fill_between(
-                d.loc[ok, "length"],
-                d.loc[ok, "lo"],
-                d.loc[ok, "hi"],
-                color=colours.get(label),
-                alpha=0.15,
-                linewidth=0,
-            )
+        d = d[d["lo"].notna() & d["hi"].notna()]
+        if len(d):
+            ax.fill_between(d["length"], d["lo"], d["hi"], color=colours.get(label), alpha=0.15, linewidth=0)
 
 
 def plot_perplexity(
@@ -328,19 +315,11 @@ def plot_classification(
     except ResultsError:
         pass
     if chance is not None and len(chance):
+        style = {"color": "0.3", "linestyle": "--", "linewidth": 1.2, "label": "chance (majority)"}
         if chance.nunique() == 1 or len(chance) == 1:
-            ax.axhline(
-                float(chance.iloc[0]), color="0.3", linestyle="--", linewidth=1.2, label="chance (majority)"
-            )
+            ax.axhline(float(chance.iloc[0]), **style)
         else:
-            ax.plot(
-                chance.index.astype(int),
-                chance.to_numpy(),
-                color="0.3",
-                linestyle="--",
-                linewidth=1.2,
-                label="chance (majority)",
-            )
+            ax.plot(chance.index.astype(int), chance.to_numpy(), **style)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel(f"{metric} (higher is better)")
@@ -549,19 +528,10 @@ def plot_by_distance(
     # One point per needle position (length x depth), at the median distance of its questions: the exact
     # distance differs by a few tokens between haystacks (one point per exact value scatters the line).
     rows["_place"] = rows["depth"].where(rows["depth"].notna(), rows["distance"])
-    out = []
-    for (label, _, _), g in rows.groupby(["label", "length", "_place"], dropna=False):
-        ci = cell_interval(g, metric, seed=seed)
-        out.append(
-            {
-                "label": label,
-                "distance": round(float(g["distance"].median())),
-                "value": ci.estimate,
-                "lo": ci.lo,
-                "hi": ci.hi,
-                "n": ci.n,
-            }
-        )
+    out = [
+        {"label": label, "distance": round(float(g["distance"].median())), **_interval(g, metric, seed)}
+        for (label, _, _), g in rows.groupby(["label", "length", "_place"], dropna=False)
+    ]
     data = pd.DataFrame(out).rename(columns={"distance": "length"})
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()

@@ -96,18 +96,23 @@ def check_trained_context(given: Any) -> None:
             )
 
 
+def _json_value(text: Any, key: str) -> Any:
+    """``key`` of the JSON object in ``text`` (None when it is no JSON object text)."""
+    try:
+        return json.loads(text).get(key) if isinstance(text, str) else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _recorded(rows: pd.DataFrame, column: str) -> set[int]:
-    found = set()
     if column not in rows.columns:
-        return found
-    for text in rows[column].dropna().unique():
-        try:
-            v = json.loads(text).get("trained_context") if isinstance(text, str) else None
-        except (json.JSONDecodeError, AttributeError):
-            v = None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            found.add(int(v))
-    return found
+        return set()
+    found = (_json_value(text, "trained_context") for text in rows[column].dropna().unique())
+    return {int(v) for v in found if _is_number(v) and v > 0}
 
 
 def recorded_contexts(rows: pd.DataFrame) -> set[int]:
@@ -367,27 +372,21 @@ def _rate_short(s: Setting) -> Verdicts:
             "not computed: no short length to take NoLiMa's base at (trained context unknown: pass "
             "trained_context=... or short_length=...)"
         )
+    why = None
     if short > s.short_length:
-        return Verdicts(
-            f"not computed: NoLiMa's base needs a length ≤ {s.short_length} (min(a quarter of the trained "
-            f"context, {SHORT_CAP})); the shortest tested is {short} — add a length ≤ {s.short_length}",
-            reference_length=short,
-            reference_value=base.estimate,
+        why = (
+            f"NoLiMa's base needs a length ≤ {s.short_length} (min(a quarter of the trained context, "
+            f"{SHORT_CAP})); the shortest tested is {short} — add a length ≤ {s.short_length}"
         )
-    if len(s.cells) < 2:  # the base length passes by definition: alone it would claim itself
-        return Verdicts(
-            f"not computed: one tested length ({short}) is only the short-context base — test a "
-            f"shorter length too",
-            reference_length=short,
-            reference_value=base.estimate,
+    elif len(s.cells) < 2:  # the base length passes by definition: alone it would claim itself
+        why = f"one tested length ({short}) is only the short-context base — test a shorter length too"
+    elif not (math.isfinite(base.lo) and base.lo >= MIN_BAR):
+        why = (
+            f"own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < {MIN_BAR:g}, no "
+            "short-context score to keep (more trials, or a shorter length)"
         )
-    if not (math.isfinite(base.lo) and base.lo >= MIN_BAR):
-        return Verdicts(
-            f"not computed: own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < "
-            f"{MIN_BAR:g}, no short-context score to keep (more trials, or a shorter length)",
-            reference_length=short,
-            reference_value=base.estimate,
-        )
+    if why:
+        return Verdicts(f"not computed: {why}", reference_length=short, reference_value=base.estimate)
     bar = NOLIMA_FRACTION * base.estimate
     # the base length is where the base score was measured (established above): it passes by definition
     checks = {L: (PASS if L == short else at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}
@@ -528,32 +527,13 @@ def effective_length(
     declares no reach, or not this rule, is a ResultsError.
     """
     args = (task, metric, threshold, rule, tolerance, trained_context, baseline, seed, short_length, where)
-    return remember(
-        "effective_length",
-        df,
-        args,
-        lambda: _effective_length(
-            df,
-            task,
-            metric,
-            threshold=threshold,
-            rule=rule,
-            tolerance=tolerance,
-            trained_context=trained_context,
-            baseline=baseline,
-            seed=seed,
-            short_length=short_length,
-            **where,
-        ),
-        copy_frame,
-    )
+    return remember("effective_length", df, args, lambda: _effective_length(df, *args), copy_frame)
 
 
 def _effective_length(
     df: pd.DataFrame,
     task: str,
     metric: str | None,
-    *,
     threshold: float | str,
     rule: str,
     tolerance: float,
@@ -561,7 +541,7 @@ def _effective_length(
     baseline: str,
     seed: int,
     short_length: int | None,
-    **where: Any,
+    where: dict[str, Any],
 ) -> pd.DataFrame:
     threshold = check_rules(threshold, tolerance, short_length)
     check_trained_context(trained_context)
@@ -701,11 +681,8 @@ def predicted_reach(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _recorded_number(text: Any, key: str) -> int | None:
-    try:
-        v = json.loads(text).get(key) if isinstance(text, str) else None
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    v = _json_value(text, key)
+    return int(v) if _is_number(v) else None
 
 
 def predicted_for(predicted: pd.DataFrame, info: dict) -> dict[str, Any]:
@@ -713,12 +690,8 @@ def predicted_for(predicted: pd.DataFrame, info: dict) -> dict[str, Any]:
     hit = predicted
     for k in PREDICTED_KEYS:
         hit = hit[hit[k].astype(str) == str(info[k])]
-    if hit.empty:
-        return {"predicted_reach": pd.NA, "predicted_limit": pd.NA}
-    return {
-        "predicted_reach": hit["predicted_reach"].iloc[0],
-        "predicted_limit": hit["predicted_limit"].iloc[0],
-    }
+    columns = ("predicted_reach", "predicted_limit")
+    return {c: pd.NA if hit.empty else hit[c].iloc[0] for c in columns}
 
 
 def setting_rows(df: pd.DataFrame, info: dict) -> pd.DataFrame:

@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
@@ -65,9 +66,8 @@ SCHEMA: tuple[str, ...] = (
 BOOKKEEPING: tuple[str, ...] = ("written", "session", "cell_rows")
 JSON_COLUMNS = ("options", "task_options")
 RECORDS_GLOB = "records*.jsonl"
-RECORDS_NAME = re.compile(
-    r"^records(\.rank\d+)?\.jsonl$"
-)  # what RecordWriter writes; other files are not read
+# what RecordWriter writes; other files are not read
+RECORDS_NAME = re.compile(r"^records(\.rank\d+)?\.jsonl$")
 REPORT_INDEX = ".ropebench-report.json"  # the files a report wrote into its directory (ours to replace)
 
 
@@ -110,9 +110,7 @@ def _json_default(obj: Any) -> Any:
         return obj.tolist()
     if isinstance(obj, (set, frozenset, tuple)):
         return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    return str(obj)
+    return str(obj)  # a path, or anything else: its text
 
 
 def _now_iso() -> str:
@@ -186,20 +184,12 @@ def _library_versions() -> dict[str, str | None]:
 
 def _git_commit(cwd: str | os.PathLike | None = None) -> dict[str, Any] | None:
     """Commit of the working tree (read-only git calls); None outside a repo or without commits."""
+    how = {"cwd": cwd, "capture_output": True, "text": True, "timeout": 10}
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
-        )
+        head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, **how)
         if head.returncode != 0:
             return None
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=False, **how)
         return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return None
@@ -518,20 +508,13 @@ def complete_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop the rows of every cell whose write is not complete on disk: rows of one write call (same cell,
     session and ``written``) must number ``cell_rows``. Rows without ``cell_rows`` (older files, or rows of
     no cell) are kept. Each dropped cell is named in a :class:`ResultsWarning`."""
-    counts: dict[tuple, int] = {}
-    for r in rows:
-        if r.get("cell") is not None and "cell_rows" in r:
-            key = (str(r["cell"]), str(r.get("session")), str(r.get("written")))
-            counts[key] = counts.get(key, 0) + 1
+    counts = Counter(key for r in rows if (key := _write_call(r)) is not None)
     bad = set()
     for r in rows:
-        if r.get("cell") is None or "cell_rows" not in r:
+        key, expected = _write_call(r), r.get("cell_rows")
+        if key is None or key in bad:
             continue
-        key = (str(r["cell"]), str(r.get("session")), str(r.get("written")))
-        expected = r.get("cell_rows")
-        if key not in bad and (
-            not isinstance(expected, int) or isinstance(expected, bool) or counts[key] != expected
-        ):
+        if not isinstance(expected, int) or isinstance(expected, bool) or counts[key] != expected:
             bad.add(key)
             warnings.warn(
                 f"cell {key[0]}: {counts[key]} of {expected} rows on disk (an interrupted write or a "
@@ -541,13 +524,14 @@ def complete_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
     if not bad:
         return rows
-    return [
-        r
-        for r in rows
-        if r.get("cell") is None
-        or "cell_rows" not in r
-        or (str(r["cell"]), str(r.get("session")), str(r.get("written"))) not in bad
-    ]
+    return [r for r in rows if _write_call(r) not in bad]
+
+
+def _write_call(row: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The write call a row came from (cell, session, written); None for a row without ``cell_rows``."""
+    if row.get("cell") is None or "cell_rows" not in row:
+        return None
+    return (str(row["cell"]), str(row.get("session")), str(row.get("written")))
 
 
 def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

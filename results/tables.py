@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from .arguments import as_path, check_frame
+from .arguments import _shown, as_path, check_frame
 from .meaning import Metric, declarations, fallback
-from .ranges import within_range
+from .ranges import out_of_range_mask, within_range
 from .stats import Interval, t975, wilson
 from .stats import cell_interval as stats_cell_interval
 from .store import ResultsError
@@ -193,16 +193,7 @@ def out_of_range(df: pd.DataFrame) -> pd.DataFrame:
     a report can flag them; empty when every value fits (or nothing is declared)."""
     if df is None or not len(df):
         return df.iloc[0:0] if isinstance(df, pd.DataFrame) else pd.DataFrame()
-    bad = pd.Series(False, index=df.index)
-    for (task, metric), meaning in declarations(df).items():
-        if meaning.lo is None and meaning.hi is None:
-            continue
-        mine = (df["task"] == task) & (df["metric"] == metric) & df["value"].notna()
-        values = df.loc[mine, "value"].astype(float)
-        low = values < meaning.lo if meaning.lo is not None else False
-        high = values > meaning.hi if meaning.hi is not None else False
-        bad.loc[mine] = low | high
-    return df[bad]
+    return df[out_of_range_mask(df)]
 
 
 def cell_interval(
@@ -263,9 +254,8 @@ def _as_list(x: str | Sequence[str] | None) -> list[str]:
     if isinstance(x, str):
         return [x]
     if not isinstance(x, (list, tuple)) or not all(isinstance(c, str) for c in x):
-        shown = repr(x) if len(repr(x)) <= 40 else repr(x)[:37] + "..."
         raise ResultsError(
-            f"rows, cols and by take a column name or a list of them, got {type(x).__name__} {shown} — "
+            f"rows, cols and by take a column name or a list of them, got {type(x).__name__} {_shown(x)} — "
             f"e.g. rows='method', cols=['length']"
         )
     return list(x)
@@ -667,11 +657,7 @@ def write_table(t: pd.DataFrame, stem: str | os.PathLike, caption: str | None = 
     _check_table(t, stem)
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "md": stem.with_name(stem.name + ".md"),
-        "csv": stem.with_name(stem.name + ".csv"),
-        "tex": stem.with_name(stem.name + ".tex"),
-    }
+    paths = {ext: stem.with_name(f"{stem.name}.{ext}") for ext in ("md", "csv", "tex")}
     to_markdown(t, paths["md"], caption=caption)
     to_csv(t, paths["csv"])
     to_latex(t, paths["tex"], caption=caption, label=f"tab:{stem.name}")

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from .common import encoder, interleave
 from .data import seeded_order
 from .errors import TaskError
-from .kit import (
-    largest_fitting,
-)
-from .passkey import MIX, cut_haystack, encode_located, haystack_sentences
+from .kit import largest_fitting
+
+# plain_text (input, a space, the answer prefix) is also how lm-eval writes RULER's prompts
+from .passkey import MIX, cut_haystack, encode_located, haystack_sentences, plain_text
 from .scenes import (
     VARIANT_TABLE,
     VARIANTS,
@@ -33,11 +33,7 @@ from .scenes import (
     shared_scenes,
     with_example,
 )
-from .variable_tracking import (
-    NOISE,
-    sized_text,
-    vt_context,
-)
+from .variable_tracking import NOISE, sized_text, vt_context
 
 ESSAY_STEP = 500  # lm-eval's essay step, in words
 MIN_FILL = 0.98  # length_rule "fill": a prompt fills at least this share of its token budget
@@ -104,12 +100,6 @@ def _filler_compose(scene: Scene, haystack: list[str], depth: float) -> tuple[st
     return scene.example + scene.question.replace("{context}", " ".join(pieces)), scene.answer_prefix
 
 
-def plain_text(parts: tuple[str, str]) -> str:
-    """A prompt as one text, as lm-eval writes RULER's: the input, a space, the answer prefix."""
-    user, answer_prefix = parts
-    return f"{user} {answer_prefix}"
-
-
 @dataclass(frozen=True)
 class Source:
     """Where a haystack's units come from: `kind` ("essay": `words`, one unit a word; "noise": NOISE blocks;
@@ -127,11 +117,9 @@ class Source:
 
     def most(self, length: int) -> int:
         """An upper bound of the units a prompt of `length` tokens can hold (a block has over 20 tokens)."""
-        return (
-            len(self.words)
-            if self.kind == "essay"
-            else (length // 16 + 1 if self.kind == "noise" else 2 * length)
-        )
+        if self.kind == "essay":
+            return len(self.words)
+        return length // 16 + 1 if self.kind == "noise" else 2 * length
 
 
 def haystack_step(variant: str, kind: str, length: int) -> int:

@@ -225,16 +225,8 @@ def _mtime(spec: str) -> int:
 def fingerprint(model) -> str:
     """A cheap hash of a model's weights (up to 1024 evenly spaced values of every parameter), dtype and RoPE
     config: patches change buffers and attention settings, never these."""
-    h = hashlib.sha256()
-    h.update(
-        repr(
-            (
-                type(model).__name__,
-                getattr(model.config, "rope_parameters", None),
-                getattr(model.config, "max_position_embeddings", None),
-            )
-        ).encode()
-    )
+    rope, longest = (getattr(model.config, k, None) for k in ("rope_parameters", "max_position_embeddings"))
+    h = hashlib.sha256(repr((type(model).__name__, rope, longest)).encode())
     for name, p in model.named_parameters():
         flat = p.detach().reshape(-1)
         sample = flat[:: max(1, flat.numel() // 1024)].float().cpu()
@@ -247,9 +239,8 @@ def fingerprint(model) -> str:
 def encode_with_offsets(tokenizer, text: str, prefix: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
     """`prefix` + the text's tokens, with each token's character span ((0, 0) for the prefix)."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(prefix) + list(enc["input_ids"]), [(0, 0)] * len(prefix) + [
-        tuple(o) for o in enc["offset_mapping"]
-    ]
+    offsets = [(0, 0)] * len(prefix) + [tuple(o) for o in enc["offset_mapping"]]
+    return list(prefix) + list(enc["input_ids"]), offsets
 
 
 def short_losses(model, ids: list[int], trunc_len: int, sliding_window: int, chunk_size: int) -> torch.Tensor:
@@ -276,8 +267,7 @@ def long_losses(
         if shared is not None
         else token_nll(model, ids[:head], start=first, chunk_size=chunk_size)
     )
-    half = context // 2
-    start = half
+    start = half = context // 2
     while start + context - half < len(ids):
         end = min(start + context, len(ids))
         out[start + context - half : end] = token_nll(
@@ -394,9 +384,8 @@ def key_mask(spans: list, offsets: list[tuple[int, int]]) -> torch.Tensor:
     starts = torch.tensor([s for s, _ in ordered])
     reach = torch.cummax(torch.tensor([e for _, e in ordered]), 0).values  # furthest end of the spans so far
     tok = torch.tensor(offsets)
-    last = (
-        torch.searchsorted(starts, tok[:, 0].contiguous(), right=True) - 1
-    )  # the last span starting at or before the token
+    # the last span starting at or before the token
+    last = torch.searchsorted(starts, tok[:, 0].contiguous(), right=True) - 1
     return (last >= 0) & (reach[last.clamp(min=0)] >= tok[:, 1])
 
 

@@ -217,10 +217,8 @@ def render(
 ) -> dict[str, str]:
     """File name -> content of the written (not hand-written) files of the task folder."""
     tokenizer = tokenizer or default_tokenizer()
-    passkey_lengths, classification_lengths = (
-        sorted(set(passkey_lengths)),
-        sorted(set(classification_lengths)),
-    )
+    passkey_lengths = sorted(set(passkey_lengths))
+    classification_lengths = sorted(set(classification_lengths))
     retrieval_lengths = sorted(set(retrieval_lengths))
     files = {
         "passkey.jsonl": _jsonl(passkey_docs(tokenizer, passkey_lengths, depths, trials, seed)),
@@ -233,13 +231,10 @@ def render(
     }
     for template, lengths in (("passkey", passkey_lengths), ("sotu_era", classification_lengths)):
         files.update({f"ropebench_{template}_{length_name(n)}.yaml": task_yaml(template, n) for n in lengths})
-    files.update(
-        {
-            f"{retrieval_task_name(v, n)}.yaml": retrieval_task_yaml(v, n)
-            for v in retrieval_variants
-            for n in retrieval_lengths
-        }
-    )
+    for v in retrieval_variants:
+        files.update(
+            {f"{retrieval_task_name(v, n)}.yaml": retrieval_task_yaml(v, n) for n in retrieval_lengths}
+        )
     return files
 
 

@@ -9,6 +9,7 @@ evaluator the cell scores the evaluator's key tokens (tasks/key_tokens.py) and w
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict
@@ -56,15 +57,15 @@ class PassExtras:
         chunk_size,
     ):
         self.model, self.tokenizer, self.corpus, self.chunk_size = model, tokenizer, corpus, chunk_size
+        self.row = functools.partial(record, "perplexity", corpus)  # a record of this task and corpus
         self.lengths, self.prefix, self.first = lengths, list(prefix), first
         self.trained = in_force(model)  # what the rows record (a forced original_max_position_embeddings too)
         self.settings = None
         self.by_position = loss_by_position
         self.evaluator: Evaluator | None = None
         self.deferred = False
-        self.key_totals = {
-            L: [0.0, 0, 0.0, 0] for L in lengths
-        }  # sum nll over key tokens, count, seconds, docs
+        # sum nll over key tokens, count, seconds, docs
+        self.key_totals = {L: [0.0, 0, 0.0, 0] for L in lengths}
         self.key_rows: dict[int, list[dict]] = {L: [] for L in lengths}  # per document, written at finish
         self.docs = 0
         self.bins = position_bins(first, lengths[-1]) if loss_by_position else []
@@ -143,19 +144,8 @@ class PassExtras:
         rows = []
         for L, (nll, secs) in per_length.items():
             losses = key_losses.payload(short[self.first : L], nll, self.first, self.evaluator.identity)
-            rows.append(
-                record(
-                    "perplexity",
-                    self.corpus,
-                    L,
-                    key_losses.METRIC,
-                    nll.numel(),
-                    nll.numel(),
-                    secs + short_seconds,
-                    dict(options, token_losses=losses),
-                    doc=doc.id,
-                )
-            )
+            opts, n = dict(options, token_losses=losses), nll.numel()
+            rows.append(self.row(L, key_losses.METRIC, n, n, secs + short_seconds, opts, doc=doc.id))
         return rows
 
     def _row_options(self, options: dict, length: int) -> dict:
@@ -175,27 +165,16 @@ class PassExtras:
         key_seconds = time.perf_counter() - t0
         for L, (nll, secs) in per_length.items():
             index = torch.nonzero(masks[L]).flatten() + len(self.prefix) - self.first
-            total = self.key_totals[L]
-            total[2] += secs + key_seconds
+            total, n, secs = self.key_totals[L], index.numel(), secs + key_seconds
+            total[2] += secs
             total[3] += 1
-            if index.numel() == 0:
+            if n == 0:
                 continue
             losses = nll[index].double()
             total[0] += losses.sum().item()
-            total[1] += index.numel()
-            self.key_rows[L].append(
-                record(
-                    "perplexity",
-                    self.corpus,
-                    L,
-                    "longppl",
-                    math.exp(losses.mean().item()),
-                    index.numel(),
-                    secs + key_seconds,
-                    self._row_options(options, L),
-                    doc=doc.id,
-                )
-            )
+            total[1] += n
+            value, opts = math.exp(losses.mean().item()), self._row_options(options, L)
+            self.key_rows[L].append(self.row(L, "longppl", value, n, secs, opts, doc=doc.id))
 
     def _masks(self, text: str, offsets, spans: list, per_length: dict) -> dict[int, torch.Tensor]:
         """{L: which of the window's text tokens are key}: the package's spans inside the window."""
@@ -226,20 +205,9 @@ class PassExtras:
             self.bin_totals[i][0] += part.sum().item()
             self.bin_totals[i][1] += part.numel()
             self.bin_totals[i][2] += (part * part).sum().item()
-            rows.append(
-                record(
-                    "perplexity",
-                    self.corpus,
-                    self.lengths[-1],
-                    "loss_bin",
-                    part.mean().item(),
-                    part.numel(),
-                    secs,
-                    options,
-                    depth=float(start),
-                    doc=doc.id,
-                )
-            )
+            where = {"depth": float(start), "doc": doc.id}
+            mean, n = part.mean().item(), part.numel()
+            rows.append(self.row(self.lengths[-1], "loss_bin", mean, n, secs, options, **where))
         return rows
 
     def finish(self, options: dict) -> list[dict]:
@@ -248,12 +216,10 @@ class PassExtras:
             for L, (total, n, secs, docs) in self.key_totals.items():
                 opts = self._row_options(options, L)
                 # every length says how many key tokens its LongPPL rests on (0: none could be found)
-                rows.append(record("perplexity", self.corpus, L, "longppl_key_tokens", n, docs, secs, opts))
+                rows.append(self.row(L, "longppl_key_tokens", n, docs, secs, opts))
                 if n >= kt.MIN_KEY_TOKENS:
                     rows += self.key_rows[L]
-                    rows.append(
-                        record("perplexity", self.corpus, L, "longppl", math.exp(total / n), n, secs, opts)
-                    )
+                    rows.append(self.row(L, "longppl", math.exp(total / n), n, secs, opts))
         return rows + (self._fit_rows(options) if self.by_position else [])
 
     def _fit_rows(self, options: dict) -> list[dict]:
@@ -293,24 +259,12 @@ class PassExtras:
             )
         fit_options = dict(options, loss_fit=outcome)
         rows = [
-            record(
-                "perplexity",
-                self.corpus,
-                longest,
-                "loss_bin",
-                total / n,
-                n,
-                0.0,
-                fit_options,
-                depth=float(start),
-            )
+            self.row(longest, "loss_bin", total / n, n, 0.0, fit_options, depth=float(start))
             for (start, _), (total, n, _) in zip(self.bins, self.bin_totals, strict=True)
         ]
         if problem is None:
             for name, value in zip(
                 ("loss_fit_a", "loss_fit_b", "loss_fit_c"), (fit.a, fit.b, fit.c), strict=True
             ):
-                rows.append(
-                    record("perplexity", self.corpus, longest, name, value, len(means), 0.0, fit_options)
-                )
+                rows.append(self.row(longest, name, value, len(means), 0.0, fit_options))
         return rows

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from .common import check_lengths, prefix_options, record, special_prefix
 from .data import iter_corpus, seeded_order
 from .errors import TaskError
-from .kit import Metric, choice, declare, flag, fractions, greedy, optional_flag, run_cells
+from .kit import Metric, choice, declare, flag, fractions, greedy, largest_fitting, optional_flag, run_cells
 from .sizes import (
     DEPTH_COST,
     MAX_DEPTHS,
@@ -128,9 +128,8 @@ def run(
     progress=True,
 ) -> list[dict]:
     lengths = check_lengths(lengths)
-    depths = [
-        float(d) for d in ([depths] if isinstance(depths, (int, float)) else depths)
-    ]  # checked: declare
+    # checked: declare
+    depths = [float(d) for d in ([depths] if isinstance(depths, (int, float)) else depths)]
     if chat_template and not getattr(tokenizer, "chat_template", None):
         raise TaskError("chat_template=True but the tokenizer has no chat template — use chat_template=False")
     texts = [d.text for d in iter_corpus(corpus)] if haystack == "corpus" else None
@@ -168,18 +167,17 @@ def run(
                 cells[length].append(ids)
                 keys[length, len(cells[length]) - 1] = key
                 build_secs[length, len(cells[length]) - 1] = time.perf_counter() - t0
-    bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
     # A cell's prompts share their haystack up to the (shallowest) needle: each prefills only what it does not
     # share with the previous one (tasks.kit.run_cells)
-    answers = run_cells(
-        model,
-        cells,
-        lambda ids, cache, _: _generate(model, tokenizer, ids, max_new_tokens, cache),
-        extra_tokens=max_new_tokens,
-        share_prefix=share_prefix,
-        bar=bar,
-    )
-    bar.close()
+    with tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress) as bar:
+        answers = run_cells(
+            model,
+            cells,
+            lambda ids, cache, _: _generate(model, tokenizer, ids, max_new_tokens, cache),
+            extra_tokens=max_new_tokens,
+            share_prefix=share_prefix,
+            bar=bar,
+        )
     results = {}  # (trial, length, depth index) -> (correct, prompt tokens, distance, seconds)
     for length in lengths:
         for i, (answer, secs) in enumerate(answers[length]):
@@ -274,20 +272,15 @@ def fit_haystack_words(
     def n_tokens(k):
         return len(encode(tokenizer, prompt(sentences, k, depth, key), chat_template, prefix))
 
-    lo, hi = 0, sum(len(s.split()) for s in sentences)
+    most = sum(len(s.split()) for s in sentences)
     if n_tokens(0) > length:
         raise TaskError(
             f"length {length} is too short for the passkey prompt itself "
             f"({n_tokens(0)} tokens without haystack) — use longer lengths"
         )
-    if n_tokens(hi) <= length:
+    if n_tokens(most) <= length:
         raise TaskError(f"not enough haystack for {length} tokens — this is a bug, please report it")
-    while lo < hi:  # largest k with n_tokens(k) <= length
-        mid = (lo + hi + 1) // 2
-        if n_tokens(mid) <= length:
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = largest_fitting(n_tokens, most, length)
     if n_tokens(lo) < 0.99 * length:
         raise TaskError(
             f"could only build a {n_tokens(lo)}-token prompt for length {length} — use longer lengths"

@@ -24,6 +24,7 @@ skipped and counted, never padded; join_docs=True concatenates consecutive docum
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -229,6 +230,7 @@ def run(
     one_pass = protocol == "truncate" and not length_dependent(model)
     steps = len(docs) * (1 if one_pass else len(lengths))
     bar = tqdm(total=steps, desc=f"perplexity {protocol}", disable=not progress)
+    row = functools.partial(record, "perplexity", corpus)
     records, totals = [], {L: [0.0, 0, 0.0] for L in lengths}  # sum nll, tokens, seconds
     tails = {L: [0.0, 0] for L in lengths[1:]}  # truncate: tokens between the previous length and L
     for doc, ids in docs:
@@ -256,26 +258,15 @@ def run(
                 tails[L][0] += tail_sum
                 tails[L][1] += tail_n
                 if tail_n:  # per document too: the document bootstrap of results needs the unit's value
-                    records.append(
-                        record(
-                            "perplexity",
-                            corpus,
-                            L,
-                            "ppl_tail",
-                            math.exp(tail_sum / tail_n),
-                            tail_n,
-                            per_length[L][1],
-                            options,
-                            doc=doc.id,
-                        )
-                    )
+                    value = math.exp(tail_sum / tail_n)
+                    records.append(row(L, "ppl_tail", value, tail_n, per_length[L][1], options, doc=doc.id))
         for L, (nll, secs) in per_length.items():
             loss, n = nll.double().mean().item(), nll.numel()
             totals[L][0] += nll.double().sum().item()
             totals[L][1] += n
             totals[L][2] += secs
             for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
-                records.append(record("perplexity", corpus, L, metric, value, n, secs, options, doc=doc.id))
+                records.append(row(L, metric, value, n, secs, options, doc=doc.id))
         if extras:
             records += extras.add(doc, ids[: lengths[-1] - len(bos)], per_length, options)
     bar.close()
@@ -284,14 +275,12 @@ def run(
     for L, (total, n, secs) in totals.items():
         loss = total / n  # token-weighted over documents
         for metric, value in (("loss", loss), ("ppl", math.exp(loss))):
-            records.append(record("perplexity", corpus, L, metric, value, n, secs, options))
+            records.append(row(L, metric, value, n, secs, options))
         if L in tails and tails[L][1]:
             # Only the tokens past the previous length: what the longer context costs or gains, undiluted by
             # the window's start (plain RoPE breaks here once L passes the trained context).
             tail_loss = tails[L][0] / tails[L][1]
-            records.append(
-                record("perplexity", corpus, L, "ppl_tail", math.exp(tail_loss), tails[L][1], secs, options)
-            )
+            records.append(row(L, "ppl_tail", math.exp(tail_loss), tails[L][1], secs, options))
     return records
 
 

@@ -359,11 +359,10 @@ def run(
     def score(ids, cache, at) -> dict:
         return score_prompt(model, tokenizer, ids, where[at][0].scene, scoring, max_new_tokens, cache, encode)
 
-    bar = tqdm(total=sum(map(len, cells.values())), desc=f"retrieval {scoring}", disable=not progress)
     # one cell per length (dynamic methods see the cell's length); its prompts share the haystack up to the
     # first needle where they differ (a shared haystack: up to the question), prefilled once (run_cells)
-    scored = run_cells(model, cells, score, share_prefix=share_prefix, bar=bar)
-    bar.close()
+    with tqdm(total=sum(map(len, cells.values())), desc=f"retrieval {scoring}", disable=not progress) as bar:
+        scored = run_cells(model, cells, score, share_prefix=share_prefix, bar=bar)
     records = []
     for length in lengths:
         for i, (metrics, secs) in enumerate(scored[length]):
@@ -373,25 +372,15 @@ def run(
             options = {"variant": variant, "haystack": kind, **common}
             if kind == "essay":
                 options["haystack_corpus"] = corpus
-            options["ruler_haystack"] = VARIANT_TABLE[
-                variant
-            ].ruler_haystack  # a deviation shows as a difference
+            # a deviation shows as a difference
+            options["ruler_haystack"] = VARIANT_TABLE[variant].ruler_haystack
             if "answer_top1" in metrics:
                 metrics = {**metrics, "chance": 1.0 / (1 + len(question.scene.wrong))}
+            name, secs = (corpus if kind == "essay" else kind), build_secs + secs
+            # results pair by variant x depth x trial (x length)
+            pairing = {"depth": question.depth, "trial": question.trial, "doc": variant}
             for metric, value in {**metrics, "prompt_tokens": len(cells[length][i])}.items():
-                row = record(
-                    "retrieval",
-                    corpus if kind == "essay" else kind,
-                    length,
-                    metric,
-                    value,
-                    1,
-                    build_secs + secs,
-                    options,
-                    depth=question.depth,
-                    trial=question.trial,
-                    doc=variant,  # results pair by variant x depth x trial (x length)
-                )
+                row = record("retrieval", name, length, metric, value, 1, secs, options, **pairing)
                 records.append({**row, "distance": distance, "cluster": question.cluster})
     return records
 

@@ -135,10 +135,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    shown, warnings.showwarning = (
-        warnings.showwarning,
-        _one_line_warning,
-    )  # e.g. damaged records: one line each
+    shown = warnings.showwarning
+    warnings.showwarning = _one_line_warning  # e.g. damaged records: one line each
     try:
         args = parser().parse_args(argv)
         return sweep(args, load_config(args))  # shape errors fail in load_config, before anything is checked

@@ -34,23 +34,20 @@ def sweep(args, cfg: dict) -> int:
     dist = Dist()
     device = dist.device(cfg["device"])
     cells = _cells(cfg, device)
-    lock, created = rundir.take(
-        out, dist.shard_rank
-    )  # refused: raises, having touched nothing of the holder's
+    # refused: raises, having touched nothing of the holder's
+    lock, created = rundir.take(out, dist.shard_rank)
     completed = False
     try:
         if inherits_demo and dist.main:
-            print_plan(
-                cfg
-            )  # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
+            # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
+            print_plan(cfg)
         code = _run(args, cfg, cells, dist, device, out)
         completed = True
         return code
     finally:
         if created and not completed and not any(out.glob("records*.jsonl")):
-            rundir.discard(
-                out, lock, dist.shard_rank
-            )  # stopped before any record (e.g. the model is rejected)
+            # stopped before any record (e.g. the model is rejected)
+            rundir.discard(out, lock, dist.shard_rank)
         lock.release()
 
 
@@ -62,9 +59,8 @@ def _cells(cfg: dict, device: str | None) -> list[G.Cell]:
     from ropebench.tasks.checks import signature_options
 
     cfg["resolved_device"] = device or default_device()
-    if (
-        cfg["dtype"] is None
-    ):  # the manifest records the choice and why (on a CPU: measured, see extend.loading)
+    # the manifest records the choice and why (on a CPU: measured, see extend.loading)
+    if cfg["dtype"] is None:
         choice = dtype_choice(cfg["resolved_device"])
         cfg["dtype"], cfg["dtype_reason"] = str(choice.dtype).removeprefix("torch."), choice.reason
     else:

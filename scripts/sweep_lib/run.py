@@ -53,27 +53,7 @@ def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = 
 
     rows = []
     for r in records:
-        row = {
-            "run": run,
-            "cell": cell.key,
-            "model": cell.model,
-            "method": cell.method,
-            "factor": cell.factor,
-            "options": options,
-            "task": cell.task,
-            "corpus": cell.corpus,
-            "task_options": cell.task_options,
-            "length": None,
-            "depth": None,
-            "doc": None,
-            "trial": None,
-            "metric": None,
-            "value": math.nan,
-            "n": None,
-            "seed": cell.seed,
-            "seconds": None,
-        }
-        row.update(r)
+        row = _row(cell, run, options, r)
         row.update(
             run=run,
             cell=cell.key,
@@ -96,29 +76,36 @@ def ok_rows(cell: G.Cell, run: str, records: list[dict], options: dict | None = 
     return rows
 
 
-def error_row(cell: G.Cell, run: str, message: str, seconds: float) -> dict:
-    return {
+def _row(cell: G.Cell, run: str, options: dict, fields: dict) -> dict:
+    """A row of `cell`, its fields in the order rows keep: the cell's, then `fields` over an empty record."""
+    row = {
         "run": run,
         "cell": cell.key,
         "model": cell.model,
         "method": cell.method,
         "factor": cell.factor,
-        "options": cell.options,
+        "options": options,
         "task": cell.task,
         "corpus": cell.corpus,
         "task_options": cell.task_options,
-        "length": cell.lengths[0] if len(cell.lengths) == 1 else None,
+        "length": None,
         "depth": None,
         "doc": None,
         "trial": None,
-        "metric": "error",
+        "metric": None,
         "value": math.nan,
-        "n": 0,
+        "n": None,
         "seed": cell.seed,
-        "seconds": seconds,
-        "status": "error",
-        "error": message,
+        "seconds": None,
     }
+    row.update(fields)
+    return row
+
+
+def error_row(cell: G.Cell, run: str, message: str, seconds: float) -> dict:
+    length = cell.lengths[0] if len(cell.lengths) == 1 else None
+    fields = {"length": length, "metric": "error", "n": 0, "seconds": seconds, "status": "error"}
+    return _row(cell, run, cell.options, dict(fields, error=message))
 
 
 def describe_error(exc: BaseException, lengths=None) -> str:

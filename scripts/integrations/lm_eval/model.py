@@ -147,8 +147,7 @@ def check_model_args(args: dict) -> tuple[str, float, dict, dict]:
     pretrained = args.get("pretrained", DEFAULT_PRETRAINED)
     if isinstance(pretrained, (str, os.PathLike)):
         check_tokenizer_arg(args.get("tokenizer"))
-    if isinstance(pretrained, (str, os.PathLike)):  # the model's config, not its weights: the sweep's checks
-        from ropebench.extend import preflight
+        from ropebench.extend import preflight  # the model's config, not its weights: the sweep's checks
 
         trust = bool(parse_value(args.get("trust_remote_code", False)))
         preflight.check_on_config(preflight.config_of(str(pretrained), trust), method, factor, options)
@@ -305,11 +304,8 @@ class RopebenchLM(HFLM):
         else:  # an already loaded model (e.g. one shared by several evaluations in one process)
             if tokenizer is None or isinstance(tokenizer, str):
                 raise ExtendError("pass tokenizer=<tokenizer object> together with an already loaded model")
-            model, tok, spec = (
-                pretrained,
-                tokenizer,
-                getattr(pretrained, "name_or_path", type(pretrained).__name__),
-            )
+            model, tok = pretrained, tokenizer
+            spec = getattr(pretrained, "name_or_path", type(pretrained).__name__)
         self.patch = extend.patch(model, method, factor, **options)
         self.trained_context = self.patch.options["trained_context"]  # the L of the patch's start_from policy
         if max_length is None:
@@ -324,9 +320,8 @@ class RopebenchLM(HFLM):
             )
         except Exception as e:
             self.patch.undo()
-            if isinstance(e, OSError) and isinstance(
-                tok, (str, os.PathLike)
-            ):  # the only file HFLM reads here
+            # the only file HFLM reads here
+            if isinstance(e, OSError) and isinstance(tok, (str, os.PathLike)):
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ExtendError(
                     f"could not load model_args tokenizer={str(tok)!r}: {first[:200]} — pass a folder "
@@ -490,9 +485,8 @@ class RopebenchLM(HFLM):
                     req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=last.view(1, 1, -1)
                 ):
                     row, token = logits[0, -1], cont_toks[-1]
-                    logp = torch.cat(
-                        [prefix, row[token : token + 1]]
-                    )  # summed at once, in stock's dtype and order
+                    # summed at once, in stock's dtype and order
+                    logp = torch.cat([prefix, row[token : token + 1]])
                     answer = (float(logp.sum()), greedy and int(row.argmax()) == token)
                     res.append(answer)
                     if request_str is not None:
