@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchmarkError(f"the llama.cpp side failed (exit {done.returncode}) — see its output above")
         result["llama"] = json.loads(out.read_text())
     del result["tokens"]
+    from .orchestrate import started  # the date, machine and versions the record cites
+
+    result.update(
+        started("ropebench bench llamacpp-parity " + " ".join(argv if argv is not None else sys.argv[1:]))
+    )
     print("\n".join(table(result)))
     if args.json:
         from ropebench.extend.owned_paths import write_loose_file

@@ -317,6 +317,44 @@ def layer_arrows(root: Path) -> str:
     return "\n".join([*lines, "```"]) + "\n"
 
 
+# ---- measured tables, from the records their commands wrote ----
+def _cited(record: dict) -> str:
+    """A record's date, machine, versions and command, as the docs cite them."""
+    m, versions = record["machine"], record.get("versions", {})
+    machine = (
+        m
+        if isinstance(m, str)
+        else f"{m['cores']}-core {m['cpu']} {'with' if m['avx512_bf16'] else 'without'} avx512_bf16"
+    )
+    return (
+        f"{record['date'][:10]}, {machine}"
+        + (f", torch {versions['torch']}, transformers {versions['transformers']}" if versions else "")
+        + f", `{record['command']}`"
+    )
+
+
+PARITY_RECORDS = ("benchmarks/llamacpp_parity.12288.json",)
+
+
+def llamacpp_parity(root: Path) -> str:
+    """docs/export.md's llama.cpp tables: per record, each engine's perplexity over its own plain."""
+    import json
+
+    from ropebench.benchmarks.llamacpp_parity import table
+
+    out = []
+    for path in PARITY_RECORDS:
+        record = json.loads((ROOT / path).read_text())
+        text = f"{path}: {_cited(record)}; llama-cpp-python {record['llama']['llama_cpp_python']}."
+        out += [
+            textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False),
+            "",
+            *table(record),
+            "",
+        ]
+    return "\n".join(out[:-1]) + "\n"
+
+
 # ---- the shape check at 16k, from its stored records ----
 SHAPE_RECORDS = ("benchmarks/shape_check.float32.json", "benchmarks/shape_check.bfloat16.json")
 DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -346,17 +384,10 @@ def shape_check(root: Path) -> str:
             + " | ".join(f"{v[k]:.3f}" if v else "—" for v in values for k in ("first4k", "last4k"))
             + " |"
         )
-    sources = []
-    for r in records:
-        m = r["machine"]
-        versions = r.get("versions", {})
-        sources.append(
-            f"{DTYPE_SHORT[r['dtype']]}: {r['date'][:10]}, {m['cores']}-core {m['cpu']} "
-            f"{'with' if m['avx512_bf16'] else 'without'} avx512_bf16"
-            + (f", torch {versions['torch']}, transformers {versions['transformers']}" if versions else "")
-            + f", `{r['command']}`"
-            + (f" ({r['source']})" if "source" in r else "")
-        )
+    sources = [
+        f"{DTYPE_SHORT[r['dtype']]}: {_cited(r)}" + (f" ({r['source']})" if "source" in r else "")
+        for r in records
+    ]
     text = f"Records ({', '.join(SHAPE_RECORDS)}): {'; '.join(sources)}."
     return (
         textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
@@ -370,6 +401,7 @@ def shape_check(root: Path) -> str:
 BLOCKS = {
     "README.md": {"methods": lambda root: readme_methods(), "demo": demo, "shape-check": shape_check},
     "docs/methods.md": {"methods": lambda root: methods_md()},
+    "docs/export.md": {"llamacpp-parity": llamacpp_parity},
     "docs/layout.md": {"layers": layer_arrows},
 }
 
