@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .meaning import BUILT_IN
-from .store import canonical_json, setting_label
+from .store import canonical_json, json_object, setting_label
 
 TOKEN_LOSSES = "longppl_token_losses"
 LONGPPL, KEY_TOKENS = "longppl", "longppl_key_tokens"
@@ -70,20 +70,10 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([rest, new], ignore_index=True) if len(new) else rest.reset_index(drop=True)
 
 
-def _options(value: Any) -> dict:
-    if isinstance(value, dict):
-        return dict(value)
-    try:
-        parsed = json.loads(value) if isinstance(value, str) and value.strip() else {}
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
 def _parse(row: dict) -> dict:
     """One token-losses row: its own columns, its task options without the losses, the losses decoded and
     the keys it is grouped by."""
-    opts = _options(row.get("task_options"))
+    opts = json_object(row.get("task_options"))
     losses = opts.pop("token_losses", {}) or {}
     kt = opts.get("key_tokens") if isinstance(opts.get("key_tokens"), dict) else {}
     rule = (kt.get("trunc_len"), kt.get("sliding_window"), kt.get("alpha"), kt.get("beta"))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .longppl import _options
 from .overview import setting_label
+from .store import json_object
 from .tables import is_unit
 
 KEY_TOKENS = "longppl_key_tokens"
@@ -55,7 +55,7 @@ def longppl_lines(ok: pd.DataFrame, task: str) -> list[str]:
     if rows.empty:
         return []
     recorded = rows["task_options"] if "task_options" in rows.columns else pd.Series([None] * len(rows))
-    rows = rows.assign(_opts=[_options(t) for t in recorded])
+    rows = rows.assign(_opts=[json_object(t) for t in recorded])
     selections = dict.fromkeys(
         _selection_line(opts.get("key_tokens") if isinstance(opts.get("key_tokens"), dict) else {})
         for opts in rows["_opts"]

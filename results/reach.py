@@ -15,7 +15,7 @@ The trained context of a setting is the argument when given, else the one its ro
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
 ``trained_context`` in ``task_options``.
 
-Its size (~730 lines): the walk, its five rules and the theory rows beside them all read one `Setting`.
+Its size (~700 lines): the walk, its five rules and the theory rows beside them all read one `Setting`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import pandas as pd
 from .comparisons import paired_cells
 from .meaning import REACH_RULES, Metric, declarations
 from .stats import Interval, Paired
-from .store import ResultsError, atomic_write_text
+from .store import ResultsError, atomic_write_text, json_object
 from .tables import IDENTITY, cell_interval, copy_frame, is_unit, remember, select
 
 # The "threshold" rule's default bar: an absolute bar in RULER's style, applied per task and metric
@@ -96,14 +96,6 @@ def check_trained_context(given: Any) -> None:
             )
 
 
-def _json_value(text: Any, key: str) -> Any:
-    """``key`` of the JSON object in ``text`` (None when it is no JSON object text)."""
-    try:
-        return json.loads(text).get(key) if isinstance(text, str) else None
-    except (json.JSONDecodeError, AttributeError):
-        return None
-
-
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -111,7 +103,7 @@ def _is_number(v: Any) -> bool:
 def _recorded(rows: pd.DataFrame, column: str) -> set[int]:
     if column not in rows.columns:
         return set()
-    found = (_json_value(text, "trained_context") for text in rows[column].dropna().unique())
+    found = (json_object(text).get("trained_context") for text in rows[column].dropna().unique())
     return {int(v) for v in found if _is_number(v) and v > 0}
 
 
@@ -681,7 +673,7 @@ def predicted_reach(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _recorded_number(text: Any, key: str) -> int | None:
-    v = _json_value(text, key)
+    v = json_object(text).get(key)
     return int(v) if _is_number(v) else None
 
 

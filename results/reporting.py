@@ -58,7 +58,7 @@ from .stats import (
     MIN_T_UNITS,
     SKEW_T_ONE_SIDED_MISS,
 )
-from .store import ResultsError, atomic_write_text
+from .store import ResultsError, atomic_write_text, json_object
 from .strata_report import per_distance_table
 from .tables import (
     fmt_interval,
@@ -318,10 +318,7 @@ def _theory_value(value: Any, task_options: Any) -> str:
     """ "3616", "≥ 65536" when the value reached the limit it was checked to, "2.05e+05" for a large float."""
     if pd.isna(value):
         return "–"
-    try:
-        limit = json.loads(task_options).get("limit") if isinstance(task_options, str) else None
-    except (ValueError, AttributeError):
-        limit = None
+    limit = json_object(task_options).get("limit")
     v = float(value)
     text = str(int(v)) if v == int(v) and abs(v) < 1e6 else f"{v:.3g}"
     return f"≥ {text}" if isinstance(limit, (int, float)) and v >= limit else text
@@ -459,10 +456,7 @@ def _withheld_longppl(r: Report, ok: pd.DataFrame, task: str) -> None:
 
 def _recorded_option(rows: pd.DataFrame, names: tuple[str, ...]) -> Any:
     for text in rows["task_options"].dropna().unique() if "task_options" in rows.columns else []:
-        try:
-            opts = json.loads(text) if isinstance(text, str) else {}
-        except ValueError:
-            continue
+        opts = json_object(text)
         for source in (opts, opts.get("key_tokens") if isinstance(opts.get("key_tokens"), dict) else {}):
             for n in names:
                 if isinstance(source.get(n), (int, float)):

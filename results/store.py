@@ -102,6 +102,18 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
 
 
+def json_object(value: Any) -> dict:
+    """A record column's JSON object (options, task_options) as a dict; {} for anything else (empty, not JSON,
+    not an object). A dict is copied."""
+    if isinstance(value, dict):
+        return dict(value)
+    try:
+        parsed = json.loads(value) if isinstance(value, str) and value.strip() else {}
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
 def _json_default(obj: Any) -> Any:
     # numpy / torch scalars and arrays, paths, sets: turn into plain JSON values instead of failing.
     if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
