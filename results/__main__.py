@@ -13,7 +13,7 @@ from ropebench.extend.errors import RopebenchError
 from ropebench.extend.flags import forget_given, refuse_repeats
 from ropebench.extend.values import as_length, as_number
 
-from .reach import DEFAULT_BAR, RULER_BAR, bar_value
+from .reach_rules import DEFAULT_BAR, RULER_BAR, bar_value
 
 
 class _Parser(argparse.ArgumentParser):

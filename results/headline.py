@@ -21,10 +21,7 @@ from .overview import (
     setting_label,
 )
 from .ranges import excluded_note, within_range
-from .reach import (
-    RULES,
-    caption,
-)
+from .reach_rules import RULES, caption
 from .stats import (
     MIN_INFORMATIVE_PAIRS,
     PAIRED_T,

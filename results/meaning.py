@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .reach_rules import RULES, rule_names
+
 # How the values aggregate and which intervals apply:
 # - perplexity: exp of the token-weighted mean log over units (n = tokens behind a row); t interval on the log
 # - rate: 0/1 per unit; Wilson for a cell, Newcombe's paired interval + exact McNemar for paired differences
@@ -31,10 +33,6 @@ DIRECTIONS = ("higher", "lower", None)
 # headline: a summary value and a paired difference; detail: tables and plots only; reference: shown beside
 # its task's values, never compared (a chance rate)
 ROLES = ("headline", "detail", "reference")
-# Reach rules (results/reach.py): threshold (an absolute bar: 0.8, or RULER's 0.856), short (NoLiMa: a
-# share of the short-context score, its base ≤ min(T/4, 2048) tokens), trained (as good as the baseline at
-# the trained context)
-REACH_RULES = ("threshold", "short", "trained")
 META_COLUMN = "meaning"
 
 
@@ -79,13 +77,15 @@ class Metric:
             return f"direction {self.direction!r} is not 'higher', 'lower' or None"
         if self.role not in ROLES:
             return f"role {self.role!r} is not one of {', '.join(ROLES)}"
-        bad = [r for r in self.reach if r not in REACH_RULES]
+        bad = [r for r in self.reach if r not in rule_names()]
         if bad:
-            return f"reach rule {bad[0]!r} is not one of {', '.join(REACH_RULES)}"
+            return f"reach rule {bad[0]!r} is not one of {', '.join(rule_names())}"
         if self.reach and self.direction is None:
             return "with reach rules needs a direction (which side of the bar passes)"
-        if "short" in self.reach and self.kind != "rate":
-            return "reach rule 'short' (NoLiMa) applies to rates only"
+        bad = [r for r in self.reach if (self.stat_kind, r) not in RULES]  # results/reach_rules.py
+        if bad:
+            fits = ", ".join(rule_names(self.stat_kind)) or "none"
+            return f"reach rule {bad[0]!r} does not apply to a {self.kind} (its rules: {fits})"
         for name in ("chance", "lo", "hi"):
             v = getattr(self, name)
             if v is not None and (

@@ -5,7 +5,7 @@ from a metric's name or its values, so a plugin task's metrics show up with no e
 headline metric: its value at the longest tested length (perplexities also at the trained context, when that
 is a different length) with n and its 95% interval, " *" where the paired difference to the baseline at that
 length is significant (see :func:`results.compare`); for each metric that declares reach rules, its effective
-length under each of them (:data:`results.reach.RULES`); reference metrics (chance) beside the values.
+length under each of them (:data:`results.reach_rules.RULES`); reference metrics (chance) beside the values.
 
 ``summary(with_ci=False)`` keeps every column. The display (``with_ci=True``) keeps only the informative
 ones: a column that is empty, not computed, not established or identical in every row, or a copy of another,
@@ -30,11 +30,7 @@ from .comparisons import MIXED_MARK, SIGNIFICANT_MARK, paired_differences, power
 from .meaning import Metric, declarations
 from .ranges import within_range
 from .reach import (
-    DEFAULT_BAR,
-    RULES,
     THEORY_TASK,
-    caption,
-    check_rules,
     check_trained_context,
     effective_length,
     ratio_to,
@@ -42,6 +38,7 @@ from .reach import (
     setting_rows,
     trained_context_of,
 )
+from .reach_rules import DEFAULT_BAR, RULES, caption, check_rules
 from .stats import SKEW_T_ONE_SIDED_MISS, Interval
 from .store import ResultsError, setting_label  # noqa: F401 (re-exported: overview.setting_label)
 from .tables import UNIT_COLUMNS, cell_interval, copy_frame, fmt_interval, remember, select, shared
@@ -308,7 +305,7 @@ def summary(
     :func:`results.effective_length`), and the reference metrics (``chance``).
 
     ``threshold``: the "threshold" rule's bar for rates, an accuracy or "ruler" (RULER's 0.856; see
-    :func:`results.reach.bar_value`). ``trained_context``: an int > 0 or {model: int}; else what each
+    :func:`results.reach_rules.bar_value`). ``trained_context``: an int > 0 or {model: int}; else what each
     setting's rows record (the patch's resolved ``trained_context`` in options, else task_options).
     ``baseline``: a method of the rows (the default "plain" may be absent: then no difference is marked and
     no "trained" reach computed).

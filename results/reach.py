@@ -5,17 +5,11 @@ A length *passes* only when the bound of its 95% interval on the unfavourable si
 fails a bar of 0.8); otherwise it is *not established*. Lengths are read in ascending order and the walk stops
 at the first that does not pass, so a lucky longer length is never counted. Which metrics have a reach, and
 under which rules, is what their declaration says (:class:`results.meaning.Metric` ``reach``; never guessed
-from a name or the values). The rules (``RULES``; a rule is one function and its words in `@reach_rule`):
-``threshold`` (an absolute bar, RULER-style, or RULER's own 0.856; for perplexities a paired ratio to the
-trained context), ``short`` (NoLiMa: a share of the setting's own short-context rate; rates only) and
-``trained`` (as good as the baseline at its trained context, with a floor) — each stated with its papers and
-bars in docs/results.md, "Intervals, comparisons, effective length", and in the rules' legends below.
+from a name or the values). The rules themselves, their checks and words: results/reach_rules.py.
 
 The trained context of a setting is the argument when given, else the one its rows record (the patch's
 resolved ``trained_context`` in ``options``, which follows ``original_max_position_embeddings``), else a
 ``trained_context`` in ``task_options``.
-
-Its size (~700 lines): the walk, its five rules and the theory rows beside them all read one `Setting`.
 """
 
 from __future__ import annotations
@@ -24,45 +18,29 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .comparisons import paired_cells
-from .meaning import REACH_RULES, Metric, declarations
+from .meaning import Metric, declarations
+from .reach_rules import DEFAULT_BAR, FAIL, OPEN, PASS, RULES, Setting, check_rules, rule_names
 from .stats import Interval, Paired
 from .store import ResultsError, atomic_write_text, json_object
 from .tables import IDENTITY, cell_interval, copy_frame, is_unit, remember, select
 
-# The "threshold" rule's default bar: an absolute bar in RULER's style, applied per task and metric
-DEFAULT_BAR = 0.8
-# RULER's own bar (Hsieh et al. 2024, arXiv:2404.06654): Llama-2-7B's 4K score, 85.6% on the average of its 13
-# tasks; RULER compares a model's 13-task average with it. ``threshold="ruler"`` gives this number.
-RULER_BAR = 0.856
-BARS = {"ruler": RULER_BAR}
-# NoLiMa's bar: a length is effective while the score stays at or above 85% of the model's short-context score
-NOLIMA_FRACTION = 0.85
 # Rows the sweep writes beside the tasks' (one per setting):
 # what RoPE theory predicts from the patched frequencies
 THEORY_TASK = "theory"
-# The "trained" rule's bar is the baseline's own Wilson lower bound at its trained context; below this it does
-# not retrieve more often than not even there, and "as good as the baseline" would claim every length
-# (0/16 -> bar 0).
-MIN_BAR = 0.5
-# NoLiMa's base is a short-context score (250-1K tokens): at most this share of the trained context, and at
-# most SHORT_CAP tokens whatever the trained context (a quarter of 128K, 32K, is no short context)
-SHORT_SHARE = 0.25
-SHORT_CAP = 2048
-PASS, FAIL, OPEN = "pass", "failed", "not established"
 NOT_ESTABLISHED = "not established (n too small)"
 
 
 def rules_of(meaning: Metric) -> list[str]:
-    """The reach rules a declaration names that its kind supports, in ``REACH_RULES`` order."""
-    return [r for r in REACH_RULES if r in meaning.reach and (meaning.stat_kind, r) in RULES]
+    """The reach rules a declaration names that its kind supports, in ``RULES`` order."""
+    return [r for r in rule_names(meaning.stat_kind) if r in meaning.reach]
 
 
 def reach_metrics(df: pd.DataFrame, task: str) -> list[str]:
@@ -153,88 +131,6 @@ def ratio_to(at: pd.DataFrame, ref: pd.DataFrame, metric: str, *, seed: int = 0)
     return Interval(a.estimate / b.estimate, math.nan, math.nan, min(a.n, b.n), "none")
 
 
-def bar_value(threshold: float | str) -> float:
-    """The "threshold" rule's bar as a number: an accuracy in (0, 1] (a number, or its text), or a named bar
-    (``BARS``: "ruler" -> ``RULER_BAR``, 0.856). Anything else is a ResultsError."""
-    value = threshold
-    if isinstance(value, str):
-        named = BARS.get(value.strip().lower())
-        try:
-            value = named if named is not None else float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value <= 1):
-        raise ResultsError(
-            f"threshold must be an accuracy in (0, 1] or one of: {', '.join(BARS)}; got {threshold!r} "
-            f"— e.g. threshold=0.8 or threshold='ruler'"
-        )
-    return float(value)
-
-
-def bar_text(threshold: float | str, short: bool = False) -> str:
-    """The "threshold" rule's bar in words, naming its value and whose it is: RULER's own number (0.856) is
-    called RULER's; any other is an absolute bar in RULER's style, with RULER's number beside it. ``short``:
-    the name and value only ("absolute bar 0.8", "RULER's bar 0.856"), for a line that links to the legend."""
-    bar = bar_value(threshold)
-    if short:
-        return f"RULER's bar {bar:g}" if math.isclose(bar, RULER_BAR) else f"absolute bar {bar:g}"
-    if math.isclose(bar, RULER_BAR):
-        return (
-            f"absolute bar {bar:g} (RULER's: Llama-2-7B's 4K average over its 13 tasks; applied here per "
-            f"task)"
-        )
-    return (
-        f"absolute bar {bar:g} (RULER-style; RULER's own bar is {RULER_BAR:g}, Llama-2-7B's 4K average "
-        f"over 13 tasks)"
-    )
-
-
-def check_rules(threshold: float | str, tolerance: float, short_length: int | None = None) -> float:
-    """Bad rule parameters are a user error, not a silently empty column. Returns the bar as a number (see
-    :func:`bar_value`)."""
-    bar = bar_value(threshold)
-    if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < 100):
-        raise ResultsError(
-            f"tolerance must be a fraction >= 0 (0.1 = +10%), got {tolerance!r} — e.g. tolerance=0.1"
-        )
-    if short_length is not None and not (
-        isinstance(short_length, int) and not isinstance(short_length, bool) and 0 < short_length <= SHORT_CAP
-    ):
-        raise ResultsError(
-            f"short_length must be a length in tokens from 1 to {SHORT_CAP} (NoLiMa's base is a short "
-            f"context: 250-1K tokens in the paper), got {short_length!r} — e.g. short_length=1024"
-        )
-    return bar
-
-
-def short_base_cap(trained_context: int | None) -> int | None:
-    """The longest length NoLiMa's base may be taken at by default: a quarter of the trained context, at most
-    ``SHORT_CAP`` tokens (None when the trained context is unknown)."""
-    return min(int(trained_context * SHORT_SHARE), SHORT_CAP) if trained_context else None
-
-
-def _no_reference(tc: int | None, metric: str) -> str:
-    if not tc:
-        return "not computed: trained context unknown (pass trained_context=...)"
-    return f"not computed: no {metric} at a tested length ≤ the trained context {tc}"
-
-
-def at_least(ci: Interval | Paired, bar: float) -> str:
-    """A rate's verdict: passes when its lower bound clears the bar, fails when its upper bound misses it,
-    else not established (the interval holds the bar, or there is none)."""
-    if math.isfinite(ci.lo) and ci.lo >= bar:
-        return PASS
-    return FAIL if math.isfinite(ci.hi) and ci.hi < bar else OPEN
-
-
-def at_most(ci: Interval | Paired, bar: float) -> str:
-    """A ratio's verdict: passes when its upper bound stays within the bar, fails when its lower bound
-    exceeds it, else not established."""
-    if math.isfinite(ci.hi) and ci.hi <= bar:
-        return PASS
-    return FAIL if math.isfinite(ci.lo) and ci.lo > bar else OPEN
-
-
 def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
     """Walk the tested lengths upwards and stop at the first that does not pass: the effective length, where
     and why the walk stopped, the first length beyond the reach that failed outright, and the statistic
@@ -267,217 +163,6 @@ def _walk(checks: dict[int, tuple[str, Any]]) -> dict[str, Any]:
             }
         )
     return row
-
-
-# -- the rules: one function each, looked up by (metric kind, rule name) -------------------------------------
-@dataclass
-class Setting:
-    """What a rule sees of one setting: its cells by length, the trained context, and the parameters."""
-
-    info: dict
-    cells: dict[int, tuple[pd.DataFrame, Interval]]
-    sub: pd.DataFrame  # every row of the task/metric (the baseline's too)
-    metric: str
-    tc: int | None
-    ref_len: int | None
-    threshold: float
-    tolerance: float
-    baseline: str
-    seed: int
-    short_length: int | None = None
-
-
-@dataclass
-class Verdicts:
-    rule: str  # the bar, in words (shown in the report)
-    checks: dict[int, tuple[str, Any]] | None = None  # None: not computed (``rule`` says why)
-    reference_length: int | None = None
-    reference_value: float = math.nan
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A reach rule: its verdicts for one setting (`check`) and its bar in words, `short` for a headline that
-    links to the legend and `legend` for the legend's line, with {bar}, {bar_short}, {baseline}, {limit},
-    {min_bar}, {nolima} and {short_cap} filled in by `caption`."""
-
-    check: Callable[[Setting], Verdicts]
-    short: str
-    legend: str
-
-
-# The rules, by the statistics' kind and the rule's name: one `@reach_rule(...)` on its function each (in the
-# legend's order). Its name is also in results.meaning.REACH_RULES, which declarations are checked against
-# without loading pandas.
-RULES: dict[tuple[str, str], Rule] = {}
-
-
-def reach_rule(kind: str, name: str, *, short: str, legend: str):
-    def register(check: Callable[[Setting], Verdicts]) -> Callable[[Setting], Verdicts]:
-        RULES[(kind, name)] = Rule(check, short, legend)
-        return check
-
-    return register
-
-
-def caption(rule: Rule, threshold: float | str, tolerance: float, baseline: str, short: bool = False) -> str:
-    """A rule's words with the bars filled in: the legend's line, or (``short``) the bar alone."""
-    return (rule.short if short else rule.legend).format(
-        bar=bar_text(threshold),
-        bar_short=bar_text(threshold, short=True),
-        baseline=baseline,
-        limit=f"{1 + tolerance:g}",
-        min_bar=f"{MIN_BAR:g}",
-        nolima=f"{NOLIMA_FRACTION:g}",
-        short_cap=SHORT_CAP,
-    )
-
-
-@reach_rule(
-    "rate",
-    "threshold",
-    short="Wilson lower bound ≥ {bar_short}",
-    legend="reach (0/1 rate): Wilson lower bound ≥ {bar}",
-)
-def _rate_threshold(s: Setting) -> Verdicts:
-    return Verdicts(
-        f"Wilson lower bound ≥ {bar_text(s.threshold)}",
-        {L: (at_least(ci, s.threshold), ci) for L, (_, ci) in s.cells.items()},
-    )
-
-
-@reach_rule(
-    "rate",
-    "short",
-    short="≥ {nolima} × own short-context rate",
-    legend=(
-        "reach (short) (0/1 rate, NoLiMa): Wilson lower bound ≥ {nolima} × the setting's own rate at a base "
-        "length ≤ min(a quarter of the trained context, {short_cap}) tokens (NoLiMa's: 250-1K; base lower "
-        "bound ≥ {min_bar})"
-    ),
-)
-def _rate_short(s: Setting) -> Verdicts:
-    short = min(s.cells)
-    base = s.cells[short][1]
-    if s.short_length is None:
-        return Verdicts(
-            "not computed: no short length to take NoLiMa's base at (trained context unknown: pass "
-            "trained_context=... or short_length=...)"
-        )
-    why = None
-    if short > s.short_length:
-        why = (
-            f"NoLiMa's base needs a length ≤ {s.short_length} (min(a quarter of the trained context, "
-            f"{SHORT_CAP})); the shortest tested is {short} — add a length ≤ {s.short_length}"
-        )
-    elif len(s.cells) < 2:  # the base length passes by definition: alone it would claim itself
-        why = f"one tested length ({short}) is only the short-context base — test a shorter length too"
-    elif not (math.isfinite(base.lo) and base.lo >= MIN_BAR):
-        why = (
-            f"own Wilson lower bound at the shortest length {short} is {base.lo:.3f} < {MIN_BAR:g}, no "
-            "short-context score to keep (more trials, or a shorter length)"
-        )
-    if why:
-        return Verdicts(f"not computed: {why}", reference_length=short, reference_value=base.estimate)
-    bar = NOLIMA_FRACTION * base.estimate
-    # the base length is where the base score was measured (established above): it passes by definition
-    checks = {L: (PASS if L == short else at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()}
-    return Verdicts(
-        f"Wilson lower bound ≥ {NOLIMA_FRACTION:g} × own {base.estimate:.3f} at {short} ({bar:.3f}; NoLiMa)",
-        checks,
-        short,
-        base.estimate,
-    )
-
-
-@reach_rule(
-    "rate",
-    "trained",
-    short="≥ {baseline}'s lower bound at the trained context",
-    legend=(
-        "reach (trained) (0/1 rate): Wilson lower bound ≥ {baseline}'s at the trained context (when that is "
-        "≥ {min_bar})"
-    ),
-)
-def _rate_trained(s: Setting) -> Verdicts:
-    if s.ref_len is None:
-        return Verdicts(_no_reference(s.tc, s.metric))
-    base = _baseline_cell(s)
-    who = s.baseline if len(base) else "own"
-    # the bar is the reference's own lower bound: plain passes at its trained context by construction
-    bar = cell_interval(base if len(base) else s.cells[s.ref_len][0], s.metric, seed=s.seed).lo
-    if not (math.isfinite(bar) and bar >= MIN_BAR):
-        return Verdicts(
-            f"not computed: {who}'s Wilson lower bound at the trained context {s.ref_len} is "
-            f"{bar:.3f} < {MIN_BAR:g}, no bar to pass (more trials, or rule='threshold')",
-            reference_length=s.ref_len,
-            reference_value=bar,
-        )
-    return Verdicts(
-        f"Wilson lower bound ≥ {who}'s at {s.ref_len} ({bar:.3f})",
-        {L: (at_least(ci, bar), ci) for L, (_, ci) in s.cells.items()},
-        s.ref_len,
-        bar,
-    )
-
-
-def _baseline_cell(s: Setting) -> pd.DataFrame:
-    """The baseline method's rows at the reference length
-    (same model and corpus); empty when it did not run."""
-    sub = s.sub
-    return sub[
-        (sub["method"] == s.baseline)
-        & (sub["length"] == s.ref_len)
-        & (sub["model"] == s.info["model"])
-        & (sub["corpus"].astype(str) == str(s.info["corpus"]))
-    ]
-
-
-def _ppl_ratio(s: Setting, ref_rows: pd.DataFrame, whose: str) -> Verdicts:
-    bar = 1 + s.tolerance
-    checks = {}
-    for L, (g, _) in s.cells.items():
-        if L >= s.ref_len:
-            ratio = ratio_to(g, ref_rows, s.metric, seed=s.seed)
-            checks[L] = (at_most(ratio, bar), ratio)
-    return Verdicts(
-        f"upper bound of {s.metric} / {whose} value at {s.ref_len} ≤ {bar:g}",
-        checks,
-        s.ref_len,
-        cell_interval(ref_rows, s.metric, seed=s.seed).estimate,
-    )
-
-
-@reach_rule(
-    "log",
-    "threshold",
-    short="ratio to its own value at the trained context ≤ {limit}",
-    legend=(
-        "reach (perplexity): upper bound of the paired ratio to the setting's own value at the trained "
-        "context ≤ {limit}"
-    ),
-)
-def _ppl_tolerance(s: Setting) -> Verdicts:
-    if s.ref_len is None:
-        return Verdicts(_no_reference(s.tc, s.metric))
-    return _ppl_ratio(s, s.cells[s.ref_len][0], "its")
-
-
-@reach_rule(
-    "log",
-    "trained",
-    short="ratio to {baseline}'s value at the trained context ≤ {limit}",
-    legend=(
-        "reach (trained) (perplexity): the same ratio to {baseline}'s value at the trained context ≤ {limit}"
-    ),
-)
-def _ppl_baseline(s: Setting) -> Verdicts:
-    if s.ref_len is None:
-        return Verdicts(_no_reference(s.tc, s.metric))
-    base = _baseline_cell(s)
-    return (
-        _ppl_ratio(s, base, f"{s.baseline}'s") if len(base) else _ppl_ratio(s, s.cells[s.ref_len][0], "its")
-    )
 
 
 def effective_length(
@@ -522,24 +207,14 @@ def effective_length(
     return remember("effective_length", df, args, lambda: _effective_length(df, *args), copy_frame)
 
 
-def _effective_length(
-    df: pd.DataFrame,
-    task: str,
-    metric: str | None,
-    threshold: float | str,
-    rule: str,
-    tolerance: float,
-    trained_context: int | Mapping | None,
-    baseline: str,
-    seed: int,
-    short_length: int | None,
-    where: dict[str, Any],
+def _effective_length(  # effective_length's arguments in its order (their types: there)
+    df, task, metric, threshold, rule, tolerance, trained_context, baseline, seed, short_length, where
 ) -> pd.DataFrame:
     threshold = check_rules(threshold, tolerance, short_length)
     check_trained_context(trained_context)
     metric = metric or default_metric(df, task)
-    if rule not in REACH_RULES:
-        raise ResultsError(f"unknown rule {rule!r} — use rule='threshold', 'short' (NoLiMa) or 'trained'")
+    if rule not in rule_names():
+        raise ResultsError(f"unknown rule {rule!r} — use one of: {', '.join(rule_names())}")
     sub = select(df, task, metric, units=True, **where)
     sub = sub[sub["length"].notna()]
     if sub.empty:
@@ -557,6 +232,8 @@ def _effective_length(
             f"{task}/{metric} does not declare rule {rule!r} — use one of: {', '.join(rules_of(meaning))}"
         )
     predicted = predicted_reach(df)
+    # what a rule measures with (results/reach_rules.py imports no statistics)
+    interval, ratio = (partial(f, metric=metric, seed=seed) for f in (cell_interval, ratio_to))
     setting_cols = list(IDENTITY)
     settings = sorted(
         sub.groupby(setting_cols, dropna=False, sort=True),
@@ -565,12 +242,9 @@ def _effective_length(
     out = []
     for setting, s_rows in settings:
         info = dict(zip(setting_cols, setting))
-        cells = {
-            int(L): (g, cell_interval(g, metric, seed=seed)) for L, g in s_rows.groupby("length", sort=True)
-        }
+        cells = {int(L): (g, interval(g)) for L, g in s_rows.groupby("length", sort=True)}
         tc = trained_context_of(setting_rows(df, info), trained_context, info["model"])
         ref_len = max((L for L in cells if tc and L <= tc), default=None)
-        short = short_length or short_base_cap(tc)
         row = {
             **info,
             "metric": metric,
@@ -589,9 +263,8 @@ def _effective_length(
             "at_n": pd.NA,
             "fail_n": pd.NA,
         }
-        v = RULES[(kind, rule)].check(
-            Setting(info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, seed, short)
-        )
+        seen = (info, cells, sub, metric, tc, ref_len, threshold, tolerance, baseline, interval, ratio)
+        v = RULES[(kind, rule)].check(Setting(*seen, short_length))
         row.update(
             rule=v.rule,
             reference_length=v.reference_length if v.reference_length else pd.NA,

@@ -46,13 +46,12 @@ from .plots import (
     plot_perplexity,
 )
 from .reach import (
-    DEFAULT_BAR,
     THEORY_TASK,
-    check_rules,
     check_trained_context,
     load_theory,
     recorded_contexts,
 )
+from .reach_rules import DEFAULT_BAR, check_rules
 from .report_output import Report, check_report_dir, slug, staging
 from .stats import (
     MIN_T_UNITS,

@@ -30,8 +30,8 @@ from typing import Any
 from ropebench.extend.errors import closest
 from ropebench.extend.prefix_cache import PrefixCache, cell_length, sharing_order
 from ropebench.results.meaning import (  # the one edge tasks -> results: the declaration contract
-    REACH_RULES,
     Metric,
+    rule_names,
 )
 
 from .errors import TaskError
@@ -152,7 +152,8 @@ def _no_tokenizer(lengths: list[int], options: dict) -> bool:
 
 def pass_fail_rate(description: str) -> Metric:
     """A plugin's string-described metric named in `pass_fail`: a 0/1 rate with every reach rule."""
-    return Metric("rate", "higher", "fraction of prompts", description, reach=REACH_RULES, lo=0.0, hi=1.0)
+    rules = rule_names("rate")  # every rule registered for rates (results/reach_rules.py)
+    return Metric("rate", "higher", "fraction of prompts", description, reach=rules, lo=0.0, hi=1.0)
 
 
 def metric_meanings(metrics: Mapping[str, Metric | str], pass_fail: Sequence[str]) -> dict[str, Metric]:

@@ -86,19 +86,60 @@ def test_one_plugin_file_adds_a_method_a_task_and_its_metric(tmp_path, tiny_mode
 
 
 def test_a_reach_rule_is_one_registered_function_with_its_words():
-    """results/reach.py: each rule is one function registered by `@reach_rule(kind, name, short=...,
-    legend=...)`: its check and its bar in words in one entry, the legend's line printed from it; the names
-    declarations may give (results.meaning.REACH_RULES) are exactly the rules'."""
-    from ropebench.results import meaning, reach
+    """results/reach_rules.py: each rule is one function registered by `@reach_rule(kind, name, short=...,
+    legend=...)`: its check and its bar in words in one entry, the legend's line printed from it."""
+    from ropebench.results import reach_rules
     from ropebench.results.overview import legend_lines
 
-    assert {name for _, name in reach.RULES} == set(meaning.REACH_RULES)
     legend = legend_lines()
-    for (kind, name), entry in reach.RULES.items():
-        line = reach.caption(entry, 0.8, 0.1, "plain")
+    assert reach_rules.rule_names() == ("threshold", "short", "trained")  # docs/results.md's three
+    for (kind, name), entry in reach_rules.RULES.items():
+        line = reach_rules.caption(entry, 0.8, 0.1, "plain")
         assert line.startswith("reach") and "{" not in line and line in legend, (kind, name)
-        assert "{" not in reach.caption(entry, "ruler", 0.1, "plain", short=True)
-        assert entry.check.__module__ == reach.__name__
+        assert "{" not in reach_rules.caption(entry, "ruler", 0.1, "plain", short=True)
+        assert entry.check.__module__ == reach_rules.__name__
+
+
+def test_a_new_reach_rule_is_its_entry_and_nothing_else():
+    """The `@reach_rule` entry is a rule's only declaration: registering a throwaway one (here, no other file
+    edited) makes declarations naming it valid for its kind, puts it in a pass/fail rate's rules, the legend
+    and `effective_length`; before that, a declaration naming it is refused in one line naming the rules."""
+    import pandas as pd
+    from ropebench import results
+    from ropebench.results import reach_rules
+    from ropebench.results.frame import normalize
+    from ropebench.results.meaning import Metric
+    from ropebench.results.overview import legend_lines
+    from ropebench.tasks.kit import pass_fail_rate
+
+    unknown = r"^metric declaration reach rule 'every' is not one of threshold, short, trained$"
+    with pytest.raises(ValueError, match=unknown):
+        Metric("rate", "higher", reach=("every",))
+    words = "reach (every) (0/1 rate): every tested length passes"
+
+    def every(s):  # passes each tested length: the claim is "≥ the longest"
+        checks = {L: (reach_rules.PASS, ci) for L, (_, ci) in s.cells.items()}
+        return reach_rules.Verdicts("every length", checks)
+
+    reach_rules.reach_rule("rate", "every", short="every length", legend=words)(every)
+    try:
+        hit = Metric("rate", "higher", "fraction of prompts", "hit", reach=("every",), lo=0.0, hi=1.0)
+        with pytest.raises(ValueError, match=r"'every' does not apply to a perplexity \(its rules: thresh"):
+            Metric("perplexity", "lower", reach=("every",))  # registered for rates only
+        assert pass_fail_rate("hit").reach == ("threshold", "short", "trained", "every")
+        assert words in legend_lines()
+        rows = [
+            {"task": "t", "metric": "hit", "model": "m", "method": "plain", "factor": 1.0, "status": "ok"}
+            | {"length": L, "trial": i, "value": float(i % 2), "n": 1, "meaning": hit.to_json()}
+            for L in (32, 64)
+            for i in range(4)
+        ]
+        reach = results.effective_length(normalize(pd.DataFrame(rows)), "t", "hit", rule="every")
+        assert list(reach["claim"]) == ["≥ 64"] and list(reach["rule"]) == ["every length"]
+    finally:
+        del reach_rules.RULES[("rate", "every")]
+    with pytest.raises(ValueError, match=unknown):
+        Metric("rate", "higher", reach=("every",))
 
 
 def test_a_report_section_is_one_function_of_reporting():

@@ -213,11 +213,11 @@ def test_t_quantiles_match_scipy():
 
 @pytest.mark.parametrize("n, base", [(24, 0.9), (100, 0.9), (400, 0.6)])
 def test_nolima_rule_rarely_claims_a_length_at_the_edge_of_its_bar(n, base):
-    """results.reach's `short` rule: claim L when Wilson's lower bound at L >= 0.85 x the base's point
+    """results.reach_rules' `short` rule: claim L when Wilson's lower bound at L >= 0.85 x the base's point
     estimate (the base established: its lower bound >= 0.5). The base's own noise is not in the bar, so at a
     true rate of exactly 0.85 x the true base the rule claims L more often than Wilson's one-sided 2.5%:
     stated in docs/results.md as 3-6%; this holds it under 7% (seeded, 40 000 draws: s.e. ~0.0013)."""
-    from ropebench.results.reach import MIN_BAR, NOLIMA_FRACTION
+    from ropebench.results.reach_rules import MIN_BAR, NOLIMA_FRACTION
     from ropebench.results.stats import wilson
 
     lower = np.array([wilson(k, n)[0] for k in range(n + 1)])  # the project's own Wilson bound, per count

@@ -60,6 +60,19 @@ def test_a_metric_in_pass_fail_without_reach_is_a_contradiction():
             return []
 
 
+def test_a_declaration_names_only_reach_rules_of_its_kind():
+    """The rules are registered by (kind, name) (results/reach_rules.py): NoLiMa's `short` is for rates, and a
+    rank or mean has no rule; each refused in one line naming the rules its kind has."""
+    with pytest.raises(ValueError, match=r"^metric declaration reach rule 'short' does not apply to a "):
+        Metric("perplexity", "lower", reach=("short",))
+    with pytest.raises(ValueError, match=r"a perplexity \(its rules: threshold, trained\)$"):
+        Metric("perplexity", "lower", reach=("short",))
+    with pytest.raises(ValueError, match=r"'threshold' does not apply to a rank \(its rules: none\)$"):
+        Metric("rank", "lower", reach=("threshold",))
+    with pytest.raises(ValueError, match=r"^metric declaration reach rule 'nolima' is not one of thresh"):
+        Metric("rate", "higher", reach=("nolima",))
+
+
 # ------------------------------------------------------------------------------- results read the meaning
 def _rows(metric, values, meaning=None, task="plugin"):
     """One setting's per-prompt rows of one metric at one length, as the sweep writes them."""

@@ -245,8 +245,10 @@ def test_rulers_own_bar_is_a_named_option():
     """RULER's threshold is Llama-2-7B's 4K score, 85.6% on its 13-task average (Hsieh et al. 2024): 18/18 has
     Wilson lower bound 18 / (18 + z²) = 0.824, above the default 0.8 but below 0.856, whose upper bound (1)
     does not miss: it passes the default bar and is not established under RULER's."""
-    assert results.reach.bar_value("ruler") == 0.856 == results.reach.bar_value("RULER")
-    assert results.reach.bar_value("0.9") == 0.9 and results.reach.bar_value(0.7) == 0.7
+    from ropebench.results.reach_rules import bar_value
+
+    assert bar_value("ruler") == 0.856 == bar_value("RULER")
+    assert bar_value("0.9") == 0.9 and bar_value(0.7) == 0.7
     lo = _wilson_lo(18, 18)
     assert lo == pytest.approx(18 / (18 + Z * Z)) and 0.8 <= lo < 0.856
     df = normalize(pd.DataFrame(_rows({2000: 18}, trials=18)))

@@ -227,7 +227,9 @@ def test_perplexity_effective_length_tolerance(synthetic_six_trial_frame):
     assert yarn4.claim == "≥ 16384" and yarn4.at_value == pytest.approx(15.12 / 14.58)  # +3.7% <= +10%
     strict = _by_setting(results.effective_length(synthetic_six_trial_frame, "perplexity", tolerance=0.03))
     assert strict[("yarn", 4.0)].claim == "8192"
-    with pytest.raises(results.ResultsError, match="unknown rule"):
+    with pytest.raises(
+        results.ResultsError, match="unknown rule 'best' — use one of: threshold, short, trained$"
+    ):
         results.effective_length(synthetic_six_trial_frame, "passkey", rule="best")
 
 
