@@ -1,8 +1,9 @@
 """Documentation that cannot drift: the README's and docs/methods.md's method tables, generated from the
 method registry, the README's paragraph on what the demo runs, generated from scripts/configs/demo.yaml,
 docs/layout.md's folders and their import arrows, read from the files, the README's shape-check table, from
-the records `bench shape-check --json` wrote (benchmarks/shape_check.*.json), and
-results/built_in_meanings.json, the tasks' metric declarations as data (results' fallback for old rows).
+the records `bench shape-check --json` wrote (benchmarks/shape_check.*.json), docs/measured.md's demo numbers,
+from the demo's kept run (benchmarks/demo_run/), and results/built_in_meanings.json, the tasks' metric
+declarations as data (results' fallback for old rows).
 
     python -m ropebench.docs --write    # rewrite the generated blocks (README.md, docs/methods.md, layout.md)
     python -m ropebench.docs --check    # exit 1 naming each file whose blocks are stale
@@ -18,6 +19,7 @@ tests/project/test_docs_generated.py fails while a block is stale.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import re
 import sys
@@ -355,6 +357,56 @@ def llamacpp_parity(root: Path) -> str:
     return "\n".join(out[:-1]) + "\n"
 
 
+# ---- the demo's numbers, from its kept run (benchmarks/demo_run/) ----
+DEMO_RUN = "benchmarks/demo_run"
+
+
+def demo_run(root: Path) -> str:
+    files = [ROOT / DEMO_RUN / f for f in ("about.json", "manifest.json", "records.jsonl")]
+    return _demo_run(tuple(f.stat().st_mtime_ns for f in files))
+
+
+@functools.lru_cache(maxsize=1)
+def _demo_run(stamp: tuple) -> str:  # some seconds: once per process while the record is unchanged
+    """docs/measured.md's demo numbers as `ropebench report` computes them on the kept run (its defaults): the
+    headline, the summary, retrieval by the needle's distance and perplexity by length."""
+    import json
+
+    from ropebench import results
+    from ropebench.results.headline import BASELINE, Evidence, headline
+    from ropebench.results.strata_report import per_distance_table
+    from ropebench.results.tables import shared, to_markdown
+
+    about, manifest = (json.loads((ROOT / DEMO_RUN / f).read_text()) for f in ("about.json", "manifest.json"))
+    rules = {k: inspect.signature(results.report).parameters[k].default for k in ("threshold", "tolerance")}
+    tc, df = manifest["extra"]["trained_context"], results.load(ROOT / DEMO_RUN)
+    with shared():
+        ev = Evidence(df[df["status"].isna() | (df["status"] == "ok")], tc, 0, **rules)
+        ppl = lambda metric, how: how(ev.ok, "perplexity", metric, with_ci=True)
+        tables = {
+            "The summary (`results.summary`)": results.summary(ev.ok, trained_context=tc, **rules),
+            **{
+                f"{q.task} {q.metric} by the needle's distance, difference to plain (the report's table)": t
+                for q, by in ev.strata.items()
+                if q.metric == "answer_logprob"
+                for t in per_distance_table(q, by, BASELINE, ev.factors)[:1]
+            },
+            "Perplexity by length, n = documents (`results.table`)": ppl("ppl", results.table),
+            "ppl_tail, the tokens past the previous length": ppl("ppl_tail", results.table),
+            "Perplexity over plain's, same documents (`results.compare`)": ppl("ppl", results.compare),
+        }
+    text = (
+        f"{DEMO_RUN}/: `{about['command']}` at commit {manifest['git']['commit'][:7]}"
+        f"{' (dirty)' if manifest['git']['dirty'] else ''}, {about['date']} ({manifest['start_time'][11:16]}-"
+        f"{manifest['end_time'][11:16]} UTC), {manifest['config']['dtype']} on a {about['machine']}; its "
+        f"time is {about['time']}. The report's headline (`ropebench report {DEMO_RUN} --out DIR`):"
+    )
+    out = [textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False), "", *headline(ev)]
+    for caption, t in tables.items():
+        out += ["", f"{caption}:", "", to_markdown(t).rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
 # ---- the shape check at 16k, from its stored records ----
 SHAPE_RECORDS = ("benchmarks/shape_check.float32.json", "benchmarks/shape_check.bfloat16.json")
 DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -402,6 +454,7 @@ BLOCKS = {
     "README.md": {"methods": lambda root: readme_methods(), "demo": demo, "shape-check": shape_check},
     "docs/methods.md": {"methods": lambda root: methods_md()},
     "docs/export.md": {"llamacpp-parity": llamacpp_parity},
+    "docs/measured.md": {"demo-run": demo_run},
     "docs/layout.md": {"layers": layer_arrows},
 }
 
