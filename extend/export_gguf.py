@@ -53,14 +53,15 @@ def gguf_metadata(kwargs: dict, arch: str) -> dict[str, float | int | str]:
     return out
 
 
-def check_source(path: Path) -> str:
-    """The source GGUF's architecture (`general.architecture`); GGUFCopyError for anything else."""
+def check_source(path: Path, reader=None) -> str:
+    """The source GGUF's architecture (`general.architecture`); GGUFCopyError for anything else. `reader`: a
+    gguf.GGUFReader of it already made (parsing a large vocabulary's metadata takes seconds)."""
     import gguf
 
     if not path.is_file() or path.suffix != ".gguf":
         raise GGUFCopyError(f"--gguf-copy needs a .gguf model file, not {path} — pass the model's .gguf")
     try:
-        field = gguf.GGUFReader(path, "r").get_field(gguf.Keys.General.ARCHITECTURE)
+        field = (reader or gguf.GGUFReader(path, "r")).get_field(gguf.Keys.General.ARCHITECTURE)
     except (OSError, ValueError) as e:
         raise GGUFCopyError(f"{path} is not a readable GGUF file ({e}) — pass the model's .gguf") from None
     if field is None:
@@ -85,7 +86,7 @@ def write_copy(source: Path, dest: Path, metadata: dict[str, float | int | str])
         field = reader.get_field(key)
         kind = field.types[0] if field is not None else types[type(value)]
         details[key] = MetadataDetails(kind, value)
-    writer = gguf.GGUFWriter(dest, arch=check_source(source), endianess=reader.endianess)
+    writer = gguf.GGUFWriter(dest, arch=check_source(source, reader), endianess=reader.endianess)
     alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
     if alignment is not None:
         writer.data_alignment = alignment.contents()

@@ -202,7 +202,8 @@ def run(
             )
         plans[L] = (chosen, skipped, room)
 
-    demo_pool = _demo_excerpts(demos, encode, excerpt_tokens, seed) if mode == "many-shot" else None
+    if mode == "many-shot":
+        demo_pool = _demo_excerpts(demos, encode, excerpt_tokens, seed, max(lengths))
     cells, used_demos = {}, {}
     for L, (chosen, skipped, room) in plans.items():
         cells[L], used_demos[L] = [], []
@@ -298,27 +299,27 @@ def pick_queries(queries, encode, min_tokens: int, count: int, seed: int):
     return chosen, skipped
 
 
-def _demo_excerpts(demos, encode, excerpt_tokens: int, seed: int) -> list[tuple[list[int], str]]:
-    """Demonstration excerpts interleaved over labels (seeded): each document's first chunk, then its
-    second chunk, ... so long contexts do not run out of demonstrations."""
+def _demo_excerpts(demos, encode, excerpt_tokens: int, seed: int, enough: int) -> list[tuple[list, str]]:
+    """Demonstration excerpts interleaved over labels (seeded): each document's first chunk, then its second,
+    ... (long contexts do not run out), up to `enough` tokens: only the documents prompts can use are read."""
     rng = random.Random(seed + 2)
     by_label = defaultdict(list)
     for d, y in sorted(demos, key=lambda p: p[0].id):
-        by_label[y].append(encode(d.text))
+        by_label[y].append(d)
     for y in by_label:
         rng.shuffle(by_label[y])
-    pool, chunk = [], 0
+    pool, chunk, total = [], 0, 0
     while True:
         added = False
-        rows = {
-            y: [ids[chunk * excerpt_tokens : (chunk + 1) * excerpt_tokens] for ids in docs]
-            for y, docs in by_label.items()
-        }
-        for i in range(max(len(r) for r in rows.values())):
-            for y in sorted(rows):
-                if i < len(rows[y]) and rows[y][i]:
-                    pool.append((rows[y][i], y))
-                    added = True
+        for i in range(max(map(len, by_label.values()))):
+            for y in sorted(by_label):
+                ids = encode(by_label[y][i].text) if i < len(by_label[y]) else []
+                excerpt = ids[chunk * excerpt_tokens : (chunk + 1) * excerpt_tokens]
+                if excerpt:
+                    pool.append((excerpt, y))
+                    added, total = True, total + len(excerpt)
+                    if total >= enough:
+                        return pool
         if not added:
             return pool
         chunk += 1

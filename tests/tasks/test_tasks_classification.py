@@ -209,7 +209,7 @@ def test_many_shot_shared_prefix_on_smollm2(smollm2, monkeypatch):
     real_cache = prefix_cache.PrefixCache
     monkeypatch.setattr(kit, "PrefixCache", lambda *a, **k: caches.append(real_cache(*a, **k)) or caches[-1])
     seen = _scores(monkeypatch)
-    kw = {"lengths": [512], "mode": "many-shot", "num_docs": 3, "excerpt_tokens": 48, "progress": False}
+    kw = {"lengths": [384], "mode": "many-shot", "num_docs": 3, "excerpt_tokens": 48, "progress": False}
     shared = classification.run(model, tok, **kw)
     first = dict(seen)
     seen.clear()

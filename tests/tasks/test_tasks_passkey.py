@@ -141,7 +141,7 @@ def test_shared_prefix_same_answers_on_smollm2(smollm2, monkeypatch):
     real_cache = prefix_cache.PrefixCache
     monkeypatch.setattr(kit, "PrefixCache", lambda *a, **k: counts.append(real_cache(*a, **k)) or counts[-1])
     seen = _answers(monkeypatch)
-    kw = {"lengths": [400], "depths": [0.5, 1.0], "trials": 2, "max_new_tokens": 6, "progress": False}
+    kw = {"lengths": [256], "depths": [0.5, 1.0], "trials": 2, "max_new_tokens": 6, "progress": False}
     shared = passkey.run(model, tok, **kw)
     first = dict(seen)
     seen.clear()

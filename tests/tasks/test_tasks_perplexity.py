@@ -178,15 +178,15 @@ def test_bad_parameters(tiny_model, tok, kw, match, tmp_path):
 def test_one_pass_matches_per_length_on_smollm2(monkeypatch, smollm2):
     # float32 (the session fixture): on CPUs with native bf16 the default dtype is bf16, whose matmuls may
     # round a prefix differently inside a longer input (Intel AMX: 9.3e-4 at 2048), so 1e-4 holds in float32
-    # only
+    # only. 512 inside 1024 is a prefix inside a longer input as 512 inside 2048 is, at half the forwards.
     model, tok = smollm2
-    kw = {"lengths": [512, 2048], "num_docs": 1, "progress": False}
+    kw = {"lengths": [512, 1024], "num_docs": 1, "progress": False}
     one = by(perplexity.run(model, tok, **kw), metric="loss")
     monkeypatch.setattr(perplexity, "length_dependent", lambda m: True)
     each = by(perplexity.run(model, tok, **kw), metric="loss")
     for key in one:
         assert abs(one[key]["value"] - each[key]["value"]) <= 1e-4
-    assert 1.0 < one[(2048, None)]["value"] < 4.0  # a real model on real English text
+    assert 1.0 < one[(1024, None)]["value"] < 4.0  # a real model on real English text
 
 
 def test_ppl_tail_scores_only_the_new_tokens(tiny_model, tok):
