@@ -4,7 +4,9 @@ SmolLM2-135M-shaped model with **random weights from a seed** and the SmolLM2 to
 bf16 and in fp32 and on the CPU in fp32; then the three runs' tables compared with `results`: every summary
 estimate (`results.estimates` of each headline metric, per method, factor and length) within a tolerance
 derived from the run's dtype, every paired significance mark (`results.paired_differences` against plain)
-equal, every reach verdict (`results.effective_length`, each rule the metric declares) equal.
+equal, every reach verdict (`results.effective_length`, each rule the metric declares) equal. The sweeps write
+their records only (`main(argv, report=False)`): the tables compared are computed here, and a report.md per
+run would cost each run seconds of CPU (device time on a GPU; `ropebench report DIR` writes one later).
 
 The real SmolLM2 does not travel (its GGUF is 98 MB, more than one device call carries; the device image has
 no gguf): the weights are generated from the seed on each side, so values are meaningless and the comparison
@@ -16,7 +18,7 @@ keeps its place relative to the trained context (perplexity to 1.5x, retrieval a
 GPU the device runs the demo's own grid (s = 1) in bf16 and fp32 (their walls; bf16 compared with fp32), and
 the comparison with the CPU runs at the reference scale (default 4: trained context 2048, lengths 512..3072;
 the full grid takes ~17 min on a 2-core CPU) on the device in bf16 and fp32 and on the CPU in fp32, the CPU
-run in a subprocess while the device works. `--cpu-sizes`: one tiny grid (s = 16) on a tiny model of the
+run in a subprocess while the device works. `--cpu-sizes`: one tiny grid (s = 24) on a tiny model of the
 same shape family, and the "device" is the CPU itself (bf16 vs fp32 still runs the comparison's code).
 """
 
@@ -178,7 +180,7 @@ def run_in_process(argv: list[str]) -> tuple[int, float]:
     import torch
 
     start = time.perf_counter()
-    code = sweep_cli().main(argv)
+    code = sweep_cli().main(argv, report=False)
     seconds = time.perf_counter() - start
     gc.collect()
     if torch.cuda.is_available():
@@ -392,4 +394,4 @@ def demo_grid(
 
 
 if __name__ == "__main__":  # the CPU reference's subprocess: one sweep
-    sys.exit(sweep_cli().main(sys.argv[1:]))
+    sys.exit(sweep_cli().main(sys.argv[1:], report=False))

@@ -136,17 +136,24 @@ def spawn(args, name: str, repeat: int, *, prefix: dict | None = None) -> dict:
     return out
 
 
+def prefix_groups(args) -> list[tuple[str, ...]]:
+    """The parts (prefix_sharing.PARTS) each prefix-sharing child runs: one child per part, so a long run
+    keeps every part that finished; --quick runs them all in one child (a quick part takes seconds, less than
+    a child's start: ~10 s of imports)."""
+    return [prefix_sharing.PARTS] if args.quick else [(part,) for part in prefix_sharing.PARTS]
+
+
 def spawn_prefix(args, repeat: int, saved=lambda run: None) -> dict:
-    """The prefix-sharing measurements of one repeat, one child per part (prefix_sharing.PARTS), merged into
-    one run; `saved(run)` after each part, so a long run keeps every part that finished."""
+    """The prefix-sharing measurements of one repeat, a child per group of parts (`prefix_groups`), merged
+    into one run; `saved(run)` after each child, so a long run keeps every part that finished."""
     run, t0 = {}, time.perf_counter()
-    for part in prefix_sharing.PARTS:
-        t = time.perf_counter()
-        out = spawn(args, "prefix_sharing", repeat, prefix={**prefix_options(args), "parts": [part]})
+    for parts in prefix_groups(args):
+        t, name = time.perf_counter(), " + ".join(parts)
+        out = spawn(args, "prefix_sharing", repeat, prefix={**prefix_options(args), "parts": list(parts)})
         run.update({k: v for k, v in out.items() if k != "child_wall"})
-        run.setdefault("part_seconds", {})[part] = time.perf_counter() - t
+        run.setdefault("part_seconds", {})[name] = time.perf_counter() - t
         saved(run)
-        print(f"    prefix sharing, {part}: {time.perf_counter() - t:.0f} s", flush=True)
+        print(f"    prefix sharing, {name}: {time.perf_counter() - t:.0f} s", flush=True)
     run["child_wall"] = time.perf_counter() - t0
     return run
 

@@ -80,13 +80,10 @@ def tiny_model(tok):
     return tiny_llama(max_position_embeddings=1024, vocab_size=len(tok))
 
 
-def save_tiny_model_dir(out: Path) -> Path:
-    """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer next to it."""
+def save_tiny_model_dir(out: Path, tok) -> Path:
+    """A tiny random Llama (trained context 128) saved with the SmolLM2 tokenizer `tok` next to it."""
     import transformers
-    from ropebench import extend
 
-    gguf = extend.embedded_gguf()
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=len(tok),
@@ -106,17 +103,19 @@ def save_tiny_model_dir(out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def tiny_model_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
     """The directory of a saved tiny random Llama (trained context 128) with the SmolLM2 tokenizer: a
-    `--model` for the sweep. Module-scoped; tests only read it."""
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+    `--model` for the sweep. Module-scoped; tests only read it. The tokenizer is the session's (from the
+    GGUF's snapshot: parsing the GGUF for it took ~8 s in every module that used this)."""
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), smollm2_tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------- the sweep
 SWEEP_SCRIPT = ROOT / "scripts" / "sweep.py"
 
 # A fake task for the machinery tests: instant, records one value per length, logs every call, can raise for
-# one method, and can hang on its N-th call (so a test can kill the sweep between cells deterministically).
+# one method, can hang on its N-th call (so a test can kill the sweep between cells deterministically), and
+# can hold every call until a file exists (so a test decides when a sweep that holds its lock goes on).
 FAKE_TASK = """
 import os
 import time
@@ -133,6 +132,11 @@ def run(model, tokenizer, *, lengths, seed=0, progress=True, corpus="sotu", scal
     if os.environ.get("FAKE_HANG_AT") and calls == int(os.environ["FAKE_HANG_AT"]):
         open(os.environ["FAKE_READY"], "w").write("ready")
         time.sleep(600)
+    deadline = time.monotonic() + 240  # a guard against a hang, not a timing assert
+    while os.environ.get("FAKE_WAIT_FOR") and not os.path.exists(os.environ["FAKE_WAIT_FOR"]):
+        if time.monotonic() > deadline:
+            raise RuntimeError("fake task: FAKE_WAIT_FOR never appeared")
+        time.sleep(0.05)
     if log:
         with open(log, "a") as f:
             f.write(f"{method} {factor:g} {','.join(map(str, lengths))}\\n")

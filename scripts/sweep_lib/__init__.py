@@ -12,6 +12,14 @@ if __name__ != "ropebench.sweep_lib":
         f"{__name__!r} is the folder of `ropebench.sweep_lib`: write `from ropebench import sweep_lib`"
     )
 
-from .cli import main
-
 __all__ = ["main"]
+
+
+def __getattr__(name):
+    """`main` on first use: the sweep's command line imports torch and transformers (seconds), which the
+    light modules here (rundir, grid, config) do not need."""
+    if name == "main":
+        from .cli import main
+
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,6 @@ from pathlib import Path
 from ropebench.extend.errors import RopebenchError
 
 from .config import DEMO_CONFIG, ConfigError, config_path, merge_cli, read_yaml
-from .orchestrate import sweep
 from .resolve import resolve
 
 # The flags that change the grid: with any of them and no --config, the demo's grid is not the demo any more.
@@ -132,14 +131,18 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"warning: {' '.join(str(message).split())}", file=file or sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, report: bool = True) -> int:
+    """`ropebench sweep ARGV`; `report=False`: records only (see orchestrate.sweep)."""
     import warnings
 
     shown = warnings.showwarning
     warnings.showwarning = _one_line_warning  # e.g. damaged records: one line each
     try:
-        args = parser().parse_args(argv)
-        return sweep(args, load_config(args))  # shape errors fail in load_config, before anything is checked
+        args = parser().parse_args(argv)  # --help exits here: the sweep's imports (torch) come after
+        from .orchestrate import sweep
+
+        # shape errors fail in load_config, before anything is checked
+        return sweep(args, load_config(args), report=report)
     except KeyboardInterrupt:
         print("interrupted — finished cells are saved; rerun the same command to resume", file=sys.stderr)
         return 130

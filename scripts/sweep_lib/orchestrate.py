@@ -18,8 +18,10 @@ from .resolve import check_writable
 from .run import WriteFailure, run_cells, say
 
 
-def sweep(args, cfg: dict) -> int:
-    """Run the sweep `args` (the parsed flags) and `cfg` (their resolved config) describe; the exit code."""
+def sweep(args, cfg: dict, *, report: bool = True) -> int:
+    """Run the sweep `args` (the parsed flags) and `cfg` (their resolved config) describe; the exit code.
+    `report=False`: records only, no summary, tables or report.md (a caller that reads the records itself, as
+    the GPU check's demo grid does; `ropebench report OUT` writes them later)."""
     check_writable(cfg["out"])
     import_plugins(cfg["plugins"])
     check_registries(cfg)  # names, option values, task options, corpora, models: all before a model loads
@@ -41,7 +43,7 @@ def sweep(args, cfg: dict) -> int:
         if inherits_demo and dist.main:
             # the demo's num_docs / trials / depths now carry another model's or corpus' numbers
             print_plan(cfg)
-        code = _run(args, cfg, cells, dist, device, out)
+        code = _run(args, cfg, cells, dist, device, out, report)
         completed = True
         return code
     finally:
@@ -108,7 +110,7 @@ def _forced_contexts(cells: list[G.Cell]) -> dict[str, int]:
     return {m: int(next(iter(v))) for m, v in by_model.items() if len(v) == 1 and None not in v}
 
 
-def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) -> int:
+def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path, report: bool = True) -> int:
     quiet = args.quiet
     show = not quiet and dist.main
     if not show:  # transformers' own bars ("Loading weights") and reminders
@@ -173,6 +175,15 @@ def _run(args, cfg: dict, cells: list[G.Cell], dist: Dist, device, out: Path) ->
     dist.wait()
     if not dist.main:
         return 0  # rank 0 reports (and sets the exit code) for the whole grid
-    code = print_outcome(cfg, cells)
+    if report:
+        code = print_outcome(cfg, cells)
+    else:  # records only: the exit code as print_outcome's (1 if a cell of the grid is not finished)
+        done = results.finished_cells(out)
+        missing = sum(c.key not in done for c in cells)
+        say(
+            f"{len(cells) - missing} of {len(cells)} cells finished; no report (`ropebench report {out}`)",
+            quiet,
+        )
+        code = 1 if missing else 0
     say(f"sweep time {time.perf_counter() - t0:.0f} s", quiet)
     return code

@@ -252,9 +252,11 @@ def small_tasks(tmp_path_factory, smollm2):
 
 @pytest.fixture(scope="module")
 def task_manager(small_tasks):
+    """lm-eval's task manager of the small folder alone (the tests load only its tasks; indexing lm-eval's own
+    thousands of task YAMLs besides takes ~12 s)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=str(small_tasks))
+    return TaskManager(include_path=str(small_tasks), include_defaults=False)
 
 
 @pytest.mark.real

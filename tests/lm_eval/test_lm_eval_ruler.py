@@ -25,7 +25,7 @@ ENV = dict(
     PYTHONPATH=str(ROOT),
 )
 RULER_EXTRA = "lm-eval's RULER tasks need the ruler extra (pip install -e '.[ruler]': wonderwords, nltk)"
-NIAH_LENGTH, NIAH_SAMPLES = 1024, 3  # RULER generates its 500 samples at this length in each of the runs
+NIAH_LENGTH, NIAH_SAMPLES = 1024, 3  # RULER generates its 500 samples at this length in each of the two runs
 
 
 def run(module: str, *args, timeout=600):
@@ -220,6 +220,43 @@ def test_cli_run_hands_the_tasks_that_tokenizer(monkeypatch):
 
 # --- the generation path: ropebench plain gives stock hf's answers ----------------------------------------
 
+# Both runs in one process (the test's cost is lm-eval's, twice: its module of RULER needles builds a list of
+# 6.2M adjective-noun keys at import, ~16 s, and its task index parses every task YAML it ships, ~12 s).
+# First lm-eval's own `hf` model through its Python API, with the arguments its CLI passes (metadata =
+# model_args | --metadata, the default seeds) and its RULER folder alone as the task index, before anything
+# of ropebench is imported; then the `ropebench` model through the shim's CLI, as a user runs it (lm-eval's
+# whole index, tokenizer= in model_args).
+BOTH_RUNS = """
+import json, sys
+from pathlib import Path
+
+import lm_eval
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+
+folder, out, ours_argv = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+common = json.loads(sys.argv[4])
+metadata = {"pretrained": folder, "dtype": "float32", **common["metadata"]}
+ruler = Path(lm_eval.__file__).parent / "tasks" / "ruler"
+stock = simple_evaluate(
+    model="hf",
+    model_args=f"pretrained={folder},dtype=float32",
+    tasks=[common["task"]],
+    task_manager=TaskManager(include_path=str(ruler), include_defaults=False, metadata=metadata),
+    limit=common["limit"],
+    device="cpu",
+    batch_size=1,
+    log_samples=True,
+    metadata=metadata,
+)
+answers = {r["doc_id"]: [r["resps"][0][0], r["doc"]["outputs"]] for r in stock["samples"][common["task"]]}
+(out / "stock.json").write_text(json.dumps(answers))
+
+from ropebench.integrations.lm_eval import main
+
+sys.exit(main(ours_argv))
+"""
+
 
 def _niah_samples(out_dir: Path) -> dict[int, tuple[str, list[str]]]:
     """doc_id -> (the generated answer, the needle's value) from lm-eval's --log_samples file."""
@@ -233,18 +270,24 @@ def _niah_samples(out_dir: Path) -> dict[int, tuple[str, list[str]]]:
 def test_ruler_niah_single_1_plain_answers_as_stock_hf(tmp_path, smollm2):
     """lm-eval 0.4.13's own niah_single_1 (RULER's string match), a few samples at 1024 tokens, run by the
     instructions of its README (tokenizer=<path> in model_args, max_seq_lengths in metadata): the ropebench
-    model with method plain generates exactly what `--model hf` generates on the same weights (the GGUF's
-    snapshot)."""
+    model with method plain generates exactly what lm-eval's `hf` model generates on the same weights (the
+    GGUF's snapshot), on the same samples."""
     pytest.importorskip("wonderwords", reason=RULER_EXTRA)
     pytest.importorskip("nltk", reason=RULER_EXTRA)
     from ropebench.integrations.lm_eval import tokenizer_source
 
     folder = tokenizer_source("smollm2-135m")
-    common = [
+    metadata = {"max_seq_lengths": [NIAH_LENGTH]}
+    ours_argv = [
+        "run",
+        "--model",
+        "ropebench",
+        "--model_args",
+        f"pretrained=smollm2-135m,method=plain,tokenizer={folder},dtype=float32",
         "--tasks",
         "niah_single_1",
         "--metadata",
-        json.dumps({"max_seq_lengths": [NIAH_LENGTH]}),
+        json.dumps(metadata),
         "--limit",
         str(NIAH_SAMPLES),
         "--device",
@@ -252,32 +295,22 @@ def test_ruler_niah_single_1_plain_answers_as_stock_hf(tmp_path, smollm2):
         "--batch_size",
         "1",
         "--log_samples",
-    ]
-    ours = run(
-        "ropebench.integrations.lm_eval",
-        "run",
-        "--model",
-        "ropebench",
-        "--model_args",
-        f"pretrained=smollm2-135m,method=plain,tokenizer={folder},dtype=float32",
-        *common,
         "--output_path",
         str(tmp_path / "ropebench"),
+    ]
+    common = {"task": "niah_single_1", "metadata": metadata, "limit": NIAH_SAMPLES}
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH_RUNS, folder, str(tmp_path), json.dumps(ours_argv), json.dumps(common)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    stock = run(
-        "lm_eval",
-        "run",
-        "--model",
-        "hf",
-        "--model_args",
-        f"pretrained={folder},dtype=float32",
-        *common,
-        "--output_path",
-        str(tmp_path / "hf"),
-    )
-    assert stock.returncode == 0, stock.stderr[-3000:]
-    ours, stock = _niah_samples(tmp_path / "ropebench"), _niah_samples(tmp_path / "hf")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = _niah_samples(tmp_path / "ropebench")
+    stock = {int(i): tuple(row) for i, row in json.loads((tmp_path / "stock.json").read_text()).items()}
     assert len(ours) == NIAH_SAMPLES and ours.keys() == stock.keys()
     assert {i: answer for i, (answer, _) in ours.items()} == {i: answer for i, (answer, _) in stock.items()}
     assert {i: needle for i, (_, needle) in ours.items()} == {i: needle for i, (_, needle) in stock.items()}

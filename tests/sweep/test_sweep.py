@@ -308,17 +308,6 @@ def test_grid_order_per_length_and_sharding():
 
 
 # ---------------------------------------------------------------------------------------------- machinery
-@pytest.fixture
-def fake_task(monkeypatch, fake_task_plugin):
-    """The fake task registered in this process (and removed afterwards)."""
-    from ropebench import tasks
-
-    monkeypatch.setitem(tasks.TASKS, "fake", None)
-    exec(fake_task_plugin.read_text(), {})  # noqa: S102 - the tests' own plugin file
-    monkeypatch.setenv("_FAKE_CALLS", "0")  # restored (removed) after the test
-    return tasks.TASKS["fake"]
-
-
 def test_failure_isolation_records_errors_and_continues(
     tmp_path, tiny_model_dir, fake_task, monkeypatch, capsys
 ):
@@ -392,13 +381,16 @@ def test_stray_manifest_temp_is_cleaned_on_resume(tmp_path, tiny_model_dir, fake
     assert not stray.exists() and json.loads((out / "manifest.json").read_text())["resumed"]
 
 
-def test_resume_after_kill_9(tmp_path, tiny_model_dir, fake_task_plugin, sweep_cli, sweep_env):
+def test_resume_after_kill_9(
+    tmp_path, tiny_model_dir, fake_task_plugin, sweep_env, fake_task, monkeypatch, capsys
+):
+    """kill -9 in mid-run, then the same command resumes: only the unfinished cells run. The killed sweep is a
+    process of its own; the resume runs in this one (`sweep_lib.main`, the same files read and written,
+    without another interpreter's ~8 s of imports)."""
     out, log, ready = tmp_path / "run", tmp_path / "calls.log", tmp_path / "ready"
     args = fake_args(
         tiny_model_dir,
         out,
-        "--plugin",
-        fake_task_plugin,
         "--methods",
         "plain",
         "pi",
@@ -410,7 +402,7 @@ def test_resume_after_kill_9(tmp_path, tiny_model_dir, fake_task_plugin, sweep_c
         "4",
     )  # plain@1 + 4 methods x 2 factors = 9 cells, one per method x factor
     proc = subprocess.Popen(
-        [PY, str(SWEEP), *map(str, args)],
+        [PY, str(SWEEP), *args, "--plugin", str(fake_task_plugin)],
         env=sweep_env(FAKE_LOG=log, FAKE_HANG_AT=5, FAKE_READY=ready),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -436,8 +428,8 @@ def test_resume_after_kill_9(tmp_path, tiny_model_dir, fake_task_plugin, sweep_c
     with open(out / "records.jsonl", "a") as f:  # as if the kill had hit a write: a partial last line
         f.write('{"cell": "deadbeef", "status": "ok", "met')
 
-    r = sweep_cli(*args, FAKE_LOG=log)
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    assert sweep_lib.main(args) == 0, capsys.readouterr().err
     second_calls = log.read_text().splitlines()[4:]
     assert len(second_calls) == 5 and not set(second_calls) & set(first_calls)  # no finished cell recomputed
     rows = [row for row in records(out) if row["status"] == "ok"]
