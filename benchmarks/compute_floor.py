@@ -12,7 +12,7 @@ GEMM rate: a 2048 x 2048 matmul in the demo's dtype, best of 3: on all of torch'
 (`--per-core`, for a shared CPU) on one thread in its CPU time x the thread count; the floor uses the first
 unless --per-core is given.
 
-    ropebench bench compute-floor [--config FILE] [--demo-seconds 501 | --run-dir runs/demo]
+    ropebench bench compute-floor [--config FILE] [--demo-seconds 501 | --run-dir runs/demo] [--json F]
 
 The wall: `--demo-seconds` as given, or `--run-dir`'s recorded cell times (each cell's wall, start to finish,
 model loading apart). A ratio below 1 is impossible and is refused with its likely cause (exit 2).
@@ -25,15 +25,19 @@ import time
 from itertools import groupby
 from pathlib import Path
 
-from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, at_least, exit_code
+from ropebench.benchmarks.errors import ArgumentParser, BenchmarkError, at_least, check_json_path, exit_code
 
 
 def demo_cells(config: str | None) -> tuple[dict, list]:
     """The sweep's resolved config and cells for `config` (default: the demo), as the sweep builds them."""
+    from ropebench.sweep_lib.checks import check_registries
     from ropebench.sweep_lib.cli import load_config, parser
     from ropebench.sweep_lib.orchestrate import _cells
+    from ropebench.sweep_lib.plugins import import_plugins
 
     cfg = load_config(parser().parse_args(["--config", config] if config else []))
+    import_plugins(cfg["plugins"])
+    check_registries(cfg)  # as the sweep does: e.g. plain runs once, at factor 1 (its cells' keys say so)
     return cfg, _cells(cfg, "cpu")
 
 
@@ -146,9 +150,9 @@ PREDATES = "predates cell timing"  # what the refusal of an old run says (tests 
 def run_wall(run_dir: Path, cells: list) -> dict:
     """The recorded wall of `run_dir`'s cells that are `cells` (the config's): {"cells": the sum of their
     `cell_seconds` (each cell's wall, start to finish), "load": the sum of their `load_seconds` (model
-    loading, outside the cells), "count": how many}. Never the rows' `seconds`: those are each row's own
-    part (a retrieval question's continuation), so a haystack's prefill or most of a perplexity forward is in
-    none.
+    loading, outside the cells), "count": how many, "by_task": task -> the sum over its cells}. Never the
+    rows' `seconds`: those are each row's own part (a retrieval question's continuation), so a haystack's
+    prefill or most of a perplexity forward is in none.
     Refused (one line) when the run lacks one of the config's cells or finished one with an error (its wall
     is not the forwards the floor counts), or predates cell timing."""
     from ropebench import results
@@ -169,10 +173,12 @@ def run_wall(run_dir: Path, cells: list) -> dict:
             f"seconds leave out most of the work — rerun its sweep with --fresh, or pass --demo-seconds with "
             f"the sweep's measured wall"
         )
+    tasks = ok["cell"].map(lambda k: wanted[k].task)
     return {
         "cells": float(ok["cell_seconds"].sum()),
         "load": float(ok["load_seconds"].fillna(0.0).sum()),
         "count": len(ok),
+        "by_task": {t: float(v) for t, v in ok["cell_seconds"].groupby(tasks).sum().items()},
     }
 
 
@@ -231,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--per-core", action="store_true", help="the GEMM rate from one thread's CPU time x threads"
     )
+    p.add_argument("--json", default=None, help="also write the figures here (a new file)")
     args = p.parse_args(argv)
+    check_json_path(args.json)
 
     import torch
     from ropebench.benchmarks.flops import gemm_rate
@@ -247,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     rate = gemm_rate(dtype=dtype, size=args.gemm_size, per_core=args.per_core)
     total = sum(t["total"] for t in priced.values())
     floor = total / rate["flops_per_second"]
+    if wall is not None:  # refused before anything is printed
+        ratio = check_ratio(wall["cells"], floor, "the run's recorded cell time", args.run_dir)
+    elif args.demo_seconds is not None:
+        ratio = check_ratio(args.demo_seconds, floor, "the wall given", None)
     print(
         f"- CPU: {cpu_key()}; {torch.get_num_threads()} threads; demo dtype {cfg['dtype']} "
         f"({cfg['dtype_reason']})"
@@ -256,30 +268,80 @@ def main(argv: list[str] | None = None) -> int:
         f"- GEMM rate ({rate['dtype']}, {rate['size']}^3, best of {rate['rounds']}, {rate['clock']}): "
         f"{rate['flops_per_second'] / 1e9:.1f} GFLOP/s\n"
     )
+    walls = wall["by_task"] if wall is not None else None  # where the time went, against each task's floor
     print(
         "| task | forwards | tokens | linear GFLOP | attention GFLOP | LM head GFLOP | total GFLOP "
-        "| floor s |"
+        "| floor s |" + (" cells' wall s | wall / floor |" if walls else "")
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if walls else ""))
     for task, t in priced.items():
+        task_floor = t["total"] / rate["flops_per_second"]
+        spent = f" {walls[task]:.0f} | {walls[task] / task_floor:.1f}x |" if walls else ""
         print(
             f"| {task} | {t['forwards']} | {t['tokens']} | {t['linear'] / 1e9:.0f} | "
             f"{t['attention'] / 1e9:.0f} | {t['lm head'] / 1e9:.0f} | {t['total'] / 1e9:.0f} | "
-            f"{t['total'] / rate['flops_per_second']:.1f} |"
+            f"{task_floor:.1f} |{spent}"
         )
-    print(f"| **all** | | | | | | **{total / 1e9:.0f}** | **{floor:.1f}** |")
+    spent = f" **{wall['cells']:.0f}** | **{wall['cells'] / floor:.1f}x** |" if walls else ""
+    print(f"| **all** | | | | | | **{total / 1e9:.0f}** | **{floor:.1f}** |{spent}")
     if wall is not None:
-        ratio = check_ratio(wall["cells"], floor, "the run's recorded cell time", args.run_dir)
         print(
             f"\nThe run's {wall['count']} cells took {wall['cells']:.0f} s (their recorded wall times; model "
             f"loading {wall['load']:.0f} s besides): {ratio:.1f}x its compute floor ({floor:.1f} s)."
         )
     elif args.demo_seconds is not None:
-        ratio = check_ratio(args.demo_seconds, floor, "the wall given", None)
         print(
             f"\nThe demo's wall {args.demo_seconds:.0f} s is {ratio:.1f}x its compute floor ({floor:.1f} s)."
         )
+    if args.json:
+        words = argv if argv is not None else sys.argv[1:]
+        write_record(args, "ropebench bench compute-floor " + " ".join(words), cfg, rate, priced, floor, wall)
     return 0
+
+
+def run_facts(run_dir: Path) -> dict:
+    """When and from what code the run was made (its manifest)."""
+    import json
+
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+    keep = ("start_time", "end_time", "git", "device", "versions")
+    return {k: manifest.get(k) for k in keep} | {"dtype": manifest.get("config", {}).get("dtype")}
+
+
+def write_record(
+    args, command: str, cfg: dict, rate: dict, priced: dict, floor: float, wall: dict | None
+) -> None:
+    """The figures printed, as JSON (`--json`): what BENCHMARKS.md quotes and its tests read."""
+    import datetime
+    import json
+
+    import torch
+    from ropebench.extend.loading import cpu_key
+    from ropebench.extend.owned_paths import write_loose_file
+
+    seconds = wall["cells"] if wall is not None else args.demo_seconds
+    record = {
+        "command": command,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu": cpu_key(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "config": str(cfg["config_file"]),
+        "dtype": cfg["dtype"],
+        "gemm": {k: rate[k] for k in ("dtype", "size", "rounds", "clock", "flops_per_second")},
+        "tasks": {
+            task: {**t, "floor_seconds": t["total"] / rate["flops_per_second"]}
+            | ({"wall_seconds": wall["by_task"][task]} if wall is not None else {})
+            for task, t in priced.items()
+        },
+        "floor_seconds": floor,
+        "wall_seconds": seconds,
+        "wall_from": str(args.run_dir) if wall is not None else ("--demo-seconds" if seconds else None),
+        "load_seconds": wall["load"] if wall is not None else None,
+        "run": run_facts(args.run_dir) if wall is not None else None,
+        "ratio": seconds / floor if seconds else None,
+    }
+    write_loose_file(args.json, json.dumps(record, indent=1), "--json", BenchmarkError)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ class GGUFCopyError(ExtendError):
     """A setting the GGUF metadata cannot carry, or a source that is not a GGUF file."""
 
 
-def gguf_metadata(kwargs: dict, arch: str) -> dict[str, float | int | str]:
-    """{GGUF key: value} for a llama.cpp export's llama-cpp-python keywords (export.kwargs). The attention
-    factor goes to `rope.scaling.attn_factor`, which llama.cpp multiplies into YaRN's own 0.1 ln s + 1."""
+def check_copyable(kwargs: dict) -> str:
+    """The GGUF scaling type of a llama.cpp export's keywords (export.kwargs); GGUFCopyError when a GGUF file
+    cannot carry the setting. Reads no file: a copy is refused before its source is parsed."""
     for key, default in YARN_BETA_DEFAULTS.items():
         if key in kwargs and float(kwargs[key]) != default:
             raise GGUFCopyError(
@@ -37,9 +37,15 @@ def gguf_metadata(kwargs: dict, arch: str) -> dict[str, float | int | str]:
     scaling = SCALING_TYPES.get(kwargs.get("rope_scaling_type"))
     if scaling is None or (scaling == "none" and "rope_freq_base" not in kwargs):
         raise GGUFCopyError("plain needs no copy: the GGUF file already runs it — pass --method M")
+    return scaling
+
+
+def gguf_metadata(kwargs: dict, arch: str) -> dict[str, float | int | str]:
+    """{GGUF key: value} for a llama.cpp export's llama-cpp-python keywords (export.kwargs). The attention
+    factor goes to `rope.scaling.attn_factor`, which llama.cpp multiplies into YaRN's own 0.1 ln s + 1."""
     out: dict[str, float | int | str] = {
         f"{arch}.context_length": int(kwargs["n_ctx"]),
-        f"{arch}.rope.scaling.type": scaling,
+        f"{arch}.rope.scaling.type": check_copyable(kwargs),
     }
     if "rope_freq_base" in kwargs:
         out[f"{arch}.rope.freq_base"] = float(kwargs["rope_freq_base"])

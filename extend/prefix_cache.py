@@ -9,7 +9,9 @@ crops it to what the next prompt shares and runs only the rest. Memory: one prom
 The cache is transformers' `DynamicCache()` built without the model config, so every layer is a plain
 `DynamicLayer` that can be cropped anywhere: sliding-window layers then keep all their keys, and the family's
 own mask functions (position based) still hide what lies outside the window. Positions come from the cache
-length (the family's own `cache_position` / `position_ids` logic), as in `generate`.
+length (the family's own `cache_position` / `position_ids` logic), as in `generate`. Its layers are
+`RoomyLayer`s: a continuation writes only its new keys and values (DynamicLayer's `torch.cat` copies the whole
+cache at every forward: every question, candidate and generated token).
 
 Exactness: a continued forward computes the same function as one forward over the whole prompt; only the
 blocking of the sums differs (float32: ~1e-6). Length-dependent (dynamic) methods must see one length for
@@ -23,6 +25,7 @@ import contextlib
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from . import scoped
 from .forward import body, device_of, with_cache
@@ -68,6 +71,51 @@ def native_gqa(model):
         yield
 
 
+class RoomyLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values are views of a buffer with room past them: `update` copies only
+    the new tokens into the room (a new buffer, 1/8 larger than needed, only when it is full), `crop` (the
+    parent's slicing) keeps the buffer. The same values as DynamicLayer's, so the same attention results
+    (tests/extend/test_prefix_cache.py); only the head and batch strides of the views differ."""
+
+    room = None  # (keys buffer, values buffer)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.get_seq_length()
+        m = n + key_states.shape[-2]
+        room = self.room
+        if (
+            room is None
+            or m > room[0].shape[-2]
+            or room[0].shape[:-2] != key_states.shape[:-2]
+            or (n and self.keys.data_ptr() != room[0].data_ptr())
+            # made under inference_mode (a prefill) and written outside it (generate): a plain tensor, once
+            or (room[0].is_inference() and not torch.is_inference_mode_enabled())
+        ):
+            size = (*key_states.shape[:-2], m + max(64, m // 8), key_states.shape[-1])
+            room = self.room = (key_states.new_empty(size), value_states.new_empty(size))
+            if n:  # a new buffer (or keys replaced elsewhere, e.g. a batch reordering): the cache moves once
+                room[0][..., :n, :].copy_(self.keys)
+                room[1][..., :n, :].copy_(self.values)
+        room[0][..., n:m, :].copy_(key_states)
+        room[1][..., n:m, :].copy_(value_states)
+        self.keys, self.values = room[0][..., :m, :], room[1][..., :m, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self.room = None
+        super().reset()
+
+
+def roomy_cache() -> DynamicCache:
+    """An empty DynamicCache (no config: every layer croppable, see the module's docstring) of RoomyLayers."""
+    cache = DynamicCache()
+    if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:  # every transformers this supports
+        cache.layer_class_to_replicate = RoomyLayer
+    return cache
+
+
 def common_prefix(a, b) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
@@ -105,7 +153,7 @@ class PrefixCache:
         limit = len(ids) - 1 if keep_at_most is None else min(keep_at_most, len(ids) - 1)
         shared = min(common_prefix(self.ids, ids), limit) if self.share and self.cache is not None else 0
         if shared < self.min_shared or shared < 1:
-            shared, self.cache = 0, DynamicCache()
+            shared, self.cache = 0, roomy_cache()
         else:
             self.cache.crop(shared - self.cache.get_seq_length())
         self.ids = ids

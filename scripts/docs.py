@@ -362,6 +362,8 @@ DEMO_RUN = "benchmarks/demo_run"
 
 
 def demo_run(root: Path) -> str:
+    """The demo-run block. Its record is this checkout's (as the parity and shape-check blocks' records are),
+    whatever `root` the documents are written in."""
     files = [ROOT / DEMO_RUN / f for f in ("about.json", "manifest.json", "records.jsonl")]
     return _demo_run(tuple(f.stat().st_mtime_ns for f in files))
 

@@ -192,12 +192,13 @@ def gguf_copy_plan(export, spec: str, out: Path | None) -> tuple[Path, str, dict
     Raises ExportError / GGUFCopyError."""
     from ropebench.extend import loading
     from ropebench.extend.export import ExportError
-    from ropebench.extend.export_gguf import check_source, gguf_metadata
+    from ropebench.extend.export_gguf import check_copyable, check_source, gguf_metadata
 
     if export.engine != "llama.cpp":
         raise ExportError("--gguf-copy writes a GGUF for llama.cpp — use it with --to llama.cpp")
     if out is None:
         raise ExportError("--gguf-copy writes a file — give --out D (a new folder)")
+    check_copyable(export.kwargs)  # a setting no GGUF can carry: refused before parsing the source (seconds)
     source = loading.embedded_gguf(spec) if spec in loading.ALIASES else Path(spec).expanduser()
     metadata = gguf_metadata(export.kwargs, check_source(source))
     return source, f"{source.stem}.{export.method}-x{export.factor:g}.gguf", metadata

@@ -101,7 +101,14 @@ def test_what_the_metadata_cannot_say_is_refused(method, options, expect, config
         (["--method", "yarn", "--factor", "2", "-o", "beta_slow=2", "--to", "llama.cpp"], "beta_slow"),
     ],
 )
-def test_cli_refuses_before_writing(argv, expect, tmp_path, capsys):
+def test_cli_refuses_before_writing(argv, expect, tmp_path, capsys, monkeypatch):
+    """Refused in one line, nothing written, and a setting no GGUF can carry before the source is parsed."""
+    from ropebench.extend import export_gguf
+
+    def parsed(*_, **__):
+        raise AssertionError("the source GGUF was parsed before the setting was refused")
+
+    monkeypatch.setattr(export_gguf, "check_source", parsed)
     out = tmp_path / "out"
     assert main(["smollm2-135m", *argv, "--out", str(out), "--gguf-copy"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

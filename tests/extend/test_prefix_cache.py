@@ -167,3 +167,60 @@ def body_hidden(model, ids, cache):
 
     x = torch.tensor([ids])
     return body(model)(input_ids=x, use_cache=True, **with_cache(body(model), cache.cache)).last_hidden_state
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_roomy_layers_give_the_same_bits_as_dynamic_layers(family, monkeypatch, family_model_factory):
+    """The prefix cache's RoomyLayers against transformers' DynamicLayers (torch.cat at every forward) on the
+    same prompts, continuations and greedy generation: float32 results bit-identical."""
+    from transformers import DynamicCache
+
+    model = family_model_factory(family)
+    if family in ("mistral", "gemma2"):
+        model.config.sliding_window = 8
+    conts = [[5], [7, 9, 11]]
+    config = T.GenerationConfig(max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def run():
+        cache, out = PrefixCache(model, min_shared=1), []
+        for p in prompts_sharing():
+            out += continuation_logprobs(model, p, conts, prefix_cache=cache)
+            x = torch.tensor([p])
+            past = cache.prime(p)
+            kinds = {type(layer).__name__ for layer in past.layers}
+            kwargs = {"attention_mask": torch.ones_like(x), "generation_config": config}
+            out.append(model.generate(input_ids=x, **kwargs, **with_cache(model, past))[0])
+            cache.settle()
+        return out, kinds
+
+    roomy, kinds = run()
+    assert kinds == {"RoomyLayer"}
+    monkeypatch.setattr(prefix_cache, "roomy_cache", DynamicCache)
+    dynamic, kinds = run()
+    assert kinds == {"DynamicLayer"}
+    assert len(roomy) == len(dynamic) and all(torch.equal(a, b) for a, b in zip(roomy, dynamic))
+
+
+def test_a_continuation_writes_only_its_new_tokens(family_model_factory):
+    """On a prefilled prompt, each continuation, crop and generated token leaves the cached keys where they
+    are (one buffer, no copy of the prefix); a continuation past the buffer's room moves them once, same
+    values."""
+    from ropebench.extend.prefix_cache import RoomyLayer
+
+    model = family_model_factory("llama")
+    cache = PrefixCache(model, min_shared=1)
+    prompt = prompts_sharing(n_shared=40, tails=(8,))[0]
+    cache.prefill(prompt)
+    layer = cache.cache.layers[0]
+    assert isinstance(layer, RoomyLayer)
+    buffer, room = layer.room[0].data_ptr(), layer.room[0].shape[-2]
+    before = layer.keys[..., :-1, :].clone()  # the prompt again reruns its last token (a continued forward)
+    assert room > len(prompt) and layer.keys.data_ptr() == buffer
+    for cont in ([5, 6, 7], [9], [11, 12]):
+        continuation_logprobs(model, prompt, [cont, [3, 4]], prefix_cache=cache)
+        assert layer.room[0].data_ptr() == buffer and layer.keys.data_ptr() == buffer
+        assert torch.equal(layer.keys[..., :-1, :], before)  # settled back to the prompt: its keys untouched
+    long = list(range(3, 3 + room))  # more new tokens than the room holds
+    continuation_logprobs(model, prompt, [long], prefix_cache=cache)
+    assert layer.room[0].data_ptr() != buffer and layer.room[0].shape[-2] > room + len(prompt)
+    assert torch.equal(layer.keys[..., :-1, :], before)

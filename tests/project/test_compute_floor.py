@@ -71,6 +71,18 @@ def test_counts_one_forward_per_method_for_the_perplexity_curve(perplexity_confi
     assert priced["total"] == 2 * flops.forward_flops(CONFIG, 128, head_rows=127)["total"]
 
 
+def test_the_cells_are_the_sweeps_own(perplexity_config, capsys):
+    """The cells are keyed as the sweep keys them (its --dry-run lists the keys), after the sweep's own
+    checks: plain, listed with factors [2], runs once at factor 1 (or a run's plain cells never match)."""
+    from ropebench.sweep_lib.cli import main
+
+    assert main(["--config", str(perplexity_config), "--dry-run"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if "  todo  " in line}
+    cells = compute_floor.demo_cells(str(perplexity_config))[1]
+    assert {c.key for c in cells} == listed and len(listed) == 2
+    assert {(c.method, c.factor) for c in cells} == {("plain", 1.0), ("yarn", 2.0)}
+
+
 def test_the_command_prints_the_floor_and_the_ratio(perplexity_config, capsys):
     assert (
         compute_floor.main(["--config", str(perplexity_config), "--demo-seconds", "10", "--gemm-size", "128"])
@@ -123,8 +135,8 @@ def exit_code_of(argv, capsys):
     return code, out.out, out.err
 
 
-def run_command(config, run_dir, capsys):
-    return exit_code_of(["--config", str(config), "--per-core", "--run-dir", str(run_dir)], capsys)
+def run_command(config, run_dir, capsys, *extra):
+    return exit_code_of(["--config", str(config), "--per-core", "--run-dir", str(run_dir), *extra], capsys)
 
 
 def test_run_dir_ratio_is_from_the_cell_times_not_the_rows_seconds(
@@ -132,11 +144,20 @@ def test_run_dir_ratio_is_from_the_cell_times_not_the_rows_seconds(
 ):
     """Two cells of 5 s each whose rows say 0.01 s: 10 s over the 2.5 s floor is 4.0x (the rows' seconds
     would give 0.008x)."""
+    import json
+
     run = write_run(tmp_path / "run", floor_of_2_5_s, 5.0)
-    code, out, err = run_command(perplexity_config, run, capsys)
+    code, out, err = run_command(perplexity_config, run, capsys, "--json", str(tmp_path / "floor.json"))
     assert (code, err) == (0, "")
+    record = json.loads((tmp_path / "floor.json").read_text())  # --json: the same figures
+    assert record["ratio"] == pytest.approx(4.0) and record["wall_seconds"] == 10.0
+    assert record["tasks"]["perplexity"]["wall_seconds"] == 10.0 and record["load_seconds"] == 2.0
+    assert record["tasks"]["perplexity"]["floor_seconds"] == pytest.approx(2.5)
+    assert record["command"].startswith("ropebench bench compute-floor --config ")
     assert "The run's 2 cells took 10 s (their recorded wall times; model loading 2 s besides): 4.0x" in out
     assert "its compute floor (2.5 s)" in out
+    # per task: the cells' wall against the task's floor (one task here: the whole run)
+    assert "| wall / floor |" in out and "| **2.5** | **10** | **4.0x** |" in out
 
 
 def test_a_ratio_below_1_is_refused_with_its_likely_cause(

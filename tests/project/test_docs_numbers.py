@@ -692,6 +692,29 @@ def test_longppl_cost_is_its_record():
     )
 
 
+def test_the_demos_ratio_to_its_floor_is_its_record():
+    """BENCHMARKS.md's demo-against-its-floor table and ratio, recomputed from the compute-floor record."""
+    record = json.loads((BENCH / "compute_floor.demo.json").read_text())
+    text = page("benchmarks/BENCHMARKS.md")
+    assert record["dtype"] == "float32" and record["run"]["dtype"] == "float32"
+    assert record["run"]["git"]["commit"].startswith("f9d0a29") and "AMD EPYC" in record["cpu"]
+    assert f"**{record['gemm']['flops_per_second'] / 1e9:.1f} GFLOP/s**" in text
+    for task, t in record["tasks"].items():
+        row = (
+            f"| {task} | {t['forwards']} | {t['tokens']} | {t['total'] / 1e9:.0f} | {t['floor_seconds']:.1f} | "
+            f"{t['wall_seconds']:.0f} | {t['wall_seconds'] / t['floor_seconds']:.1f}x |"
+        )
+        assert row in text
+    assert sum(t["wall_seconds"] for t in record["tasks"].values()) == pytest.approx(record["wall_seconds"])
+    ratio = record["wall_seconds"] / record["floor_seconds"]
+    assert ratio == pytest.approx(record["ratio"]) and ratio <= 1.8  # issue 38's bar, on this kind
+    assert (
+        f"| **all** | | | **{sum(t['total'] for t in record['tasks'].values()) / 1e9:.0f}** | "
+        f"**{record['floor_seconds']:.1f}** | **{record['wall_seconds']:.0f}** | **{ratio:.1f}x** |" in text
+    )
+    assert f"**The demo is {ratio:.1f}x its compute floor on the AVX2-only kind**" in text
+
+
 def test_bf16_moves_the_shape_check_by_at_most_what_measured_md_says():
     fp32, bf16 = (
         {r["method"]: r for r in json.loads((BENCH / f"shape_check.{d}.json").read_text())["rows"]}
